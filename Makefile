@@ -1,0 +1,85 @@
+# mpi_dp: `make demo` and `make test` work on a fresh machine (Python 3.10+ with venv and a C compiler).
+# They create .venv, install the package with MPI from PyPI wheels (mpi4py + the mpich wheel),
+# then run. WITH_PETSC=1 also builds PETSc and petsc4py from source (first time about 20-30
+# minutes, cached by pip afterwards; needs libopenblas-dev liblapack-dev, installed with apt-get
+# when run as root).
+
+PYTHON   ?= python3
+VENV     ?= .venv
+PY       := $(VENV)/bin/python
+MPIEXEC  := $(VENV)/bin/mpiexec
+WITH_PETSC ?= 0
+NP       ?= 4
+export OPENBLAS_NUM_THREADS := 1
+export OMP_NUM_THREADS := 1
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+# PETSc built against the mpich wheel's compiler wrappers, without Fortran (the wheel has none)
+export PETSC_CONFIGURE_OPTIONS ?= --with-fc=0 --with-debugging=0 --with-x=0
+
+STAMP := $(VENV)/.installed
+PETSC_STAMP := $(VENV)/.petsc
+
+.PHONY: demo test test-serial test-mpi lint bench venv petsc clean help
+
+help:
+	@echo "make demo    - set up .venv, run the demo job under mpiexec -n $(NP), print its outputs"
+	@echo "make test    - set up .venv, run the serial tests and the MPI tests on 1, 2 and 4 ranks"
+	@echo "               (WITH_PETSC=1 make test also builds petsc4py and tests the PETSc path)"
+	@echo "make lint    - ruff"
+	@echo "make bench   - benchmarks/replicates.py"
+
+venv: $(STAMP) $(if $(filter 1,$(WITH_PETSC)),$(PETSC_STAMP))
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[mpich,test]"
+	touch $@
+
+$(PETSC_STAMP): $(STAMP)
+	@if ! ldconfig -p | grep -q libopenblas || ! test -e /usr/include/lapack.h; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenblas-dev liblapack-dev; \
+	  else echo "WITH_PETSC=1 needs libopenblas-dev and liblapack-dev (apt-get install them as root)"; exit 1; fi; fi
+	@echo "building PETSc + petsc4py from source (first time about 20-30 minutes; pip caches it)"
+	$(PY) -m pip install --quiet petsc petsc4py
+	$(PY) -c "import petsc4py; petsc4py.init(); from petsc4py import PETSc; print('petsc4py', petsc4py.__version__)"
+	touch $@
+
+petsc:
+	$(MAKE) venv WITH_PETSC=1
+
+data/demo_shards.h5: | $(STAMP)
+	$(VENV)/bin/mpi-dp data synth --task regression --agents 3 --records 4000 --dim 10 \
+	  --noise 0.5 --seed 1 --public 10000 --out $@
+
+demo: venv data/demo_shards.h5
+	$(MPIEXEC) -n $(NP) $(VENV)/bin/mpi-dp run jobs/demo.toml
+	@$(VENV)/bin/mpi-dp analyze results/demo.h5
+	@echo
+	@echo "result file (HDF5):"
+	@echo "  $(abspath results/demo.h5)"
+	@echo "figures (PNG):"
+	@$(VENV)/bin/mpi-dp plot results/demo.h5 | sed 's|^|  $(CURDIR)/|'
+
+test: venv test-serial test-mpi
+
+test-serial: venv
+	$(PY) -m pytest -q -p no:cacheprovider -m "not mpi" tests
+
+# pytest-mpi: the collective tests run inside every rank (timeout: a hang fails instead of waiting)
+test-mpi: venv
+	@for n in 1 2 4; do \
+	  echo "== MPI tests on $$n rank(s)"; \
+	  timeout 900 $(MPIEXEC) -n $$n $(PY) -m pytest -q -p no:cacheprovider --with-mpi -m mpi tests \
+	    || exit 1; \
+	done
+
+lint: venv
+	$(VENV)/bin/ruff check mpi_dp tests benchmarks
+
+bench: venv
+	$(PY) benchmarks/replicates.py
+
+clean:
+	rm -rf $(VENV) results .pytest_cache

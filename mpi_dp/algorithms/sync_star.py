@@ -1,0 +1,213 @@
+"""Synchronous DP (sub)gradient descent on a star: Algorithms 1 and 2 of [SYNC] (seed 001).
+
+Spec: specs/sync-dp-gradient-value-of-collaboration.md. The learner on rank 0 broadcasts theta_{k-1};
+every data owner answers with its clipped mean gradient plus Laplace noise of scale
+b_i = 2 xi T / (n_i eps_i), charging eps_i / T to its own ledger; the learner takes a projected step
+(Alg. 1: mu_k = rho/(k T^2); Alg. 2: mu_k = rho/(T sqrt(k)) with polynomial-decay averaging).
+All R Monte-Carlo runs advance together along a leading axis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+
+import numpy as np
+
+from ..comm.star import Star
+from ..errors import BudgetExceededError, JobError, NumericalError
+from ..models import linear
+from ..privacy import PrivacyLedger, lap_scale, laplace_noise, ledgers_to_array
+from ..rng import run_streams
+from .common import LocalShard, Oracle, Reference
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The resolved knobs of one configuration (identical on every rank)."""
+
+    variant: str  # "alg1" | "alg2"
+    T: int
+    loss: str
+    lam: float
+    theta_max: float
+    theta0: float
+    xi: float
+    clip: bool
+    rho: float
+    L: float
+    avg_kind: str
+    eta: float
+    seed: int
+    run_ids: tuple[int, ...]
+    record_every: int
+    aggregate: str
+    eps: tuple[float, ...]  # per owner
+    n: tuple[int, ...]  # per owner
+    p: int  # number of features
+    schedule: str = "decreasing"  # or "constant" (eps = inf only)
+
+    @property
+    def runs(self) -> int:
+        return len(self.run_ids)
+
+    def step_size(self, k: int) -> float:
+        """mu_k: alg1 rho/(k T^2) [spec §3]; alg2 rho/(T sqrt(k)) [spec §4].
+
+        schedule 'constant' (mu_k = rho/T^2 for alg1, rho/T for alg2) is only for eps = inf, where
+        the paper notes a constant step is allowed (e.g. computing theta* by Algorithm 1).
+        """
+        if self.schedule == "constant":
+            return self.rho / (self.T**2 if self.variant == "alg1" else self.T)
+        if self.variant == "alg1":
+            return self.rho / (k * self.T**2)
+        return self.rho / (self.T * math.sqrt(k))
+
+
+def default_rho(variant: str, alpha: float, L: float, T: int) -> float:
+    """rho giving mu_1 = alpha / L: alg1 rho = alpha T^2 / L; alg2 rho = alpha T / L (c = rho/T)."""
+    return alpha * T**2 / L if variant == "alg1" else alpha * T / L
+
+
+class DataOwner:
+    """Owner i: holds its records, clips, adds i.i.d. Laplace noise and charges its own ledger.
+
+    Nothing un-noised leaves it through `answer`; `loss_sums` (in the Oracle) is evaluation-only.
+    """
+
+    def __init__(self, shard: LocalShard, eps: float, s: Settings) -> None:
+        self.shard = shard
+        self.agent = shard.agent
+        self.eps = eps
+        self.T = s.T
+        self.loss = s.loss
+        self.xi = s.xi if s.clip else math.inf
+        self.lap_scale = lap_scale(s.xi, s.T, shard.n, eps)
+        self.ledger = PrivacyLedger(self.agent, eps)
+        self.noise_gens = run_streams(s.seed, "noise", self.agent, s.run_ids)
+        self.answered = 0
+        self.last_clipped = np.zeros(s.runs)
+
+    def answer(self, theta: np.ndarray) -> np.ndarray:
+        """Lines 4-6: refuse beyond T queries, charge eps_i/T, return Q_i + Laplace noise."""
+        if self.answered >= self.T:
+            raise BudgetExceededError(f"owner {self.agent} refuses query {self.answered + 1}: "
+                                      f"it answers at most T = {self.T} queries")
+        self.ledger.charge(self.eps / self.T, note=f"query {self.answered + 1}")
+        grad_sum, clipped = linear.clipped_grad_sum(self.loss, self.shard.X, self.shard.y, theta,
+                                                    self.xi)
+        q = grad_sum / self.shard.n
+        noise = laplace_noise(self.noise_gens, self.lap_scale, q.shape[1])
+        self.answered += 1
+        self.last_clipped = clipped.astype(np.float64)
+        response = q + noise
+        if not np.all(np.isfinite(response)):
+            raise NumericalError(f"owner {self.agent}: non-finite answer at query "
+                                 f"{self.answered} (diverging model? lower step.alpha)")
+        return response
+
+
+def _progress(label: str, k: int, T: int, psi: np.ndarray | None, t0: float) -> None:
+    med = "" if psi is None else f"  median psi {np.median(psi):.3g}"
+    print(f"  [{label}] k={k}/{T}{med}  ({time.perf_counter() - t0:.1f} s)", file=sys.stderr,
+          flush=True)
+
+
+def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference | None,
+               recorder=None, label: str = "", progress: bool = True,
+               theta_init: np.ndarray | None = None) -> dict | None:
+    """Run one configuration (collective). The learner returns a dict of final arrays.
+
+    `ref` (theta*, f*: see common.reference_quantities) is needed on the learner only.
+    `theta_init` (p,) replaces theta0 (test hook, e.g. starting at theta* as spec check V5 does).
+    """
+    n_agents = star.layout.n_agents
+    p = s.p
+    n_total = int(sum(s.n))
+    weights = np.array(s.n, dtype=np.float64) / n_total  # n_i / n, public
+    owners = [DataOwner(sh, s.eps[sh.agent], s) for sh in shards]
+    oracle = Oracle(star, shards, s.loss, s.lam, n_total, p)
+    R = s.runs
+
+    theta = np.full((R, p), s.theta0, dtype=np.float64)
+    if theta_init is not None:
+        theta[:] = theta_init
+    theta_avg = theta.copy()
+    step_sum = 0.0
+    responses_local = np.empty((len(owners), R, p))
+    t0 = time.perf_counter()
+    last_print = t0
+
+    def record(k: int, mu: float) -> np.ndarray | None:
+        clipped = np.array([o.last_clipped for o in owners]).reshape(len(owners), R)
+        sums = oracle.loss_sums(np.concatenate([theta_avg, theta]), extra_local=clipped)
+        if sums is None:
+            return None
+        both = np.concatenate([theta_avg, theta])
+        f = oracle.objective(both, sums)
+        f_avg, f_it = f[:R], f[R:]
+        report = f_avg if s.variant == "alg2" else f_it
+        clip_total = np.zeros(R)
+        for i in range(n_agents):
+            clip_total = clip_total + sums[i, 2 * R :]
+        psi = report / ref.f_star - 1.0
+        if recorder is not None:
+            recorder.append(k, {"psi": psi, "psi_iterate": f_it / ref.f_star - 1.0,
+                                "objective": report, "clip_fraction": clip_total / n_total,
+                                "step_size": mu})
+        return psi
+
+    record(0, 0.0)
+    for k in range(1, s.T + 1):
+        mu = s.step_size(k)
+        star.bcast(theta)  # line 3: learner -> owners: theta_{k-1}
+        for j, o in enumerate(owners):  # lines 4-6, on the owners' ranks
+            responses_local[j] = o.answer(theta)
+        if s.aggregate == "gather":  # line 7: every answer reaches the learner individually
+            responses = star.gather_agents(responses_local, (R, p))
+            if star.is_learner:
+                d = s.lam * theta  # line 8, fixed owner order
+                for i in range(n_agents):
+                    d = d + weights[i] * responses[i]
+        else:  # optional: Reduce of pre-weighted answers (sum order depends on the rank count)
+            part = np.zeros((R, p))
+            for j, o in enumerate(owners):
+                part = part + weights[o.agent] * responses_local[j]
+            total = star.reduce_sum(part)
+            if star.is_learner:
+                d = s.lam * theta + total
+        if star.is_learner:
+            theta = linear.project_box(theta - mu * d, s.theta_max)  # line 9
+            if not np.all(np.isfinite(theta)):
+                raise NumericalError(f"learner: the model became non-finite at k={k} "
+                                     "(step too large? lower step.alpha)")
+            if s.avg_kind == "stepweighted":
+                step_sum += mu
+                gamma = mu / step_sum
+            else:
+                gamma = (s.eta + 1.0) / (k + s.eta + 1.0)  # polynomial-decay averaging (8)
+            theta_avg = (1.0 - gamma) * theta_avg + gamma * theta
+        if k % s.record_every == 0 or k == s.T:
+            psi = record(k, mu)
+            now = time.perf_counter()
+            if progress and star.is_learner and (now - last_print > 10.0 or k == s.T):
+                _progress(label, k, s.T, psi, t0)
+                last_print = now
+
+    ledgers = star.gather_objects([o.ledger for o in owners])
+    if not star.is_learner:
+        return None
+    ledger_list = sorted((lg for part in ledgers for lg in part), key=lambda lg: lg.agent)
+    return {"models/final": theta_avg if s.variant == "alg2" else theta,
+            "models/final_iterate": theta, "ledger": ledgers_to_array(ledger_list)}
+
+
+def check_settings(s: Settings, path: str) -> None:
+    if s.schedule == "constant" and any(math.isfinite(e) for e in s.eps):
+        raise JobError(f"job file {path}: key 'step.schedule': a constant step does not converge "
+                       "with noise; use it only with eps = inf (e.g. to compute theta*)")
+    if not s.clip and any(math.isfinite(e) for e in s.eps):
+        raise JobError(f"job file {path}: key 'clip': clip = false voids the DP guarantee (the "
+                       "sensitivity is unbounded) unless every eps is inf")

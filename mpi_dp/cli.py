@@ -1,0 +1,189 @@
+"""`mpi-dp` command line: argument parsing only; every command calls into the layers below."""
+
+from __future__ import annotations
+
+import os
+
+# One BLAS thread per rank (standard under MPI, and needed for bitwise rank-invariance).
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from . import __version__  # noqa: E402
+from .errors import MpiDpError  # noqa: E402
+
+DESCRIPTION = """\
+mpi_dp: differentially private learning across many data owners on MPI, results in HDF5.
+
+Typical session:
+  mpi-dp data synth --task regression --agents 3 --records 5000 --dim 10 --out data/x.h5
+  mpiexec -n 4 mpi-dp run jobs/demo.toml --set data=data/x.h5
+  mpi-dp analyze results/demo.h5
+  mpi-dp plot results/demo.h5
+"""
+
+RUN_EPILOG = """\
+The job file is TOML. Keys (per-owner keys take a scalar or one value per owner):
+{keys}
+
+Examples:
+  mpiexec -n 4 mpi-dp run jobs/demo.toml
+  mpiexec -n 4 python -m mpi_dp run jobs/demo.toml --set runs=5 --set 'sweep.eps=[1, 10]'
+  mpi-dp run jobs/demo.toml --set step.alpha=0.5 --out /tmp/a.h5      (one rank works too)
+
+Rank 0 is the learner; owners are split in blocks over the other ranks. Results are bitwise
+identical for any number of ranks. The result file is written as the run goes: if the run is
+stopped, the iterations done so far stay readable.
+"""
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from mpi4py import MPI
+
+    from .runner import AgreedError, run_job
+
+    comm = MPI.COMM_WORLD
+
+    def _term(signum, frame):  # Slurm/mpiexec send SIGTERM: close the result file cleanly
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, _term)
+    try:
+        run_job(args.job, args.set or [], args.out, comm=comm, progress=not args.quiet)
+    except AgreedError as e:
+        # raised on every rank alike (the checks are collective): one message, from rank 0
+        if comm.Get_rank() == 0:
+            print(f"mpi-dp: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        print(f"mpi-dp: rank {comm.Get_rank()} interrupted; the result file keeps the iterations "
+              "done so far", file=sys.stderr, flush=True)
+        if comm.Get_size() > 1:
+            comm.Abort(130)
+        return 130
+    except BaseException as e:  # a rank that raises: stop every rank, never hang
+        where = f" on rank {comm.Get_rank()}" if comm.Get_size() > 1 else ""
+        what = str(e) if isinstance(e, MpiDpError) else f"{type(e).__name__}: {e}"
+        print(f"mpi-dp: error{where}: {what}", file=sys.stderr, flush=True)
+        if os.environ.get("MPI_DP_TRACEBACK") or not isinstance(e, MpiDpError):
+            traceback.print_exc()
+        if comm.Get_size() > 1:
+            comm.Abort(1)
+        return 1
+    return 0
+
+
+def _cmd_synth(args: argparse.Namespace) -> int:
+    from .data.synth import run_synth_command
+
+    run_synth_command(args)
+    return 0
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from .analysis import load, table
+
+    with load.open_result(args.result) as res:
+        print(table.analyze_text(res, metric=args.metric))
+        if args.csv:
+            table.rows_to_csv(table.summarize(res, metric=args.metric), args.csv)
+            print(f"wrote {args.csv}")
+    return 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from .analysis import figures, load
+
+    prefix = args.out or str(Path(args.result).with_suffix(""))
+    with load.open_result(args.result) as res:
+        paths = figures.plot_result(res, prefix, metric=args.metric)
+    for p in paths:
+        print(p)
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from .results.provenance import versions
+
+    v = versions()
+    width = max(map(len, v))
+    for k, val in v.items():
+        print(f"{k:<{width}}  {val}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .job import describe_keys
+
+    fmt = argparse.RawDescriptionHelpFormatter
+    ap = argparse.ArgumentParser(prog="mpi-dp", description=DESCRIPTION, formatter_class=fmt)
+    ap.add_argument("--version", action="version", version=f"mpi_dp {__version__}")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = sub.add_parser("run", help="run a job file (under mpiexec, or on one rank)",
+                         description="Run a TOML job file. Launch under MPI: "
+                         "mpiexec -n P mpi-dp run JOB.toml", formatter_class=fmt,
+                         epilog=RUN_EPILOG.format(keys=describe_keys()))
+    run.add_argument("job", help="the TOML job file, e.g. jobs/demo.toml")
+    run.add_argument("--set", action="append", metavar="KEY=VALUE",
+                     help="override a job key (TOML value; dotted keys for sections, e.g. "
+                     "step.alpha=0.5); repeatable")
+    run.add_argument("--out", metavar="PATH", help="result file (overrides the job's output)")
+    run.add_argument("--quiet", action="store_true", help="no progress messages")
+    run.set_defaults(func=_cmd_run)
+
+    data = sub.add_parser("data", help="make HDF5 shard files (one group per data owner)")
+    dsub = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
+    synth = dsub.add_parser("synth", help="synthetic shards (regression or binary)",
+                            description="Write synthetic per-owner shards to an HDF5 shard file: "
+                            "linear regression (y = X theta + noise) or binary classification "
+                            "(y = sign(X theta + noise)), with a public hold-out.",
+                            formatter_class=fmt)
+    from .data.synth import add_synth_arguments
+
+    add_synth_arguments(synth)
+    synth.set_defaults(func=_cmd_synth)
+
+    an = sub.add_parser("analyze", help="table per configuration of a result file",
+                        description="Print, per configuration, the final metric's median, "
+                        "quartiles, mean and standard error, each owner's isolated baseline, and "
+                        "for sweeps the fitted log-log slopes against eps and n.")
+    an.add_argument("result", help="result HDF5 file written by mpi-dp run")
+    an.add_argument("--metric", default="psi", help="metric to summarise (default psi)")
+    an.add_argument("--csv", metavar="FILE", help="also write the table as CSV")
+    an.set_defaults(func=_cmd_analyze)
+
+    pl = sub.add_parser("plot", help="PNG figures of a result file",
+                        description="Draw the metric vs iteration (median and 25-75 %% band, log "
+                        "scale) and, for sweeps, final E[metric] vs eps and vs n (log-log, fitted "
+                        "slopes) and the collaboration map over owner 1's (n, eps).")
+    pl.add_argument("result", help="result HDF5 file written by mpi-dp run")
+    pl.add_argument("--out", metavar="PREFIX",
+                    help="file name prefix of the PNGs (default: the result path without .h5)")
+    pl.add_argument("--metric", default="psi", help="metric to plot (default psi)")
+    pl.set_defaults(func=_cmd_plot)
+
+    info = sub.add_parser("info", help="versions of mpi_dp, MPI, numpy, h5py, scipy, petsc4py")
+    info.set_defaults(func=_cmd_info)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except MpiDpError as e:
+        print(f"mpi-dp: error: {e}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ValueError) as e:
+        print(f"mpi-dp: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""Exceptions that carry a user-facing message; the CLI prints them without a traceback."""
+
+from __future__ import annotations
+
+
+class MpiDpError(Exception):
+    """Base class: an error whose message is meant for the user."""
+
+
+class JobError(MpiDpError):
+    """An invalid job file or --set override; the message names the key and the file."""
+
+
+class ShardError(MpiDpError):
+    """A missing, malformed or inconsistent HDF5 shard file; the message names the file."""
+
+
+class DataError(MpiDpError):
+    """A dataset that cannot be read or prepared; the message names the file and the problem."""
+
+
+class BudgetExceededError(MpiDpError):
+    """A data owner refused a release that would exceed its privacy budget."""
+
+
+class NumericalError(MpiDpError):
+    """A NaN or infinity appeared where a finite number is required."""

@@ -1,0 +1,53 @@
+"""Losses, gradients and reference optimum solvers (pure NumPy/SciPy, runs axis first)."""
+
+from mpi_dp.models.linear import (
+    CHUNK_ROWS,
+    LOSSES,
+    as_runs,
+    check_loss,
+    clipped_grad_sum,
+    curvature_constant,
+    grad_l1_norms,
+    grad_sum,
+    loss_derivative,
+    loss_sum,
+    loss_values,
+    objective,
+    project_box,
+    rel_fitness,
+    strong_convexity_constant,
+)
+from mpi_dp.models.reference import (
+    local_fun_and_grad,
+    minimize_smooth,
+    petsc_available,
+    projected_gradient,
+    ridge_closed_form,
+    svm_dual_cd,
+    theta_star_local,
+)
+
+__all__ = [
+    "CHUNK_ROWS",
+    "LOSSES",
+    "as_runs",
+    "check_loss",
+    "clipped_grad_sum",
+    "curvature_constant",
+    "grad_l1_norms",
+    "grad_sum",
+    "local_fun_and_grad",
+    "loss_derivative",
+    "loss_sum",
+    "loss_values",
+    "minimize_smooth",
+    "objective",
+    "petsc_available",
+    "project_box",
+    "projected_gradient",
+    "rel_fitness",
+    "ridge_closed_form",
+    "strong_convexity_constant",
+    "svm_dual_cd",
+    "theta_star_local",
+]

@@ -1,0 +1,52 @@
+"""Test helpers: job files and launching real `mpiexec` runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+BIN = Path(sys.executable).parent
+MPIEXEC = str(BIN / "mpiexec") if (BIN / "mpiexec").exists() else "mpiexec"
+#: a hang guard for child MPI jobs (not a performance limit: the jobs take seconds)
+HANG_GUARD_S = 300
+
+
+def mpi_run(n: int, args: list[str], cwd: Path | None = None, env: dict | None = None,
+            timeout: float = HANG_GUARD_S) -> subprocess.CompletedProcess:
+    """`mpiexec -n N python -m mpi_dp ARGS` as a real MPI job; returns the completed process."""
+    cmd = [MPIEXEC, "-n", str(n), sys.executable, "-m", "mpi_dp", *args]
+    full_env = dict(os.environ, OPENBLAS_NUM_THREADS="1", **(env or {}))
+    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def write_job(path: Path, data: Path, **keys) -> Path:
+    """A small sync_star job (TOML) with overridable keys; tables given as dicts."""
+    base = dict(name=path.stem, algorithm="sync_star", variant="alg2", data=str(data),
+                output=str(path.with_suffix(".h5")), seed=7, runs=3, T=30, loss="squared",
+                lam=1e-2, theta_max=1e6, eps=1.0, xi="auto")
+    base.update(keys)
+    lines, tables = [], []
+    for k, v in base.items():
+        (tables if isinstance(v, dict) else lines).append((k, v))
+    text = "\n".join(f"{k} = {_toml(v)}" for k, v in lines)
+    for k, v in tables:
+        text += f"\n\n[{k}]\n" + "\n".join(f"{kk} = {_toml(vv)}" for kk, vv in v.items())
+    path.write_text(text + "\n")
+    return path
+
+
+def _toml(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return f'"{v}"'
+    if isinstance(v, float) and v == float("inf"):
+        return "inf"
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    return repr(v)

@@ -1,0 +1,250 @@
+"""The HDF5 shard format: exact round trips, cheap metadata, clear errors, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import h5py
+import numpy as np
+import pytest
+
+from mpi_dp.data import FORMAT, ShardFile, write_shards
+from mpi_dp.errors import DataError, ShardError
+
+
+def _agents(sizes=(7, 12, 5), p=3, seed=0):
+    g = np.random.default_rng(seed)
+    return [(g.standard_normal((n, p)), g.standard_normal(n)) for n in sizes]
+
+
+def _tmp_leftovers(directory: pathlib.Path) -> list[str]:
+    return sorted(f.name for f in directory.iterdir() if f.name.endswith(".tmp"))
+
+
+@pytest.fixture
+def shard(tmp_path):
+    agents = _agents()
+    g = np.random.default_rng(1)
+    public = (g.standard_normal((20, 3)), g.standard_normal(20))
+    basis = g.standard_normal((3, 2))
+    path = write_shards(
+        tmp_path / "sub" / "d.h5",
+        agents,
+        public=public,
+        task="regression",
+        feature_names=["a", "b", "c"],
+        source="unit test",
+        attrs={"lam": 1e-5, "name": "demo", "k": 3, "cfg": {"x": [1, 2]}, "lst": [1.5, 2]},
+        public_extra={"basis": basis},
+    )
+    return path, agents, public, basis
+
+
+def test_round_trip_exact(shard):
+    path, agents, public, basis = shard
+    assert path.exists() and _tmp_leftovers(path.parent) == []
+    with ShardFile(path) as sf:
+        assert sf.path == path
+        assert sf.n_agents == 3 and sf.n_features == 3 and sf.task == "regression"
+        assert sf.feature_names == ["a", "b", "c"]
+        assert sf.source == "unit test"
+        for i, (X, y) in enumerate(agents):
+            Xr, yr = sf.read_agent(i)
+            assert Xr.dtype == np.float64 and yr.dtype == np.float64
+            assert Xr.tobytes() == X.tobytes() and yr.tobytes() == y.tobytes()
+            assert Xr.shape == X.shape and yr.shape == y.shape
+        assert sf.has_public
+        Xp, yp = sf.read_public()
+        assert Xp.tobytes() == public[0].tobytes() and yp.tobytes() == public[1].tobytes()
+        assert np.array_equal(sf.read_public_extra("basis"), basis)
+        assert sf.public_extra_names() == ["basis"]
+        a = sf.attrs
+        assert a["format"] == FORMAT and a["format_version"] == 1
+        assert a["lam"] == 1e-5 and a["name"] == "demo" and a["k"] == 3
+        assert json.loads(a["cfg"]) == {"x": [1, 2]} and sf.json_attr("lst") == [1.5, 2]
+        assert a["created_by"].startswith("mpi_dp ")
+        sf.check_agents()
+        sf.check_agents([2, 0])
+
+
+def test_layout_matches_contract(shard):
+    path, agents, _, _ = shard
+    with h5py.File(path, "r") as f:
+        assert sorted(f["agents"].keys()) == ["0", "1", "2"]
+        for i, (X, _) in enumerate(agents):
+            g = f[f"agents/{i}"]
+            assert int(g.attrs["n"]) == X.shape[0]
+            assert g["X"].dtype == np.float64 and g["y"].dtype == np.float64
+            assert g["X"].chunks is not None and g["X"].chunks[1] == 3  # whole-row chunks
+        assert f.attrs["n_agents"] == 3 and f.attrs["n_features"] == 3
+
+
+def test_sizes_from_attrs_only(shard, monkeypatch):
+    path, agents, _, _ = shard
+    with ShardFile(path) as sf:
+        # sizes() must not read X or y: make dataset reads fail
+        monkeypatch.setattr(h5py.Dataset, "__getitem__", lambda *a: pytest.fail("data read"))
+        sizes = sf.sizes()
+        assert sizes.dtype == np.int64
+        assert sizes.tolist() == [X.shape[0] for X, _ in agents]
+        assert sf.sizes([2, 1]).tolist() == [5, 12]
+
+
+def test_read_prefix(shard):
+    path, agents, _, _ = shard
+    with ShardFile(path) as sf:
+        for n in (0, 1, 4, 12):
+            X, y = sf.read_agent(1, n)
+            assert X.shape == (n, 3)
+            assert np.array_equal(X, agents[1][0][:n]) and np.array_equal(y, agents[1][1][:n])
+
+
+def test_usable_without_with(shard):
+    path, agents, _, _ = shard
+    sf = ShardFile(path)
+    assert np.array_equal(sf.read_agent(0)[0], agents[0][0])
+    sf.close()
+    sf.close()  # idempotent
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "x.h5"
+    with pytest.raises(ShardError, match=r"shard file '.*x\.h5' not found"):
+        ShardFile(path)
+
+
+def test_not_hdf5(tmp_path):
+    path = tmp_path / "junk.h5"
+    path.write_text("not hdf5")
+    with pytest.raises(ShardError, match="junk.h5"):
+        ShardFile(path)
+
+
+def test_wrong_or_missing_format_attr(shard, tmp_path):
+    path = shard[0]
+    with h5py.File(path, "a") as f:
+        f.attrs["format"] = "something.else"
+    with pytest.raises(ShardError, match=r"d\.h5.*format"):
+        ShardFile(path)
+    other = tmp_path / "plain.h5"
+    with h5py.File(other, "w") as f:
+        f.create_dataset("X", data=np.zeros((2, 2)))
+    with pytest.raises(ShardError, match=r"plain\.h5.*format"):
+        ShardFile(other)
+
+
+def test_missing_agent_group_at_open(shard):
+    path = shard[0]
+    with h5py.File(path, "a") as f:
+        del f["agents/1"]
+    with pytest.raises(ShardError, match=r"d\.h5.*missing: 1"):
+        ShardFile(path)
+
+
+def test_n_too_large_and_bad_agent(shard):
+    path = shard[0]
+    with ShardFile(path) as sf:
+        with pytest.raises(ShardError, match=r"d\.h5.*agent 2.*n=6.*only 5"):
+            sf.read_agent(2, 6)
+        with pytest.raises(ShardError, match=r"agent 3 out of range"):
+            sf.read_agent(3)
+        with pytest.raises(ShardError, match="agent 7"):
+            sf.check_agents([0, 7])
+        with pytest.raises(ShardError, match="no public extra dataset 'nope'"):
+            sf.read_public_extra("nope")
+
+
+def test_check_agents_inconsistent(shard):
+    path = shard[0]
+    with h5py.File(path, "a") as f:
+        del f["agents/1/y"]
+        f["agents/1"].create_dataset("y", data=np.zeros(3))
+    with ShardFile(path) as sf:
+        sf.check_agents([0, 2])
+        with pytest.raises(ShardError, match=r"d\.h5.*agent 1.*y"):
+            sf.check_agents([0, 1])
+
+
+def test_no_public(tmp_path):
+    path = write_shards(tmp_path / "np.h5", _agents())
+    with ShardFile(path) as sf:
+        assert not sf.has_public and sf.feature_names is None
+        with pytest.raises(ShardError, match="no public"):
+            sf.read_public()
+
+
+def test_test_sets(tmp_path):
+    agents = _agents()
+    tests = [None, (np.ones((2, 3)), np.array([1.0, 2.0])), None]
+    path = write_shards(tmp_path / "t.h5", agents, test=tests)
+    with ShardFile(path) as sf:
+        assert not sf.has_test(0) and sf.has_test(1)
+        X, y = sf.read_agent_test(1)
+        assert np.array_equal(X, tests[1][0]) and np.array_equal(y, tests[1][1])
+        sf.check_agents()
+
+
+@pytest.mark.parametrize(
+    "agents, match",
+    [
+        ([(np.zeros((3, 2)), np.zeros(3)), (np.zeros((3, 4)), np.zeros(3))], "agent 1.*4 features"),
+        ([(np.zeros((3, 2)), np.zeros(4))], "agent 0.*3 rows.*4 entries"),
+        ([(np.zeros((3, 2)), np.zeros(3)), (np.full((2, 2), np.nan), np.zeros(2))],
+         "agent 1.*X.*non-finite"),
+        ([(np.zeros((3, 2)), np.array([0.0, np.inf, 0.0]))], "agent 0.*y.*non-finite"),
+        ([(np.zeros(3), np.zeros(3))], "agent 0.*2-D"),
+        ([], "no agents"),
+    ],
+)
+def test_invalid_input_leaves_nothing(tmp_path, agents, match):
+    path = tmp_path / "bad.h5"
+    with pytest.raises(DataError, match=match):
+        write_shards(path, agents)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_write_keeps_old_file_and_no_temp(tmp_path, monkeypatch):
+    path = write_shards(tmp_path / "d.h5", _agents())
+    before = path.read_bytes()
+    bad = _agents()
+    bad[1][0][2, 1] = np.nan
+    with pytest.raises(DataError, match="agent 1"):
+        write_shards(path, bad)
+    assert path.read_bytes() == before
+    assert _tmp_leftovers(tmp_path) == []
+
+    # an error during the HDF5 write itself also leaves no temp file and no target
+    def boom(*a, **k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(h5py.Group, "create_dataset", boom)
+    with pytest.raises(RuntimeError, match="disk full"):
+        write_shards(tmp_path / "new.h5", _agents())
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["d.h5"]
+
+
+def test_public_and_attr_validation(tmp_path):
+    agents = _agents()
+    with pytest.raises(DataError, match="public.*2 features"):
+        write_shards(tmp_path / "a.h5", agents, public=(np.zeros((4, 2)), np.zeros(4)))
+    with pytest.raises(DataError, match="2 feature names given for 3"):
+        write_shards(tmp_path / "a.h5", agents, feature_names=["a", "b"])
+    with pytest.raises(DataError, match="reserved"):
+        write_shards(tmp_path / "a.h5", agents, attrs={"n_agents": 9})
+    with pytest.raises(DataError, match="unknown task"):
+        write_shards(tmp_path / "a.h5", agents, task="ranking")
+    with pytest.raises(DataError, match="binary labels"):
+        write_shards(tmp_path / "a.h5", agents, task="binary")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_concurrent_readers(shard):
+    path, agents, _, _ = shard
+    readers = [ShardFile(path) for _ in range(4)]
+    try:
+        for i, sf in enumerate(readers):
+            assert np.array_equal(sf.read_agent(i % 3)[1], agents[i % 3][1])
+    finally:
+        for sf in readers:
+            sf.close()
