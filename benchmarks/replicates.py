@@ -47,6 +47,17 @@ from mpi_dp.models import linear, reference  # noqa: E402
 PAPER_T = 1000
 N_OWNERS = 3
 LOSS, LAM, THETA_MAX, EPS, XI_QUANTILE, ALPHA = "squared", 1e-5, 1e5, 1.0, 0.99, 1.0
+CHUNK_ELEMS, MIN_ROWS = 2**18, 256  # --chunk adaptive: a (rows x runs) float64 block of 2 MiB
+DEFAULT_CHUNK = linear.CHUNK_ROWS
+
+
+def chunk_rows(mode, runs: int) -> int:
+    """Rows per chunk for a call with `runs` runs under --chunk `mode`."""
+    if mode == "default":
+        return DEFAULT_CHUNK
+    if mode == "adaptive":
+        return max(MIN_ROWS, CHUNK_ELEMS // runs)
+    return int(mode)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -64,9 +75,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--n", type=int, default=250_000, help="records per owner n_i (paper: 250,000)")
     ap.add_argument("--dim", type=int, default=10, help="features d (paper: 10)")
     ap.add_argument("--seed", type=int, default=1, help="data seed (the job seed is 2020)")
+    ap.add_argument("--chunk", default="default", metavar="ROWS|adaptive|default",
+                    help="rows per chunk in mpi_dp.models.linear (monkeypatched CHUNK_ROWS, for "
+                    "what-if measurements; mpi_dp itself is not changed): 'default' keeps the "
+                    "module's value, a number sets it for both timings, 'adaptive' uses "
+                    f"max({MIN_ROWS}, {CHUNK_ELEMS} // runs) rows, i.e. a fixed rows x runs "
+                    "block that stays in cache, for each call")
     ap.add_argument("--profile", action="store_true",
                     help="also profile the vectorised call with cProfile and print the top entries")
     a = ap.parse_args(argv)
+    if a.chunk not in ("default", "adaptive"):
+        try:
+            a.chunk = int(a.chunk)
+        except ValueError:
+            ap.error(f"--chunk must be a number, 'adaptive' or 'default', not {a.chunk!r}")
+        if a.chunk < 1:
+            ap.error("--chunk must be at least 1")
     for k in ("runs", "T", "n", "dim"):
         if getattr(a, k) < 1:
             ap.error(f"--{k} must be at least 1")
@@ -89,8 +113,9 @@ def main(argv=None) -> int:
     scaled = "" if T == PAPER_T else f" (scaled down from the paper's T = {PAPER_T})"
     print(f"replicates benchmark: N = {N_OWNERS} owners x n_i = {n:,} records, d = {d}, "
           f"R = {R} runs, T = {T}{scaled}")
-    print(f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}, "
-          f"numpy {np.__version__}, chunk rows {linear.CHUNK_ROWS}")
+    print(f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}, numpy {np.__version__}, "
+          f"chunk rows: vectorised {chunk_rows(a.chunk, R)}, loop {chunk_rows(a.chunk, 1)} "
+          f"(--chunk {a.chunk}; mpi_dp default {DEFAULT_CHUNK})")
 
     t = time.perf_counter()
     data = synth_regression(N_OWNERS, n, d, 0.5, a.seed, public=10000)
@@ -107,6 +132,7 @@ def main(argv=None) -> int:
           "(not timed below)")
 
     def one(run_ids: tuple[int, ...]) -> np.ndarray:
+        linear.CHUNK_ROWS = chunk_rows(a.chunk, len(run_ids))
         out = sync_star.run_config(star, shards, settings(T, d, n, xi, L, run_ids), ref,
                                    recorder=None, progress=False)
         return out["models/final"]

@@ -11,6 +11,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -61,9 +62,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"mpi-dp: error: {e}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
-        print(f"mpi-dp: rank {comm.Get_rank()} interrupted; the result file keeps the iterations "
-              "done so far", file=sys.stderr, flush=True)
+        if comm.Get_rank() == 0:
+            print("mpi-dp: interrupted; the result file keeps the iterations done so far",
+                  file=sys.stderr, flush=True)
         if comm.Get_size() > 1:
+            if comm.Get_rank() != 0:
+                time.sleep(2.0)  # let the learner close the result file before the abort
             comm.Abort(130)
         return 130
     except BaseException as e:  # a rank that raises: stop every rank, never hang
