@@ -1,0 +1,63 @@
+"""slurm/run.sbatch submitted with a real `sbatch` (skipped where no Slurm cluster answers).
+
+On a development machine: ../shared/tools/local-slurm start (a real single-node Slurm).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import pytest
+from helpers import HANG_GUARD_S, write_job
+
+SCRIPT = Path(__file__).resolve().parents[1] / "slurm" / "run.sbatch"
+
+
+def _slurm_up() -> bool:
+    if not shutil.which("sbatch"):
+        return False
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and any(s in out.stdout for s in ("idle", "mixed", "alloc"))
+
+
+pytestmark = pytest.mark.skipif(not _slurm_up(), reason="no Slurm cluster answers (sinfo)")
+
+
+def test_sbatch_runs_a_job_file(tmp_path, small_shards):
+    job = write_job(tmp_path / "slurm.toml", small_shards, runs=2, T=10, sweep={"eps": [1.0, 4.0]})
+    out = tmp_path / "slurm_result.h5"
+    env = dict(os.environ, MPI_DP_VENV=str(Path(sys.executable).parent.parent))
+    sub = subprocess.run(["sbatch", "--parsable", "--ntasks=3", "--export=ALL",
+                          f"--chdir={tmp_path}", str(SCRIPT), str(job), "--out", str(out)],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert sub.returncode == 0, sub.stderr
+    jid = sub.stdout.strip().split(";")[0]
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < HANG_GUARD_S:
+        q = subprocess.run(["squeue", "-h", "-j", jid, "-o", "%T"], capture_output=True, text=True)
+        if not q.stdout.strip():
+            break
+        time.sleep(1)
+    log = (tmp_path / f"slurm-mpi_dp-{jid}.out").read_text()
+    assert "mpi-dp: done" in log, log
+    with h5py.File(out, "r", locking=False) as f:
+        assert f.attrs["status"] == "complete"
+        assert f["provenance"].attrs["n_ranks"] == 3
+        assert f["configs/001/metrics/psi"].shape == (11, 2)
+
+
+def test_sbatch_without_job_file_explains_usage(tmp_path):
+    sub = subprocess.run(["sbatch", "--parsable", "--wait", f"--chdir={tmp_path}", str(SCRIPT)],
+                         capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert sub.returncode != 0
+    jid = sub.stdout.strip().split(";")[0]
+    assert "usage: sbatch" in (tmp_path / f"slurm-mpi_dp-{jid}.out").read_text()
