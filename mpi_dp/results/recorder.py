@@ -1,0 +1,134 @@
+"""The results HDF5 file: schema, incremental recorder, final status.
+
+Schema (format "mpi_dp.results", version 1) -- a contract analysis code relies on:
+  /                       attrs format, format_version, job (TOML text), job_resolved (JSON),
+                          algorithm, variant, status (running|complete|interrupted|failed),
+                          n_configs, sweep (JSON)
+  /provenance             attrs: versions, git revision, MPI library, ranks, hosts, seed, times
+  G = /  (no sweep)  or  /configs/000, /configs/001, ... (one group per configuration)
+  G attrs                 config_index, label, eps (per owner), n (per owner), T, runs, ...
+  G/metrics/iteration     (records,) iteration k of each record (0 = initial model)
+  G/metrics/<name>        (records, runs) per-run metrics, e.g. psi; (records,) for per-iteration
+                          scalars such as step_size
+  G/models/<name>         final models (runs, p)
+  G/reference/...         theta_star, f_star, theta_isolated, psi_isolated (evaluation-only)
+  G/privacy/ledger        per-owner ledger (agent, budget_eps, spent_eps, ..., releases)
+Metrics are appended and flushed record by record, so a run killed after k iterations leaves a
+readable file holding those k records (status stays 'running' or becomes 'interrupted').
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+FORMAT = "mpi_dp.results"
+FORMAT_VERSION = 1
+
+
+def _attr(v: Any) -> Any:
+    if isinstance(v, dict | list | tuple) and not (
+        isinstance(v, list | tuple) and v and all(isinstance(x, int | float) for x in v)
+    ):
+        return json.dumps(v, default=str)
+    return v
+
+
+class ConfigRecorder:
+    """Writes one configuration group: appends metric records, stores final arrays."""
+
+    def __init__(self, group: h5py.Group, runs: int, flush_every: int = 1) -> None:
+        self.group = group
+        self.runs = runs
+        self.metrics = group.require_group("metrics")
+        self.n_records = 0
+        self._flush_every = max(1, flush_every)
+
+    def append(self, iteration: int, values: Mapping[str, np.ndarray | float]) -> None:
+        """Append one record: per-run arrays (runs,) and per-iteration scalars."""
+        if self.n_records == 0:
+            self.metrics.create_dataset("iteration", shape=(0,), maxshape=(None,), dtype="i8",
+                                        chunks=(1024,))
+            for name, v in values.items():
+                v = np.asarray(v, dtype=np.float64)
+                shape = (0,) + v.shape
+                chunks = (max(1, min(1024, 2**20 // max(1, v.size * 8))),) + v.shape
+                self.metrics.create_dataset(name, shape=shape, maxshape=(None,) + v.shape,
+                                            dtype="f8", chunks=chunks)
+        k = self.n_records
+        ds = self.metrics["iteration"]
+        ds.resize((k + 1,))
+        ds[k] = iteration
+        for name, v in values.items():
+            d = self.metrics[name]
+            d.resize((k + 1,) + d.shape[1:])
+            d[k] = v
+        self.n_records = k + 1
+        if self.n_records % self._flush_every == 0:
+            self.group.file.flush()
+
+    def write(self, path: str, data: np.ndarray | float, **attrs: Any) -> None:
+        """Store a final array (e.g. 'models/final') with optional attributes."""
+        if path in self.group:
+            del self.group[path]
+        ds = self.group.create_dataset(path, data=data)
+        for k, v in attrs.items():
+            ds.attrs[k] = _attr(v)
+
+    def set_attrs(self, **attrs: Any) -> None:
+        for k, v in attrs.items():
+            self.group.attrs[k] = _attr(v)
+
+
+class ResultFile:
+    """The result file of one job, written by the learner (rank 0) only."""
+
+    def __init__(self, path: str | Path, *, job_text: str, job_json: str, algorithm: str,
+                 variant: str, n_configs: int, sweep: Mapping[str, Any],
+                 provenance: Mapping[str, Any]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + f".tmp-{os.getpid()}")
+        # no HDF5 file lock: one writer (rank 0), and readers may look while it runs or after
+        # it was killed (a stale lock would make the partial result unreadable)
+        self.file = h5py.File(tmp, "w", libver=("earliest", "latest"), locking=False)
+        os.replace(tmp, self.path)  # same inode: appear under the final name at once
+        self.sweep = bool(sweep)
+        a = self.file.attrs
+        a["format"] = FORMAT
+        a["format_version"] = FORMAT_VERSION
+        a["job"] = job_text
+        a["job_resolved"] = job_json
+        a["algorithm"] = algorithm
+        a["variant"] = variant
+        a["status"] = "running"
+        a["n_configs"] = n_configs
+        a["sweep"] = json.dumps(dict(sweep), default=str)
+        prov = self.file.create_group("provenance")
+        for k, v in provenance.items():
+            prov.attrs[k] = _attr(v)
+        self.file.flush()
+
+    def config(self, index: int, runs: int, **attrs: Any) -> ConfigRecorder:
+        group = self.file.require_group(f"configs/{index:03d}") if self.sweep else self.file
+        rec = ConfigRecorder(group, runs)
+        rec.set_attrs(config_index=index, runs=runs, **attrs)
+        return rec
+
+    def set_status(self, status: str, **provenance: Any) -> None:
+        self.file.attrs["status"] = status
+        for k, v in provenance.items():
+            self.file["provenance"].attrs[k] = _attr(v)
+        self.file.flush()
+
+    def close(self, status: str | None = None, **provenance: Any) -> None:
+        if self.file.id.valid:
+            if status:
+                self.set_status(status, **provenance)
+            self.file.close()
