@@ -11,10 +11,11 @@ import difflib
 import itertools
 import json
 import math
-import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from .errors import JobError
 
@@ -100,8 +101,10 @@ class Config:
     eps: Any  # scalar or per-owner list, as written
     n: Any  # 'all', scalar or per-owner list, as written
 
-    def label(self) -> str:
-        return f"eps={_compact(self.eps)}, n={_compact(self.n)}"
+    def label(self, eps: Any = None, n: Any = None) -> str:
+        """'eps=1, n=1000'; pass the resolved per-owner values to show 'all' as numbers."""
+        return (f"eps={_compact(self.eps if eps is None else eps)}, "
+                f"n={_compact(self.n if n is None else n)}")
 
 
 @dataclasses.dataclass(frozen=True)

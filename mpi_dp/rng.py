@@ -43,7 +43,7 @@ def stream(seed: int, purpose: str, agent: int = 0, run: int = 0) -> np.random.G
 
 
 def run_streams(
-    seed: int, purpose: str, agent: int, runs: "np.ndarray | list[int]"
+    seed: int, purpose: str, agent: int, runs: np.ndarray | list[int]
 ) -> list[np.random.Generator]:
     """One stream per run index in `runs`, for vectorised Monte-Carlo replicates."""
     return [stream(seed, purpose, agent, int(r)) for r in runs]

@@ -151,7 +151,7 @@ def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = N
             rec = None
             if result is not None:
                 rec = result.config(
-                    cfg.index, R, label=cfg.label(), eps=np.array(eps), n=np.array(n, dtype="i8"),
+                    cfg.index, R, label=cfg.label(eps, n), eps=np.array(eps), n=np.array(n, dtype="i8"),
                     T=s.T, loss=s.loss, lam=s.lam, theta_max=s.theta_max, xi=xi, L=L, rho=rho,
                     variant=s.variant, schedule=s.schedule, average=s.avg_kind, eta=s.eta, seed=s.seed,
                     run_ids=np.array(run_ids, dtype="i8"), clip=s.clip,
@@ -161,7 +161,7 @@ def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = N
                     evaluation_only="metrics psi, psi_iterate, objective, clip_fraction and "
                     "group reference are evaluation-only (oracle=True): computed from un-noised "
                     "owner data, never part of the private protocol")
-            label = f"{cfg.index + 1}/{len(configs)} {cfg.label()}"
+            label = f"{cfg.index + 1}/{len(configs)} {cfg.label(eps, n)}"
             final = sync_star.run_config(star, shards, s, ref, rec, label=label, progress=progress)
             if rec is not None:
                 rec.write("models/final", final["models/final"])

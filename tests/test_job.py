@@ -5,11 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
+from helpers import write_job
 
 from mpi_dp.errors import JobError
 from mpi_dp.job import load_job, parse_override
-
-from helpers import write_job
 
 
 def test_valid_job_defaults_and_sweep(tmp_path, small_shards):

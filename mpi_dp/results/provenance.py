@@ -41,7 +41,7 @@ def versions() -> dict[str, str]:
 
         out["mpi4py"] = mpi4py.__version__
         out["mpi_library"] = MPI.Get_library_version().strip().splitlines()[0]
-        out["mpi_standard"] = "%d.%d" % MPI.Get_version()
+        out["mpi_standard"] = "{}.{}".format(*MPI.Get_version())
     except ImportError:  # pragma: no cover - mpi4py is a dependency
         out["mpi4py"] = "not installed"
     try:
