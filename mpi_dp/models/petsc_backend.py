@@ -66,10 +66,11 @@ def minimize_tao(
                 tao.setType(tao_type)
                 tao.setObjectiveGradient(objgrad, g)
                 if bounds is not None:
-                    tao.setVariableBounds(*bounds)
+                    tao.setVariableBounds(bounds)
                 tao.setTolerances(gatol=gatol, grtol=0.0, gttol=0.0)
                 tao.setMaximumIterations(max_iter)
-                tao.setSolution(x)
+                # setSolution is petsc4py >= 3.17; older releases call it setInitial
+                (tao.setSolution if hasattr(tao, "setSolution") else tao.setInitial)(x)
                 tao.solve()
                 reason = tao.getConvergedReason()
                 sol = tao.getSolution().getArray().copy()

@@ -154,8 +154,8 @@ def _svm_polish(Z: np.ndarray, w: np.ndarray, C: float, delta: float) -> np.ndar
     """Active-set step: guess the support sets from the margins of w, then solve them exactly.
 
     Records with margin < 1 - delta get a_i = C, those within delta of 1 are free and solve
-    z_i^T w = 1 (least squares if degenerate), the rest get 0. The caller keeps the result only if
-    it lowers the duality gap, so a wrong guess costs nothing.
+    z_i^T w = 1 (least squares if degenerate), the rest get 0. The result is dual feasible, so its
+    duality gap certifies it (a wrong guess just fails to certify).
     """
     m = Z @ w
     upper = m < 1.0 - delta
@@ -240,9 +240,11 @@ def svm_dual_cd(
     """Exact minimiser of lam/2 ||theta||^2 + (1/n) sum max(0, 1 - y theta^T x) (L1-loss SVM).
 
     liblinear-type dual coordinate descent with C = 1/(lam n) (f = lam * (1/2 ||theta||^2 + C sum
-    hinge)), random epoch permutations from the stream (seed, "sample", 0, 0), and after each epoch
-    an active-set polish that tries to certify an exact solution. Stops when the duality gap relative to the primal is below `tol`, so
-    f is exact to about `tol` relative. Any bias is a column of X. y must be in {-1, +1}.
+    hinge)) and random epoch permutations from the stream (seed, "sample", 0, 0). After each epoch
+    an active-set polish tries to certify the exact optimum; once CD has slowed down, a smoothed
+    Newton finisher takes over (CD alone converges slowly to 1e-10). Returns when the duality gap
+    relative to the primal is <= `tol`, so f is exact to about `tol` relative. Any bias is a
+    column of X; y must be in {-1, +1}.
     """
     Xd = X.toarray() if sp.issparse(X) else np.asarray(X, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
