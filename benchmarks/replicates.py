@@ -62,7 +62,7 @@ def chunk_rows(mode, runs: int) -> int:
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0] + ". Times R vectorised runs (one run_config call "
+        description=__doc__.split("\n\n")[0].rstrip(".") + ". Times R vectorised runs (one run_config call "
         "with a runs axis) against a Python loop of R single-run calls, in one process, and "
         "checks that both give the same final models.",
         epilog="Example: python benchmarks/replicates.py --runs 100 --T 20  (paper: T = 1000; "
