@@ -16,6 +16,15 @@ from ..errors import JobError
 from ..models import linear, reference
 
 
+def agent_order_sum(rows: np.ndarray) -> np.ndarray:
+    """Sum of per-agent rows added one agent after the other, so the result never depends on
+    how agents are laid out over ranks (bitwise rank-invariance)."""
+    total = np.zeros(rows.shape[1:])
+    for row in rows:
+        total = total + row
+    return total
+
+
 @dataclasses.dataclass
 class LocalShard:
     """The first n records of one owner's shard, as held on the rank hosting that owner."""
@@ -67,9 +76,7 @@ class Oracle:
 
     def objective(self, thetas: np.ndarray, sums: np.ndarray) -> np.ndarray:
         """f(theta) = lam/2 ||theta||^2 + (1/n) sum of losses, summed over agents in order."""
-        total = np.zeros(thetas.shape[0])
-        for i in range(sums.shape[0]):
-            total = total + sums[i, : thetas.shape[0]]
+        total = agent_order_sum(sums[:, : thetas.shape[0]])
         return 0.5 * self.lam * np.einsum("ij,ij->i", thetas, thetas) + total / self.n_total
 
     def evaluate(self, thetas: np.ndarray) -> np.ndarray | None:
@@ -99,9 +106,7 @@ class Oracle:
         self.star.bcast(np.ones(1))
         th = self.star.bcast(np.ascontiguousarray(theta, dtype=np.float64).reshape(1, -1))
         g = self._fg_local(th)
-        tot = np.zeros(1 + self.p)
-        for i in range(g.shape[0]):
-            tot = tot + g[i]
+        tot = agent_order_sum(g)
         f = 0.5 * self.lam * float(theta @ theta) + tot[0] / self.n_total
         return f, self.lam * theta + tot[1:] / self.n_total
 
@@ -146,9 +151,7 @@ class Oracle:
         g = self.star.gather_agents(local, (self.p * self.p + self.p,))
         theta = None
         if g is not None:
-            tot = np.zeros(g.shape[1])
-            for i in range(g.shape[0]):
-                tot = tot + g[i]
+            tot = agent_order_sum(g)
             theta = reference.ridge_closed_form(tot[: self.p * self.p].reshape(self.p, self.p),
                                                 tot[self.p * self.p :], self.n_total, self.lam)
         binds = self.star.bcast_object(None if theta is None

@@ -21,7 +21,7 @@ from ..errors import BudgetExceededError, JobError, NumericalError
 from ..models import linear
 from ..privacy import PrivacyLedger, lap_scale, laplace_noise, ledgers_to_array
 from ..rng import run_streams
-from .common import LocalShard, Oracle, Reference
+from .common import LocalShard, Oracle, Reference, agent_order_sum
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,9 +149,7 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
         f = oracle.objective(both, sums)
         f_avg, f_it = f[:R], f[R:]
         report = f_avg if s.variant == "alg2" else f_it
-        clip_total = np.zeros(R)
-        for i in range(n_agents):
-            clip_total = clip_total + sums[i, 2 * R :]
+        clip_total = agent_order_sum(sums[:, 2 * R :])
         psi = report / ref.f_star - 1.0
         if recorder is not None:
             recorder.append(k, {"psi": psi, "psi_iterate": f_it / ref.f_star - 1.0,
