@@ -47,17 +47,12 @@ from mpi_dp.models import linear, reference  # noqa: E402
 PAPER_T = 1000
 N_OWNERS = 3
 LOSS, LAM, THETA_MAX, EPS, XI_QUANTILE, ALPHA = "squared", 1e-5, 1e5, 1.0, 0.99, 1.0
-CHUNK_ELEMS, MIN_ROWS = 2**18, 256  # --chunk adaptive: a (rows x runs) float64 block of 2 MiB
-DEFAULT_CHUNK = linear.CHUNK_ROWS
+DEFAULT_CHUNK_ROWS = linear.chunk_rows
 
 
 def chunk_rows(mode, runs: int) -> int:
     """Rows per chunk for a call with `runs` runs under --chunk `mode`."""
-    if mode == "default":
-        return DEFAULT_CHUNK
-    if mode == "adaptive":
-        return max(MIN_ROWS, CHUNK_ELEMS // runs)
-    return int(mode)
+    return DEFAULT_CHUNK_ROWS(runs) if mode == "default" else int(mode)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -75,20 +70,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--n", type=int, default=250_000, help="records per owner n_i (paper: 250,000)")
     ap.add_argument("--dim", type=int, default=10, help="features d (paper: 10)")
     ap.add_argument("--seed", type=int, default=1, help="data seed (the job seed is 2020)")
-    ap.add_argument("--chunk", default="default", metavar="ROWS|adaptive|default",
-                    help="rows per chunk in mpi_dp.models.linear (monkeypatched CHUNK_ROWS, for "
-                    "what-if measurements; mpi_dp itself is not changed): 'default' keeps the "
-                    "module's value, a number sets it for both timings, 'adaptive' uses "
-                    f"max({MIN_ROWS}, {CHUNK_ELEMS} // runs) rows, i.e. a fixed rows x runs "
-                    "block that stays in cache, for each call")
+    ap.add_argument("--chunk", default="default", metavar="ROWS|default",
+                    help="rows per chunk in mpi_dp.models.linear, for what-if measurements: "
+                    "'default' keeps mpi_dp's rule (max(MIN_CHUNK_ROWS, CHUNK_ELEMS // runs): a "
+                    "rows x runs block of 2 MiB that stays in cache), a number fixes the rows for "
+                    "both timings (monkeypatched; mpi_dp itself is not changed)")
     ap.add_argument("--profile", action="store_true",
                     help="also profile the vectorised call with cProfile and print the top entries")
     a = ap.parse_args(argv)
-    if a.chunk not in ("default", "adaptive"):
+    if a.chunk != "default":
         try:
             a.chunk = int(a.chunk)
         except ValueError:
-            ap.error(f"--chunk must be a number, 'adaptive' or 'default', not {a.chunk!r}")
+            ap.error(f"--chunk must be a number or 'default', not {a.chunk!r}")
         if a.chunk < 1:
             ap.error("--chunk must be at least 1")
     for k in ("runs", "T", "n", "dim"):
@@ -115,7 +109,7 @@ def main(argv=None) -> int:
           f"R = {R} runs, T = {T}{scaled}")
     print(f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}, numpy {np.__version__}, "
           f"chunk rows: vectorised {chunk_rows(a.chunk, R)}, loop {chunk_rows(a.chunk, 1)} "
-          f"(--chunk {a.chunk}; mpi_dp default {DEFAULT_CHUNK})")
+          f"(--chunk {a.chunk})")
 
     t = time.perf_counter()
     data = synth_regression(N_OWNERS, n, d, 0.5, a.seed, public=10000)
@@ -132,7 +126,8 @@ def main(argv=None) -> int:
           "(not timed below)")
 
     def one(run_ids: tuple[int, ...]) -> np.ndarray:
-        linear.CHUNK_ROWS = chunk_rows(a.chunk, len(run_ids))
+        rows = chunk_rows(a.chunk, len(run_ids))
+        linear.chunk_rows = lambda runs: rows
         out = sync_star.run_config(star, shards, settings(T, d, n, xi, L, run_ids), ref,
                                    recorder=None, progress=False)
         return out["models/final"]

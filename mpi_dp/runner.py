@@ -151,7 +151,8 @@ def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = N
             rec = None
             if result is not None:
                 rec = result.config(
-                    cfg.index, R, label=cfg.label(eps, n), eps=np.array(eps), n=np.array(n, dtype="i8"),
+                    cfg.index, R, expected_records=s.T // s.record_every + 2,
+                    label=cfg.label(eps, n), eps=np.array(eps), n=np.array(n, dtype="i8"),
                     T=s.T, loss=s.loss, lam=s.lam, theta_max=s.theta_max, xi=xi, L=L, rho=rho,
                     variant=s.variant, schedule=s.schedule, average=s.avg_kind, eta=s.eta, seed=s.seed,
                     run_ids=np.array(run_ids, dtype="i8"), clip=s.clip,

@@ -121,6 +121,36 @@ def test_no_clipping_with_infinite_or_huge_xi(loss):
         linear.clipped_grad_sum(loss, X, yy, T, 0.0)
 
 
+@pytest.mark.parametrize("share", [0.0, 1.0])  # 0: always the full pass, 1: always screened
+@pytest.mark.parametrize("sparse", [False, True])
+def test_squared_screened_path_equals_plain_loop(share, sparse, monkeypatch):
+    """SquaredStats path (Gram sum minus the correction on records that may be clipped) gives the
+    plain loop's clipped sum and counts, for clipping from none to most records and for runs close
+    together (few candidates) or far apart (loose bound)."""
+    monkeypatch.setattr(linear, "SCREEN_MAX_SHARE", share)
+    X, y, _ = base_block(rows=300)
+    X[7] = 0.0  # a record with ||x||_1 = 0: threshold inf, never clipped
+    Xs = sp.csr_matrix(X) if sparse else X
+    stats = linear.squared_stats(Xs, y)
+    np.testing.assert_allclose(stats.gram, X.T @ X, rtol=1e-13)
+    center = thetas(1)[0]
+    for spread in (1e-3, 1.0):
+        T = center + spread * thetas(4, seed=2)
+        norms = linear.grad_l1_norms("squared", X, y, T)
+        for q in (0.3, 0.9, 0.99, 1.0):
+            xi = float(np.quantile(norms, q)) * (1.5 if q == 1.0 else 1.0)
+            S, counts = linear.clipped_grad_sum("squared", Xs, y, T, xi, stats)
+            for r in range(T.shape[0]):
+                g = per_record_grads("squared", X, y, T[r])
+                l1 = np.abs(g).sum(1)
+                f = np.minimum(1.0, xi / np.where(l1 > 0, l1, 1.0))
+                np.testing.assert_allclose(S[r], (g * f[:, None]).sum(0), rtol=1e-10, atol=1e-10)
+                assert counts[r] == int(np.sum(l1 > xi))
+    S, counts = linear.clipped_grad_sum("squared", Xs, y, T, np.inf, stats)
+    np.testing.assert_allclose(S, linear.grad_sum("squared", X, y, T), rtol=1e-10, atol=1e-10)
+    assert not counts.any()
+
+
 @pytest.mark.parametrize("loss", linear.LOSSES)
 def test_runs_axis_equals_single_runs(loss):
     X, y, labels = base_block()
@@ -149,7 +179,9 @@ def test_chunking_invariance(loss, monkeypatch):
     T = thetas(3)
     one = (linear.loss_sum(loss, X, yy, T), linear.grad_sum(loss, X, yy, T),
            linear.clipped_grad_sum(loss, X, yy, T, 1.5), linear.grad_l1_norms(loss, X, yy, T))
-    monkeypatch.setattr(linear, "CHUNK_ROWS", 64)
+    monkeypatch.setattr(linear, "MIN_CHUNK_ROWS", 16)
+    monkeypatch.setattr(linear, "CHUNK_ELEMS", 64 * T.shape[0])
+    assert linear.chunk_rows(T.shape[0]) == 64
     many = (linear.loss_sum(loss, X, yy, T), linear.grad_sum(loss, X, yy, T),
             linear.clipped_grad_sum(loss, X, yy, T, 1.5), linear.grad_l1_norms(loss, X, yy, T))
     np.testing.assert_allclose(many[0], one[0], rtol=1e-12)
@@ -161,7 +193,7 @@ def test_chunking_invariance(loss, monkeypatch):
 
 def test_default_chunk_larger_shard():
     g = stream(3, "test", 0, 0)
-    n = linear.CHUNK_ROWS * 2 + 123
+    n = linear.chunk_rows(2) * 2 + 123
     X = g.standard_normal((n, P))
     y = g.standard_normal(n)
     T = thetas(2)

@@ -7,6 +7,7 @@ the owners' data and is labelled so in the output. It is never part of the priva
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -36,6 +37,11 @@ class LocalShard:
     @property
     def n(self) -> int:
         return int(self.X.shape[0])
+
+    @functools.cached_property
+    def squared_stats(self) -> linear.SquaredStats:
+        """Gram matrix and row norms for the fast squared-loss clipped gradient (computed once)."""
+        return linear.squared_stats(self.X, self.y)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -96,8 +96,9 @@ class DataOwner:
             raise BudgetExceededError(f"owner {self.agent} refuses query {self.answered + 1}: "
                                       f"it answers at most T = {self.T} queries")
         self.ledger.charge(self.eps / self.T, note=f"query {self.answered + 1}")
+        stats = self.shard.squared_stats if self.loss == "squared" else None
         grad_sum, clipped = linear.clipped_grad_sum(self.loss, self.shard.X, self.shard.y, theta,
-                                                    self.xi)
+                                                    self.xi, stats)
         q = grad_sum / self.shard.n
         noise = laplace_noise(self.noise_gens, self.lap_scale, q.shape[1])
         self.answered += 1

@@ -1,10 +1,12 @@
 """Losses, gradients and reference optimum solvers (pure NumPy/SciPy, runs axis first)."""
 
 from mpi_dp.models.linear import (
-    CHUNK_ROWS,
+    CHUNK_ELEMS,
     LOSSES,
+    SquaredStats,
     as_runs,
     check_loss,
+    chunk_rows,
     clipped_grad_sum,
     curvature_constant,
     grad_l1_norms,
@@ -15,6 +17,7 @@ from mpi_dp.models.linear import (
     objective,
     project_box,
     rel_fitness,
+    squared_stats,
     strong_convexity_constant,
 )
 from mpi_dp.models.reference import (
@@ -28,10 +31,12 @@ from mpi_dp.models.reference import (
 )
 
 __all__ = [
-    "CHUNK_ROWS",
+    "CHUNK_ELEMS",
+    "SquaredStats",
     "LOSSES",
     "as_runs",
     "check_loss",
+    "chunk_rows",
     "clipped_grad_sum",
     "curvature_constant",
     "grad_l1_norms",
@@ -46,6 +51,7 @@ __all__ = [
     "project_box",
     "projected_gradient",
     "rel_fitness",
+    "squared_stats",
     "ridge_closed_form",
     "strong_convexity_constant",
     "svm_dual_cd",

@@ -43,9 +43,12 @@ def _attr(v: Any) -> Any:
 class ConfigRecorder:
     """Writes one configuration group: appends metric records, stores final arrays."""
 
-    def __init__(self, group: h5py.Group, runs: int, flush_every: int = 1) -> None:
+    def __init__(self, group: h5py.Group, runs: int, flush_every: int = 1,
+                 expected_records: int | None = None) -> None:
         self.group = group
         self.runs = runs
+        # chunk rows: at most the records a run will write (small files for short runs)
+        self._chunk_rows = max(1, min(1024, int(expected_records or 1024)))
         self.metrics = group.require_group("metrics")
         self.n_records = 0
         self._flush_every = max(1, flush_every)
@@ -54,11 +57,12 @@ class ConfigRecorder:
         """Append one record: per-run arrays (runs,) and per-iteration scalars."""
         if self.n_records == 0:
             self.metrics.create_dataset("iteration", shape=(0,), maxshape=(None,), dtype="i8",
-                                        chunks=(1024,))
+                                        chunks=(self._chunk_rows,))
             for name, v in values.items():
                 v = np.asarray(v, dtype=np.float64)
                 shape = (0,) + v.shape
-                chunks = (max(1, min(1024, 2**20 // max(1, v.size * 8))),) + v.shape
+                rows = min(self._chunk_rows, 2**20 // max(1, v.size * 8))
+                chunks = (max(1, rows),) + v.shape
                 self.metrics.create_dataset(name, shape=shape, maxshape=(None,) + v.shape,
                                             dtype="f8", chunks=chunks)
         k = self.n_records
@@ -115,9 +119,11 @@ class ResultFile:
             prov.attrs[k] = _attr(v)
         self.file.flush()
 
-    def config(self, index: int, runs: int, **attrs: Any) -> ConfigRecorder:
+    def config(self, index: int, runs: int, expected_records: int | None = None,
+               **attrs: Any) -> ConfigRecorder:
+        """Recorder for configuration `index` (`expected_records` sizes the HDF5 chunks)."""
         group = self.file.require_group(f"configs/{index:03d}") if self.sweep else self.file
-        rec = ConfigRecorder(group, runs)
+        rec = ConfigRecorder(group, runs, expected_records=expected_records)
         rec.set_attrs(config_index=index, runs=runs, **attrs)
         return rec
 
