@@ -123,3 +123,25 @@ def test_killed_run_leaves_readable_partial_result(tmp_path, small_shards, sig):
         assert psi.shape == (k, 2) and np.all(np.isfinite(psi))
         # killed while blocked in a collective, the learner cannot mark it: 'running' stays
         assert res.status in ("running", "interrupted")
+
+
+@pytest.mark.petsc
+@pytest.mark.parametrize("loss", ["logistic", "squared"])
+def test_petsc_reference_under_mpiexec_matches_scipy(tmp_path, small_shards, small_binary, loss):
+    """TAO on the learner while owners serve the distributed value-and-gradient: PETSc must be
+    initialised on the learner alone (COMM_SELF), and agree with SciPy to 1e-8 in f*."""
+    from mpi_dp.models.reference import petsc_available
+
+    if not petsc_available():
+        pytest.skip("petsc4py is not installed")
+    data = small_binary if loss == "logistic" else small_shards
+    f_star = {}
+    for solver in ("scipy", "petsc"):
+        job = write_job(tmp_path / f"{solver}.toml", data, loss=loss, runs=1, T=3,
+                        reference={"solver": solver})
+        cp = mpi_run(3, ["run", str(job), "--quiet"])
+        assert cp.returncode == 0, cp.stderr
+        with h5py.File(tmp_path / f"{solver}.h5", "r", locking=False) as f:
+            assert f["reference/theta_star"].attrs["solver"] == solver
+            f_star[solver] = float(f["reference/f_star"][()])
+    assert abs(f_star["petsc"] / f_star["scipy"] - 1) < 1e-8

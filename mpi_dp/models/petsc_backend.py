@@ -7,6 +7,7 @@ itself gather owners' loss and gradient sums over MPI).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -15,9 +16,14 @@ from mpi_dp.errors import NumericalError
 
 
 def _petsc():
+    """PETSc, initialised on MPI.COMM_SELF: PetscInitialize is collective over PETSC_COMM_WORLD,
+    and only the learner solves, while the owners wait in the callback's broadcasts."""
     import petsc4py
 
-    petsc4py.init()
+    if "petsc4py.PETSc" not in sys.modules:
+        from mpi4py import MPI
+
+        petsc4py.init(comm=MPI.COMM_SELF)
     from petsc4py import PETSc
 
     return PETSc
