@@ -23,6 +23,8 @@ mpi_dp: differentially private learning across many data owners on MPI, results 
 
 Typical session:
   mpi-dp data synth --task regression --agents 3 --records 5000 --dim 10 --out data/x.h5
+  mpi-dp data fetch mnist && mpi-dp data prepare mnist        # real data -> data/mnist.h5
+  mpi-dp data prepare lending --source ../shared/data
   mpiexec -n 4 mpi-dp run jobs/demo.toml --set data=data/x.h5
   mpi-dp analyze results/demo.h5
   mpi-dp plot results/demo.h5
@@ -89,6 +91,18 @@ def _cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    from .data.prepare_cli import run_prepare_command
+
+    return run_prepare_command(args)
+
+
+def _cmd_fetch(args: argparse.Namespace) -> int:
+    from .data.fetch import run_fetch_command
+
+    return int(run_fetch_command(args) or 0)
+
+
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from .analysis import load, table
 
@@ -152,6 +166,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_synth_arguments(synth)
     synth.set_defaults(func=_cmd_synth)
+
+    prep = dsub.add_parser("prepare", help="real data -> shard file (recipes, CSV, LIBSVM)",
+                           description="Turn real data into an HDF5 shard file: read the source, "
+                           "preprocess, partition into agents, write atomically, print a summary. "
+                           "Either a named recipe (each paper's data setting) or a CSV/LIBSVM "
+                           "file of your own.", formatter_class=fmt)
+    from .data.prepare_cli import add_prepare_arguments
+
+    add_prepare_arguments(prep)
+    prep.set_defaults(func=_cmd_prepare)
+
+    fetch = dsub.add_parser("fetch", help="download a dataset's original files (SHA-256 checked)",
+                            description="Download a dataset's original files from their official "
+                            "URLs into the cache (SHA-256 checked), or from a mirror.",
+                            formatter_class=fmt)
+    from .data.fetch import add_fetch_arguments
+
+    add_fetch_arguments(fetch)
+    fetch.set_defaults(func=_cmd_fetch)
 
     an = sub.add_parser("analyze", help="table per configuration of a result file",
                         description="Print, per configuration, the final metric's median, "

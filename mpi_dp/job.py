@@ -56,6 +56,10 @@ TOP: dict[str, Key] = {
                "(scalar or one per owner; inf: no noise)"),
     "n": Key((int, str, list), "all", "records each owner uses: 'all', a number or one per owner "
              "(its first n records)"),
+    "n_beyond_shard": Key((str,), "error", "when n asks for more records than an owner holds: "
+                          "'error', or 'cap' (use all it holds; recorded as n, with n_requested; "
+                          "for small real shards, e.g. the 2,433-row lending sample)",
+                          ("error", "cap")),
     "xi": Key(_NUM + (str,), "auto", "L1 clipping bound Xi of a per-record gradient; 'auto': "
               "xi_quantile of the norms on public records at the public optimum"),
     "xi_quantile": Key(_NUM, 0.99, "quantile used by xi = 'auto'"),

@@ -52,6 +52,25 @@ def collective(comm: MPI.Comm, fn: Callable[[], T_]) -> T_:
     return result  # type: ignore[return-value]
 
 
+#: Hinge records whose public-optimum margin y x.theta is within this of 1 count as on the kink.
+HINGE_KINK_TOL = 1e-8
+
+
+def public_grad_norms(loss: str, Xp, yp: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """Per-record gradient L1 norms at the public optimum (the xi = 'auto' rule), X dense or CSR.
+
+    For the hinge loss the free support vectors sit exactly on the kink y x.theta* = 1, where the
+    subgradient is only defined up to rounding (0 or -y x): they get the largest subgradient norm
+    ||x||_1, so xi does not depend on the last bit of X @ theta (dense and CSR agree).
+    """
+    norms = linear.grad_l1_norms(loss, Xp, yp, theta)[:, 0]
+    if loss == "hinge":
+        margin = yp * np.asarray(Xp @ theta, dtype=np.float64).ravel()
+        kink = np.abs(margin - 1.0) <= HINGE_KINK_TOL
+        norms[kink] = np.asarray(abs(Xp).sum(axis=1), dtype=np.float64).ravel()[kink]
+    return norms
+
+
 def public_constants(job: Job, shard: ShardFile, p: int) -> tuple[float, float, float]:
     """(xi, L, clip fraction at xi on public records) from the job or the public records."""
     xi, L = job["xi"], job["step.L"]
@@ -69,7 +88,7 @@ def public_constants(job: Job, shard: ShardFile, p: int) -> tuple[float, float, 
     frac = math.nan
     if xi == "auto":
         theta_pub = reference.theta_star_local(loss, Xp, yp, lam, tmax)
-        norms = linear.grad_l1_norms(loss, Xp, yp, theta_pub)[:, 0]
+        norms = public_grad_norms(loss, Xp, yp, theta_pub)
         xi = float(np.quantile(norms, job["xi_quantile"]))
         if not xi > 0:
             raise JobError(f"job file {job.path}: xi = 'auto' gave {xi}: the public gradients are "
@@ -89,9 +108,12 @@ def _resolve_configs(job: Job, shard: ShardFile) -> list[tuple[Any, list[float],
         n = resolve_per_owner(job, key_n, cfg.n, N)
         n = [int(sizes[i]) if v == "all" else int(v) for i, v in enumerate(n)]
         for i, v in enumerate(n):
-            if v > sizes[i]:
+            if v > sizes[i] and job["n_beyond_shard"] == "cap":
+                n[i] = int(sizes[i])
+            elif v > sizes[i]:
                 raise JobError(f"job file {job.path}: key '{key_n}': owner {i} should use {v} "
-                               f"records but holds only {sizes[i]} in {shard.path}")
+                               f"records but holds only {sizes[i]} in {shard.path} (set "
+                               "n_beyond_shard = 'cap' to use all it holds)")
         out.append((cfg, eps, n))
     return out
 
@@ -128,7 +150,8 @@ def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = N
     if rank == 0 and progress:
         print(f"mpi-dp: job '{job.name}' ({job['algorithm']}/{job['variant']}): {len(configs)} "
               f"configuration(s) x {R} runs x T={job['T']} on {comm.Get_size()} rank(s), {N} "
-              f"owners, p={p}; xi={xi:.4g}, L={L:.4g}, rho={rho:.4g}\n  writing {job.output}",
+              f"owners, p={p}{' (CSR)' if shard.is_sparse else ''}; xi={xi:.4g}, L={L:.4g}, "
+              f"rho={rho:.4g}\n  writing {job.output}",
               file=sys.stderr, flush=True)
     t_start = time.perf_counter()
     status = "failed"

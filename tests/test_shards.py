@@ -248,3 +248,119 @@ def test_concurrent_readers(shard):
     finally:
         for sf in readers:
             sf.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# storage attribute, per-agent extra arrays, global test set
+
+
+def test_storage_attr_and_files_without_it(shard):
+    path = shard[0]
+    with ShardFile(path) as sf:
+        assert sf.storage == "dense" and not sf.is_sparse and sf.attrs["format_version"] == 1
+    with h5py.File(path, "a") as f:  # a file written before the attribute existed
+        del f.attrs["storage"]
+    with ShardFile(path) as sf:
+        assert sf.storage == "dense" and not sf.is_sparse
+        assert isinstance(sf.read_agent(0)[0], np.ndarray)
+        sf.check_agents()
+    with h5py.File(path, "a") as f:
+        f.attrs["storage"] = "coo"
+    with pytest.raises(ShardError, match=r"d\.h5.*storage 'coo'"):
+        ShardFile(path)
+    with pytest.raises(DataError, match="'storage' is reserved"):
+        write_shards(path.parent / "r.h5", _agents(), attrs={"storage": "csr"})
+
+
+def _extras(agents):
+    out = []
+    for i, (X, _) in enumerate(agents):
+        n = X.shape[0]
+        out.append({"item": np.arange(100 * i, 100 * i + n, dtype=np.int64),
+                    "label": np.array([f"r{i}-{k}" for k in range(n)]),
+                    "pair": np.arange(2 * n, dtype=np.float64).reshape(n, 2),
+                    "source_meta": np.array([i, 42, 7])})
+    out[2] = None  # agents may have none
+    return out
+
+
+def test_agent_extra_round_trip(tmp_path):
+    agents = _agents()
+    extra = _extras(agents)
+    path = write_shards(tmp_path / "e.h5", agents, agent_extra=extra)
+    with ShardFile(path) as sf:
+        sf.check_agents()
+        assert sf.agent_extra_names(0) == ["item", "label", "pair", "source_meta"]
+        assert sf.agent_extra_names(2) == []
+        for i in (0, 1):
+            item = sf.read_agent_extra(i, "item")
+            assert item.dtype == np.int64 and np.array_equal(item, extra[i]["item"])
+            label = sf.read_agent_extra(i, "label")
+            assert label.dtype.kind == "U" and label.tolist() == extra[i]["label"].tolist()
+            assert np.array_equal(sf.read_agent_extra(i, "pair"), extra[i]["pair"])
+            assert sf.read_agent_extra(i, "source_meta").tolist() == [i, 42, 7]
+            # the prefix matches read_agent(i, n)
+            assert np.array_equal(sf.read_agent_extra(i, "item", 4), extra[i]["item"][:4])
+            assert sf.read_agent_extra(i, "label", 2).tolist() == [f"r{i}-0", f"r{i}-1"]
+        with pytest.raises(ShardError, match=r"e\.h5.*agent 1: asked for n=13"):
+            sf.read_agent_extra(1, "item", 13)
+        with pytest.raises(ShardError, match="free-form"):
+            sf.read_agent_extra(0, "source_meta", 2)
+        with pytest.raises(ShardError, match=r"agent 2 has no extra array 'item'; available: \[\]"):
+            sf.read_agent_extra(2, "item")
+    with h5py.File(path, "r") as f:
+        assert f["agents/0/extra/item"].shape == (7,) and "extra" not in f["agents/2"]
+
+
+def test_agent_extra_validation_leaves_nothing(tmp_path):
+    agents = _agents()
+    cases = [
+        ([{"item": np.arange(7)}, {"item": np.arange(11)}, None],
+         "agent 1: extra array 'item' has length 11 but the agent has 12 records"),
+        ([{"item": np.float64(3.0)}, None, None], "agent 0: extra array 'item' has a scalar"),
+        ([{"a/b": np.arange(7)}, None, None], "agent 0: extra array name 'a/b' is invalid"),
+        ([{"": np.arange(7)}, None, None], "extra array name '' is invalid"),
+        ([{"o": np.array([None] * 7)}, None, None], "extra array 'o' has dtype object"),
+        ([None, None], "agent_extra has 2 entries but there are 3 agents"),
+    ]
+    for extra, match in cases:
+        with pytest.raises(DataError, match=match):
+            write_shards(tmp_path / "bad.h5", agents, agent_extra=extra)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_check_agents_catches_extra_of_wrong_length(tmp_path):
+    agents = _agents()
+    path = write_shards(tmp_path / "e.h5", agents, agent_extra=_extras(agents))
+    with h5py.File(path, "a") as f:
+        del f["agents/1/extra/item"]
+        f["agents/1/extra"].create_dataset("item", data=np.arange(5))
+        del f["agents/0/extra/source_meta"]
+        f["agents/0/extra"].create_dataset("source_meta", data=np.arange(99))  # free-form: fine
+    with ShardFile(path) as sf:
+        sf.check_agents([0, 2])
+        with pytest.raises(ShardError, match=r"e\.h5.*agent 1: extra array 'item'.*12 entries"):
+            sf.check_agents([1])
+
+
+def test_global_test_round_trip(tmp_path):
+    agents = _agents()
+    g = np.random.default_rng(3)
+    Xt, yt = g.standard_normal((9, 3)), g.standard_normal(9)
+    path = write_shards(tmp_path / "g.h5", agents, test_global=(Xt, yt))
+    with ShardFile(path) as sf:
+        assert sf.has_global_test and not sf.has_public
+        X, y = sf.read_test()
+        assert X.tobytes() == Xt.tobytes() and y.tobytes() == yt.tobytes()
+    with h5py.File(path, "r") as f:
+        assert f["test/X"].shape == (9, 3) and f["test"].attrs["n"] == 9
+    with ShardFile(write_shards(tmp_path / "n.h5", agents)) as sf:
+        assert not sf.has_global_test
+        with pytest.raises(ShardError, match=r"n\.h5.*no global test set"):
+            sf.read_test()
+    with pytest.raises(DataError, match="global test set: X has 2 features but the first agent "
+                       "has 3"):
+        write_shards(tmp_path / "b.h5", agents, test_global=(np.zeros((4, 2)), np.zeros(4)))
+    with pytest.raises(DataError, match="global test set: y has a non-finite"):
+        write_shards(tmp_path / "b.h5", agents, test_global=(Xt, np.full(9, np.nan)))
+    assert not (tmp_path / "b.h5").exists()

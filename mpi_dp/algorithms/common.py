@@ -11,6 +11,7 @@ import functools
 import math
 
 import numpy as np
+import scipy.sparse as sp
 
 from ..comm.star import Star
 from ..errors import JobError
@@ -28,10 +29,14 @@ def agent_order_sum(rows: np.ndarray) -> np.ndarray:
 
 @dataclasses.dataclass
 class LocalShard:
-    """The first n records of one owner's shard, as held on the rank hosting that owner."""
+    """The first n records of one owner's shard, as held on the rank hosting that owner.
+
+    X is a dense float64 array or, for a sparse shard file, a scipy.sparse CSR matrix: every
+    computation on it (models.linear, the reference solvers) accepts both.
+    """
 
     agent: int
-    X: np.ndarray
+    X: np.ndarray | sp.csr_matrix
     y: np.ndarray
 
     @property
@@ -122,7 +127,9 @@ class Oracle:
             parts = self.star.gather_objects([(sh.X, sh.y) for sh in self.shards])
             if parts is None:
                 return None
-            X = np.concatenate([x for part in parts for x, _ in part])
+            blocks = [x for part in parts for x, _ in part]
+            X = (sp.vstack(blocks, format="csr") if any(sp.issparse(b) for b in blocks)
+                 else np.concatenate(blocks))
             y = np.concatenate([y for part in parts for _, y in part])
             return reference.svm_dual_cd(X, y, self.lam)
         if self.star.is_learner:
@@ -151,9 +158,9 @@ class Oracle:
 
     def _closed_then_maybe_bounded(self, theta_max: float) -> tuple[np.ndarray | None, str]:
         local = np.empty((len(self.shards), self.p * self.p + self.p))
-        for j, sh in enumerate(self.shards):
-            local[j, : self.p * self.p] = (sh.X.T @ sh.X).reshape(-1)
-            local[j, self.p * self.p :] = sh.X.T @ sh.y
+        for j, sh in enumerate(self.shards):  # X^T X, X^T y (dense p x p also for CSR X), cached
+            local[j, : self.p * self.p] = sh.squared_stats.gram.reshape(-1)
+            local[j, self.p * self.p :] = sh.squared_stats.xty
         g = self.star.gather_agents(local, (self.p * self.p + self.p,))
         theta = None
         if g is not None:

@@ -2,18 +2,29 @@
 
 Layout (format "mpi_dp.shards", version 1)::
 
-    /                  attrs: format, format_version, n_agents, n_features, task, feature_names
+    /                  attrs: format, format_version, n_agents, n_features, task, storage
+                              ("dense" | "csr"; absent in older files: dense), feature_names
                               (optional), source, created_by, plus any extra writer attrs
-    /agents/<i>/X      float64 (n_i, p), chunked in whole rows so a prefix read is cheap
+    /agents/<i>/X      dense: float64 (n_i, p), chunked in whole rows so a prefix read is cheap
+                       csr:   group, attrs format = "csr", shape = (n_i, p), with datasets
+                              data float64 (nnz,), indices int32/int64 (nnz,) sorted within each
+                              row, indptr int64 (n_i + 1,) (canonical CSR: no duplicate entries)
     /agents/<i>/y      float64 (n_i,)             attr n = n_i
     /agents/<i>/X_test, y_test                    optional held-out records of owner i
+    /agents/<i>/extra/<name>                      optional per-record arrays of owner i (length
+                                                  n_i along axis 0, e.g. MovieLens item ids or
+                                                  the record's line in the source file); names
+                                                  ending in "_meta" are free-form
     /public/X, y       optional records every agent and the learner may see
     /public/<name>     optional extra public arrays (e.g. a PCA basis, theta_true)
+    /test/X, y         optional global test set (e.g. MNIST's own test set), attr n
 
-Agent groups are named by the decimal agent id without padding. Writers validate everything
-before touching the disk and write atomically (temporary file + ``os.replace``), so a shard file
-that exists is complete. Readers open read-only without HDF5 file locking, so many MPI ranks can
-read one file on a network filesystem, and each rank reads only its own agents' groups.
+Every X in a file (agents, test sets, public) is stored the same way: all dense or all CSR
+(``storage``). Agent groups are named by the decimal agent id without padding. Writers validate
+everything before touching the disk and write atomically (temporary file + ``os.replace``), so a
+shard file that exists is complete. Readers open read-only without HDF5 file locking, so many MPI
+ranks can read one file on a network filesystem, and each rank reads only its own agents' groups
+(a CSR prefix read touches only the first n + 1 entries of indptr and the matching data/indices).
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from typing import Any
 
 import h5py
 import numpy as np
+import scipy.sparse as sp
 
 from mpi_dp import __version__
 from mpi_dp.errors import DataError, ShardError
@@ -34,33 +46,71 @@ from mpi_dp.errors import DataError, ShardError
 FORMAT = "mpi_dp.shards"
 FORMAT_VERSION = 1
 TASKS = ("regression", "binary", "multiclass")
+STORAGES = ("dense", "csr")
 
 #: Root attributes the format owns; writer-supplied ``attrs`` may not override them.
 RESERVED_ATTRS = frozenset(
     {"format", "format_version", "n_agents", "n_features", "task", "feature_names", "source",
-     "created_by"}
+     "created_by", "storage"}
 )
 
 #: Rows per chunk of X at most; fewer when rows are wide, so one chunk stays near 4 MiB.
 CHUNK_ROWS = 8192
 _CHUNK_BYTES = 4 * 2**20
+#: Entries per chunk of a CSR data/indices dataset (4 MiB of float64).
+CSR_CHUNK = 2**19
+#: Name suffix of per-agent extra arrays that are free-form (not one entry per record).
+META_SUFFIX = "_meta"
 
-ArrayPair = tuple[np.ndarray, np.ndarray]
+#: A feature matrix as read back: dense float64 array or CSR matrix (sparse files).
+Matrix = np.ndarray | sp.csr_matrix
+ArrayPair = tuple[Matrix, np.ndarray]
 
 
 # ----------------------------------------------------------------------------------------------
 # writing
 
 
-def _as_pair(X: Any, y: Any, what: str, n_features: int | None, task: str) -> ArrayPair:
-    """Validate one (X, y) pair and return float64 C-contiguous copies; DataError names `what`."""
+def _as_dense(X: Any, what: str) -> np.ndarray:
     try:
         X = np.ascontiguousarray(X, dtype=np.float64)
-        y = np.ascontiguousarray(y, dtype=np.float64)
     except (TypeError, ValueError) as exc:
-        raise DataError(f"{what}: cannot convert X/y to float64 ({exc})") from None
+        raise DataError(f"{what}: cannot convert X to float64 ({exc})") from None
     if X.ndim != 2:
         raise DataError(f"{what}: X must be 2-D (records x features), got shape {X.shape}")
+    if not np.isfinite(X).all():
+        bad = np.argwhere(~np.isfinite(X))[0]
+        raise DataError(f"{what}: X has a non-finite value ({X[tuple(bad)]}) at {tuple(bad)}")
+    return X
+
+
+def _as_csr(X: Any, what: str) -> sp.csr_matrix:
+    """A canonical float64 CSR copy (duplicates summed, indices sorted), checked without
+    densifying."""
+    try:
+        M = sp.csr_matrix(X, dtype=np.float64, copy=True)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{what}: cannot convert sparse X to float64 CSR ({exc})") from None
+    M.sum_duplicates()
+    M.sort_indices()
+    finite = np.isfinite(M.data)
+    if not finite.all():
+        k = int(np.flatnonzero(~finite)[0])
+        row = int(np.searchsorted(M.indptr, k, side="right")) - 1
+        raise DataError(
+            f"{what}: X has a non-finite value ({M.data[k]}) at {(row, int(M.indices[k]))}"
+        )
+    return M
+
+
+def _as_pair(X: Any, y: Any, what: str, n_features: int | None, task: str) -> ArrayPair:
+    """Validate one (X, y) pair; returns a float64 C-contiguous X (or a canonical CSR copy when X
+    is a scipy.sparse matrix) and y. DataError names `what`."""
+    X = _as_csr(X, what) if sp.issparse(X) else _as_dense(X, what)
+    try:
+        y = np.ascontiguousarray(y, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{what}: cannot convert y to float64 ({exc})") from None
     if y.ndim != 1:
         raise DataError(f"{what}: y must be 1-D, got shape {y.shape}")
     if X.shape[0] != y.shape[0]:
@@ -73,9 +123,6 @@ def _as_pair(X: Any, y: Any, what: str, n_features: int | None, task: str) -> Ar
         raise DataError(
             f"{what}: X has {X.shape[1]} features but the first agent has {n_features}"
         )
-    if not np.isfinite(X).all():
-        bad = np.argwhere(~np.isfinite(X))[0]
-        raise DataError(f"{what}: X has a non-finite value ({X[tuple(bad)]}) at {tuple(bad)}")
     if not np.isfinite(y).all():
         bad = int(np.flatnonzero(~np.isfinite(y))[0])
         raise DataError(f"{what}: y has a non-finite value ({y[bad]}) at index {bad}")
@@ -84,6 +131,25 @@ def _as_pair(X: Any, y: Any, what: str, n_features: int | None, task: str) -> Ar
     if task == "multiclass" and not (np.all(y == np.round(y)) and np.all(y >= 0)):
         raise DataError(f"{what}: multiclass labels must be non-negative integers")
     return X, y
+
+
+def _as_extras(extra: Mapping[str, Any], what: str, n: int) -> dict[str, np.ndarray]:
+    """Validate owner-level extra arrays: names without '/', one entry per record unless the name
+    ends in META_SUFFIX; numeric, boolean, bytes or str arrays (str is stored as UTF-8)."""
+    out: dict[str, np.ndarray] = {}
+    for name, arr in extra.items():
+        if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+            raise DataError(f"{what}: extra array name {name!r} is invalid (non-empty, no '/')")
+        a = np.asarray(arr)
+        if a.dtype.kind not in "biufcSU":
+            raise DataError(f"{what}: extra array {name!r} has dtype {a.dtype}, which HDF5 cannot "
+                            "store (use numbers, booleans or strings)")
+        if not name.endswith(META_SUFFIX) and (a.ndim == 0 or a.shape[0] != n):
+            length = "a scalar" if a.ndim == 0 else f"length {a.shape[0]}"
+            raise DataError(f"{what}: extra array {name!r} has {length} but the agent has {n} "
+                            f"records (free-form arrays need a name ending in '{META_SUFFIX}')")
+        out[name] = a
+    return out
 
 
 def _attr_value(key: str, value: Any) -> Any:
@@ -102,10 +168,33 @@ def _chunk_rows(n: int, p: int) -> int:
     return max(1, min(n, CHUNK_ROWS, _CHUNK_BYTES // (8 * p)))
 
 
-def _write_pair(group: h5py.Group, X: np.ndarray, y: np.ndarray, suffix: str = "") -> None:
+def _write_matrix(group: h5py.Group, name: str, X: Matrix) -> None:
+    """X as a row-chunked dataset, or (CSR) a group of data/indices/indptr chunked for prefixes."""
     n, p = X.shape
-    group.create_dataset("X" + suffix, data=X, chunks=(_chunk_rows(n, p), p))
+    if not sp.issparse(X):
+        group.create_dataset(name, data=X, chunks=(_chunk_rows(n, p), p))
+        return
+    g = group.create_group(name)
+    g.attrs["format"] = "csr"
+    g.attrs["shape"] = np.array([n, p], dtype=np.int64)
+    index_dtype = np.int32 if p <= np.iinfo(np.int32).max else np.int64
+    chunks = {"chunks": (min(X.nnz, CSR_CHUNK),)} if X.nnz else {}
+    g.create_dataset("data", data=np.asarray(X.data, dtype=np.float64), **chunks)
+    g.create_dataset("indices", data=np.asarray(X.indices, dtype=index_dtype), **chunks)
+    g.create_dataset("indptr", data=np.asarray(X.indptr, dtype=np.int64),
+                     chunks=(min(n + 1, CSR_CHUNK),))
+
+
+def _write_pair(group: h5py.Group, X: Matrix, y: np.ndarray, suffix: str = "") -> None:
+    _write_matrix(group, "X" + suffix, X)
     group.create_dataset("y" + suffix, data=y)
+
+
+def _write_array(group: h5py.Group, name: str, a: np.ndarray) -> None:
+    if a.dtype.kind == "U":
+        group.create_dataset(name, data=a.astype(object), dtype=h5py.string_dtype())
+    else:
+        group.create_dataset(name, data=a)
 
 
 def write_shards(
@@ -119,13 +208,17 @@ def write_shards(
     attrs: Mapping[str, Any] | None = None,
     public_extra: Mapping[str, np.ndarray] | None = None,
     test: Sequence[ArrayPair | None] | None = None,
+    agent_extra: Sequence[Mapping[str, np.ndarray] | None] | None = None,
+    test_global: ArrayPair | None = None,
 ) -> pathlib.Path:
     """Validate and atomically write a shard file; returns its path.
 
-    `agents[i]` is owner i's (X, y). `test[i]`, when given, is owner i's optional held-out
-    (X_test, y_test) (None for none). Everything is checked before the disk is touched (DataError
-    naming the agent and the problem); the file is written to a temporary file in the target's
-    directory and moved into place, so no half-written shard is ever left behind.
+    `agents[i]` is owner i's (X, y); X is a dense array or a scipy.sparse matrix (stored as CSR),
+    the same kind for every X in the file. `test[i]`, when given, is owner i's optional held-out
+    (X_test, y_test) (None for none); `agent_extra[i]` owner i's named extra arrays (None or {}
+    for none); `test_global` a test set of the whole dataset. Everything is checked before the disk
+    is touched (DataError naming the agent and the problem); the file is written to a temporary
+    file in the target's directory and moved into place, so no half-written shard is ever left.
     """
     path = pathlib.Path(path)
     if task not in TASKS:
@@ -149,6 +242,22 @@ def write_shards(
             if pair is not None:
                 tests[i] = _as_pair(pair[0], pair[1], f"agent {i} test set", p, task)
     pub = None if public is None else _as_pair(public[0], public[1], "public", p, task)
+    glob = (None if test_global is None
+            else _as_pair(test_global[0], test_global[1], "global test set", p, task))
+    matrices = [X for X, _ in pairs] + [t[0] for t in tests if t is not None]
+    matrices += [q[0] for q in (pub, glob) if q is not None]
+    kinds = {sp.issparse(X) for X in matrices}
+    if len(kinds) > 1:
+        raise DataError(f"{path}: mixes dense arrays and sparse matrices for X (agents, test "
+                        "sets, public); store every X as CSR or every X dense")
+    storage = "csr" if kinds == {True} else "dense"
+    agent_extras: list[dict[str, np.ndarray]] = [{} for _ in pairs]
+    if agent_extra is not None:
+        if len(agent_extra) != len(pairs):
+            raise DataError(f"agent_extra has {len(agent_extra)} entries but there are "
+                            f"{len(pairs)} agents")
+        for i, extra in enumerate(agent_extra):
+            agent_extras[i] = _as_extras(extra or {}, f"agent {i}", pairs[i][0].shape[0])
     extras: dict[str, np.ndarray] = {}
     for name, arr in (public_extra or {}).items():
         if name in ("X", "y") or not name or "/" in name:
@@ -176,6 +285,7 @@ def write_shards(
             f.attrs["n_agents"] = len(pairs)
             f.attrs["n_features"] = p
             f.attrs["task"] = task
+            f.attrs["storage"] = storage
             if names is not None:
                 f.attrs["feature_names"] = np.array(names, dtype=h5py.string_dtype())
             f.attrs["source"] = str(source)
@@ -189,6 +299,10 @@ def write_shards(
                 _write_pair(g, X, y)
                 if tests[i] is not None:
                     _write_pair(g, *tests[i], suffix="_test")  # type: ignore[misc]
+                if agent_extras[i]:
+                    eg = g.create_group("extra")
+                    for name, arr in agent_extras[i].items():
+                        _write_array(eg, name, arr)
             if pub is not None or extras:
                 g = f.create_group("public")
                 if pub is not None:
@@ -196,6 +310,10 @@ def write_shards(
                     _write_pair(g, *pub)
                 for name, arr in extras.items():
                     g.create_dataset(name, data=arr)
+            if glob is not None:
+                g = f.create_group("test")
+                g.attrs["n"] = glob[0].shape[0]
+                _write_pair(g, *glob)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -230,7 +348,8 @@ class ShardFile:
     """A read-only view of a shard file; a context manager, or call `close()` when done.
 
     Opening checks the format and that every agent group exists, but reads no records: each rank
-    reads only the agents it hosts with `read_agent`.
+    reads only the agents it hosts with `read_agent`. In a CSR file (`is_sparse`) every X is
+    returned as a scipy.sparse.csr_matrix with sorted indices, otherwise as a float64 array.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -267,6 +386,9 @@ class ShardFile:
                 raise self._fail(f"root attribute {key!r} is missing or not a positive integer")
         if self._attrs.get("task") not in TASKS:
             raise self._fail(f"task {self._attrs.get('task')!r} is not one of {list(TASKS)}")
+        if self._attrs.get("storage", "dense") not in STORAGES:
+            raise self._fail(f"storage {self._attrs.get('storage')!r} is not one of "
+                             f"{list(STORAGES)}")
         if "agents" not in self._f:
             raise self._fail("has no /agents group")
         present = set(self._f["agents"].keys())
@@ -290,7 +412,7 @@ class ShardFile:
     def __repr__(self) -> str:
         return (
             f"ShardFile('{self._path}', n_agents={self.n_agents}, n_features={self.n_features}, "
-            f"task={self.task!r})"
+            f"task={self.task!r}, storage={self.storage!r})"
         )
 
     # -- metadata --
@@ -309,6 +431,16 @@ class ShardFile:
     @property
     def task(self) -> str:
         return str(self._attrs["task"])
+
+    @property
+    def storage(self) -> str:
+        """How X is stored: "dense" or "csr" (files without the attribute are dense)."""
+        return str(self._attrs.get("storage", "dense"))
+
+    @property
+    def is_sparse(self) -> bool:
+        """Whether every X in the file is CSR (read back as scipy.sparse.csr_matrix)."""
+        return self.storage == "csr"
 
     @property
     def feature_names(self) -> list[str] | None:
@@ -333,6 +465,81 @@ class ShardFile:
         except (TypeError, ValueError):
             raise self._fail(f"attribute {key!r} is not JSON") from None
 
+    # -- matrices --
+    def _read_matrix(self, parent: h5py.Group, name: str, what: str, n: int | None = None
+                     ) -> Matrix:
+        """Dataset or CSR group `name` of `parent` (first n rows if n is given)."""
+        obj = parent.get(name)
+        if obj is None:
+            raise self._fail(f"{what}: dataset {name} missing")
+        if isinstance(obj, h5py.Dataset):
+            return np.asarray(obj[()] if n is None else obj[:n], dtype=np.float64)
+        shape = self._csr_shape(obj, what, name)
+        rows = shape[0] if n is None else n
+        try:
+            indptr = np.asarray(obj["indptr"][: rows + 1], dtype=np.int64)
+            if indptr.shape != (rows + 1,):
+                raise ValueError(f"indptr has {indptr.shape[0]} entries, expected {rows + 1}")
+            start, end = int(indptr[0]), int(indptr[-1])
+            data = np.asarray(obj["data"][start:end], dtype=np.float64)
+            indices = np.asarray(obj["indices"][start:end])
+            X = sp.csr_matrix((data, indices, indptr - start), shape=(rows, shape[1]))
+        except (KeyError, ValueError) as exc:
+            raise self._fail(f"{what}: CSR group {name} is inconsistent ({exc})") from None
+        X.sum_duplicates()  # O(nnz) check only: the writer stores canonical CSR (sorted indices)
+        return X
+
+    def _csr_shape(self, obj: h5py.Group, what: str, name: str) -> tuple[int, int]:
+        if _plain(obj.attrs.get("format")) != "csr" or "shape" not in obj.attrs:
+            raise self._fail(f"{what}: {name} is a group but not a CSR matrix (format/shape attrs)")
+        shape = tuple(int(v) for v in np.asarray(obj.attrs["shape"]).ravel())
+        if len(shape) != 2:
+            raise self._fail(f"{what}: CSR {name} has shape attribute {shape}, expected (n, p)")
+        return shape  # type: ignore[return-value]
+
+    def _check_matrix(self, parent: h5py.Group, name: str, what: str) -> int:
+        """Check X `name` (dense or CSR, as the file's storage says) reading no records; rows."""
+        p = self.n_features
+        obj = parent[name]
+        if isinstance(obj, h5py.Dataset):
+            if self.is_sparse:
+                raise self._fail(f"{what}: {name} is dense in a file with storage 'csr'")
+            if obj.ndim != 2 or obj.shape[1] != p:
+                raise self._fail(f"{what}: {name} has shape {obj.shape}, expected (n, {p})")
+            if obj.dtype != np.float64:
+                raise self._fail(f"{what}: {name} is not float64")
+            return int(obj.shape[0])
+        if not self.is_sparse:
+            raise self._fail(f"{what}: {name} is CSR in a file with storage 'dense'")
+        n, cols = self._csr_shape(obj, what, name)
+        if cols != p:
+            raise self._fail(f"{what}: {name} has shape {(n, cols)}, expected (n, {p})")
+        for key in ("data", "indices", "indptr"):
+            if not isinstance(obj.get(key), h5py.Dataset) or obj[key].ndim != 1:
+                raise self._fail(f"{what}: CSR {name}/{key} missing or not 1-D")
+        if obj["indptr"].shape[0] != n + 1:
+            raise self._fail(f"{what}: CSR {name}/indptr has {obj['indptr'].shape[0]} entries, "
+                             f"expected {n + 1}")
+        nnz = int(obj["indptr"][n])
+        if obj["data"].shape[0] != nnz or obj["indices"].shape[0] != nnz:
+            raise self._fail(f"{what}: CSR {name}/data and indices need {nnz} entries (indptr)")
+        if obj["data"].dtype != np.float64 or obj["indices"].dtype.kind != "i":
+            raise self._fail(f"{what}: CSR {name}/data is not float64 or indices not integer")
+        return n
+
+    def _check_pair(self, parent: h5py.Group, suffix: str, what: str) -> int:
+        xk, yk = "X" + suffix, "y" + suffix
+        if xk not in parent or yk not in parent:
+            raise self._fail(f"{what}: dataset {xk if xk not in parent else yk} missing")
+        rows = self._check_matrix(parent, xk, what)
+        y = parent[yk]
+        if not isinstance(y, h5py.Dataset) or y.shape != (rows,):
+            shape = getattr(y, "shape", None)
+            raise self._fail(f"{what}: {yk} has shape {shape} but {xk} has {rows} rows")
+        if y.dtype != np.float64:
+            raise self._fail(f"{what}: {xk}/{yk} are not float64")
+        return rows
+
     # -- agents --
     def _group(self, i: int) -> h5py.Group:
         i = int(i)
@@ -354,23 +561,24 @@ class ShardFile:
         ids = range(self.n_agents) if ids is None else ids
         return np.array([self._size(i) for i in ids], dtype=np.int64)
 
-    def read_agent(self, i: int, n: int | None = None) -> ArrayPair:
-        """Owner i's (X, y) as float64 arrays; only the first `n` records when n is given."""
-        g = self._group(i)
+    def _prefix(self, i: int, n: int | None) -> int:
         available = self._size(i)
-        if n is None:
-            n = available
-        n = int(n)
+        n = available if n is None else int(n)
         if n < 0:
             raise self._fail(f"agent {i}: cannot read a negative number of records ({n})")
         if n > available:
             raise self._fail(f"agent {i}: asked for n={n} records but only {available} available")
-        try:
-            X = g["X"][:n]
-            y = g["y"][:n]
-        except KeyError as exc:
-            raise self._fail(f"agent {i}: dataset missing ({exc})") from None
-        return np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
+        return n
+
+    def read_agent(self, i: int, n: int | None = None) -> ArrayPair:
+        """Owner i's (X, y) (X dense float64, or CSR in a sparse file); only the first `n`
+        records when n is given (a CSR prefix reads only the entries of those rows)."""
+        g = self._group(i)
+        n = self._prefix(i, n)
+        X = self._read_matrix(g, "X", f"agent {i}", n)
+        if "y" not in g:
+            raise self._fail(f"agent {i}: dataset y missing")
+        return X, np.asarray(g["y"][:n], dtype=np.float64)
 
     def has_test(self, i: int) -> bool:
         """Whether owner i has a held-out test set."""
@@ -382,34 +590,50 @@ class ShardFile:
         if not self.has_test(i):
             raise self._fail(f"agent {i} has no test set")
         g = self._group(i)
-        return np.asarray(g["X_test"][()], np.float64), np.asarray(g["y_test"][()], np.float64)
+        return (self._read_matrix(g, "X_test", f"agent {i} test set"),
+                np.asarray(g["y_test"][()], np.float64))
+
+    def agent_extra_names(self, i: int) -> list[str]:
+        """Names of owner i's extra arrays (/agents/<i>/extra/<name>), sorted."""
+        g = self._group(i)
+        extra = g.get("extra")
+        return sorted(extra.keys()) if isinstance(extra, h5py.Group) else []
+
+    def read_agent_extra(self, i: int, name: str, n: int | None = None) -> np.ndarray:
+        """Owner i's extra array `name` (str arrays come back as str); with n, the entries of the
+        first n records (not for free-form '_meta' arrays)."""
+        names = self.agent_extra_names(i)
+        if name not in names:
+            raise self._fail(f"agent {i} has no extra array {name!r}; available: {names}")
+        ds = self._group(i)["extra"][name]
+        if n is not None and name.endswith(META_SUFFIX):
+            raise self._fail(f"agent {i}: extra array {name!r} is free-form; it has no prefix")
+        sel = slice(None) if n is None else slice(0, self._prefix(i, n))
+        if h5py.check_string_dtype(ds.dtype) is not None:
+            return np.asarray(ds.asstr()[()] if ds.ndim == 0 else ds.asstr()[sel], dtype=str)
+        return np.asarray(ds[()] if ds.ndim == 0 else ds[sel])
 
     def check_agents(self, ids: Iterable[int] | None = None) -> None:
         """Check that the groups of `ids` (default: all) exist and are consistent, reading no rows.
 
         Raises ShardError naming the file and the first inconsistent agent.
         """
-        p = self.n_features
         for i in range(self.n_agents) if ids is None else ids:
             g = self._group(i)
             n = self._size(i)
-            for suffix in ("", "_test"):
-                xk, yk = "X" + suffix, "y" + suffix
-                if suffix and xk not in g and yk not in g:
+            rows = self._check_pair(g, "", f"agent {i}")
+            if rows != n:
+                raise self._fail(f"agent {i}: attribute n={n} but X has {rows} rows")
+            if "X_test" in g or "y_test" in g:
+                self._check_pair(g, "_test", f"agent {i}")
+            extra = g.get("extra")
+            for name in extra.keys() if isinstance(extra, h5py.Group) else ():
+                ds = extra[name]
+                if name.endswith(META_SUFFIX):
                     continue
-                if xk not in g or yk not in g:
-                    raise self._fail(f"agent {i}: dataset {xk if xk not in g else yk} missing")
-                X, y = g[xk], g[yk]
-                if X.ndim != 2 or X.shape[1] != p:
-                    raise self._fail(f"agent {i}: {xk} has shape {X.shape}, expected (n, {p})")
-                if y.shape != (X.shape[0],):
-                    raise self._fail(
-                        f"agent {i}: {yk} has shape {y.shape} but {xk} has {X.shape[0]} rows"
-                    )
-                if X.dtype != np.float64 or y.dtype != np.float64:
-                    raise self._fail(f"agent {i}: {xk}/{yk} are not float64")
-                if not suffix and X.shape[0] != n:
-                    raise self._fail(f"agent {i}: attribute n={n} but X has {X.shape[0]} rows")
+                if not isinstance(ds, h5py.Dataset) or ds.ndim == 0 or ds.shape[0] != n:
+                    raise self._fail(f"agent {i}: extra array {name!r} has shape "
+                                     f"{getattr(ds, 'shape', None)}, expected {n} entries")
 
     # -- public --
     @property
@@ -422,7 +646,7 @@ class ShardFile:
         if not self.has_public:
             raise self._fail("has no public records (/public/X, /public/y)")
         g = self._f["public"]
-        return np.asarray(g["X"][()], np.float64), np.asarray(g["y"][()], np.float64)
+        return self._read_matrix(g, "X", "public"), np.asarray(g["y"][()], np.float64)
 
     def public_extra_names(self) -> list[str]:
         """Names of the extra public datasets (everything under /public except X and y)."""
@@ -437,3 +661,16 @@ class ShardFile:
                 f"has no public extra dataset {name!r}; available: {self.public_extra_names()}"
             )
         return np.asarray(self._f["public"][name][()])
+
+    # -- global test set --
+    @property
+    def has_global_test(self) -> bool:
+        """Whether the file holds a test set of the whole dataset (/test/X, /test/y)."""
+        return "test" in self._f and "X" in self._f["test"] and "y" in self._f["test"]
+
+    def read_test(self) -> ArrayPair:
+        """The global test set (X, y), e.g. MNIST's own test set."""
+        if not self.has_global_test:
+            raise self._fail("has no global test set (/test/X, /test/y)")
+        g = self._f["test"]
+        return self._read_matrix(g, "X", "global test set"), np.asarray(g["y"][()], np.float64)

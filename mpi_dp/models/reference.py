@@ -46,9 +46,10 @@ def petsc_available() -> bool:
 def ridge_closed_form(gram: np.ndarray, xty: np.ndarray, n: int, lam: float) -> np.ndarray:
     """Unconstrained ridge optimum: solve ((2/n) X^T X + lam I) theta = (2/n) X^T y.
 
-    `gram` = X^T X and `xty` = X^T y summed over all owners, `n` the total record count.
+    `gram` = X^T X (dense, or scipy.sparse: densified, p x p) and `xty` = X^T y summed over all
+    owners, `n` the total record count.
     """
-    gram = np.asarray(gram, dtype=np.float64)
+    gram = gram.toarray() if sp.issparse(gram) else np.asarray(gram, dtype=np.float64)
     A = (2.0 / n) * gram + lam * np.eye(gram.shape[0])
     b = (2.0 / n) * np.asarray(xty, dtype=np.float64)
     return scipy.linalg.solve(A, b, assume_a="pos")
@@ -163,7 +164,11 @@ def _svm_polish(Z: np.ndarray, w: np.ndarray, C: float, delta: float) -> np.ndar
     a_new = np.where(upper, C, 0.0)
     if free.any():
         Zf = Z[free]
-        rhs = 1.0 - Zf @ (Z[upper].T @ a_new[upper])
+        if sp.issparse(Z):  # a_new is 0 off `upper`: no row extraction needed
+            rhs = 1.0 - Zf @ (Z.T @ a_new)
+            Zf = Zf.toarray()  # the free set is small: dense least squares
+        else:
+            rhs = 1.0 - Zf @ (Z[upper].T @ a_new[upper])
         # v = Zf^T a_F solves Zf v = rhs; then a_F is the min-norm preimage of v (avoids Zf Zf^T).
         v = np.linalg.lstsq(Zf, rhs, rcond=None)[0]
         a_new[free] = np.clip(np.linalg.lstsq(Zf.T, v, rcond=None)[0], 0.0, C)
@@ -204,9 +209,7 @@ def _svm_smoothed_newton(
             val, s, r = smoothed(w, h)
             grad = w - C * (Z.T @ s)
             band = (r > 0.0) & (r < h)
-            Zb = Z[band]
-            H = np.eye(p) + (C / h) * (Zb.T @ Zb)
-            d = -scipy.linalg.solve(H, grad, assume_a="pos")
+            d = -_newton_solve(Z[band], C / h, grad, p)
             t = 1.0
             while t > 1e-12:
                 val_new = smoothed(w + t * d, h)[0]
@@ -228,6 +231,38 @@ def _svm_smoothed_newton(
     return None
 
 
+#: svm_dual_cd densifies a sparse X with at most this many entries n p (32 MiB of float64).
+SVM_DENSE_MAX = 2**22
+
+
+def _newton_solve(Zb, c: float, g: np.ndarray, p: int) -> np.ndarray:
+    """(I + c Zb^T Zb)^{-1} g. Dense Zb: the p x p system. CSR Zb: through the |band| x |band|
+    system (Woodbury: g - c Zb^T (I + c Zb Zb^T)^{-1} Zb g) when the band has fewer rows than p,
+    else the p x p system with a dense Gram."""
+    if not sp.issparse(Zb):
+        H = np.eye(p) + c * (Zb.T @ Zb)
+        return scipy.linalg.solve(H, g, assume_a="pos")
+    b = Zb.shape[0]
+    if b < p:
+        K = (Zb @ Zb.T).toarray()
+        K *= c
+        K[np.diag_indices(b)] += 1.0
+        u = scipy.linalg.solve(K, np.asarray(Zb @ g).ravel(), assume_a="pos") if b else np.zeros(0)
+        return g - c * np.asarray(Zb.T @ u).ravel()
+    H = (Zb.T @ Zb).toarray()
+    H *= c
+    H[np.diag_indices(p)] += 1.0
+    return scipy.linalg.solve(H, g, assume_a="pos")
+
+
+def _svm_rows(Z) -> list:
+    """Per-record rows z_i for the CD loop: dense row views, or (indices, values) of a CSR row."""
+    if not sp.issparse(Z):
+        return list(Z)
+    ptr, idx, val = Z.indptr, Z.indices, Z.data
+    return [(idx[ptr[i]:ptr[i + 1]], val[ptr[i]:ptr[i + 1]]) for i in range(Z.shape[0])]
+
+
 def svm_dual_cd(
     X,
     y: np.ndarray,
@@ -236,6 +271,7 @@ def svm_dual_cd(
     tol: float = 1e-10,
     max_iter: int = 5000,
     seed: int = 0,
+    dense_max: int = SVM_DENSE_MAX,
 ) -> np.ndarray:
     """Exact minimiser of lam/2 ||theta||^2 + (1/n) sum max(0, 1 - y theta^T x) (L1-loss SVM).
 
@@ -244,9 +280,16 @@ def svm_dual_cd(
     an active-set polish tries to certify the exact optimum; once CD has slowed down, a smoothed
     Newton finisher takes over (CD alone converges slowly to 1e-10). Returns when the duality gap
     relative to the primal is <= `tol`, so f is exact to about `tol` relative. Any bias is a
-    column of X; y must be in {-1, +1}.
+    column of X; y must be in {-1, +1}. A scipy.sparse X with more than `dense_max` entries
+    (n p) stays sparse (CSR): CD touches only a record's nonzeros, and only the smoothed-Newton
+    finisher forms a dense p x p (or band x band) matrix; a smaller one is densified (faster, and
+    then bitwise the same as for the dense X).
     """
-    Xd = X.toarray() if sp.issparse(X) else np.asarray(X, dtype=np.float64)
+    sparse = sp.issparse(X) and X.shape[0] * X.shape[1] > dense_max
+    if sp.issparse(X):
+        Xd = sp.csr_matrix(X, dtype=np.float64) if sparse else np.asarray(X.toarray(), np.float64)
+    else:
+        Xd = np.asarray(X, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     n = Xd.shape[0]
     if y.shape != (n,) or not np.all(np.abs(y) == 1.0):
@@ -254,26 +297,38 @@ def svm_dual_cd(
     if not lam > 0:
         raise ValueError(f"svm_dual_cd needs lam > 0, got {lam}")
     C = 1.0 / (lam * n)
-    Z = y[:, None] * Xd
-    Qd = np.einsum("ij,ij->i", Z, Z)
+    if sparse:
+        Z = sp.csr_matrix(sp.diags(y) @ Xd)
+        Z.sum_duplicates()
+        Qd = np.asarray(Z.multiply(Z).sum(axis=1), dtype=np.float64).ravel()
+    else:
+        Z = y[:, None] * Xd
+        Qd = np.einsum("ij,ij->i", Z, Z)
     a = np.zeros(n)
     w = np.zeros(Xd.shape[1])
     gen = rng.stream(seed, "sample", 0, 0)
-    rows = list(Z)
+    rows = _svm_rows(Z)
     finish_gap, finish_epochs = 1e-4, 50
     for epoch in range(max_iter):
         for i in gen.permutation(n).tolist():
             qd = Qd[i]
             if qd <= 0.0:
                 continue
-            zi = rows[i]
-            G = float(zi @ w) - 1.0
+            if sparse:
+                idx, zi = rows[i]
+                G = float(zi @ w[idx]) - 1.0
+            else:
+                zi = rows[i]
+                G = float(zi @ w) - 1.0
             ai = a[i]
             if (ai <= 0.0 and G >= 0.0) or (ai >= C and G <= 0.0):
                 continue
             new = min(max(ai - G / qd, 0.0), C)
             if new != ai:
-                w += (new - ai) * zi
+                if sparse:
+                    w[idx] += (new - ai) * zi
+                else:
+                    w += (new - ai) * zi
                 a[i] = new
         w, primal, gap = _svm_gap(Z, a, C)
         if gap <= tol * primal:

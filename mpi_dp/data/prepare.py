@@ -1,0 +1,189 @@
+"""`mpi-dp data prepare`: source -> preprocessing -> partition -> one HDF5 shard file.
+
+A recipe or the generic CSV/LIBSVM path builds a `Prepared` (per-agent records plus everything
+that says how they were made); `write_prepared` stores it atomically with its provenance as root
+attributes (recipe, options, source files with SHA-256, preprocessing steps, partition, notes), so
+a shard file says how it was made; `summary_text` prints what a user checks first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from mpi_dp.data.shards import ShardFile, write_shards
+
+Pair = tuple[Any, np.ndarray]
+
+
+@dataclasses.dataclass
+class Prepared:
+    """Per-agent records and the record of how they were made (input of `write_prepared`)."""
+
+    agents: list[Pair]
+    task: str
+    feature_names: list[str]
+    public: Pair | None = None
+    public_extra: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    tests: list[Pair | None] | None = None
+    test_global: Pair | None = None
+    agent_extra: list[dict[str, np.ndarray]] | None = None
+    steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    source_files: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    partition: dict[str, Any] = dataclasses.field(default_factory=dict)
+    parts: list[np.ndarray] | None = None  # each agent's record indices in the source (stored)
+    public_index: np.ndarray | None = None  # the hold-out's record indices in the source
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, Path):
+        return str(v)
+    raise TypeError(f"not JSON-serialisable: {type(v).__name__}")
+
+
+def _json(v: Any) -> str:
+    return json.dumps(v, default=_jsonable, sort_keys=True)
+
+
+def write_prepared(prep: Prepared, out: str | os.PathLike[str], *, recipe: str,
+                   options: Mapping[str, Any], source: str) -> Path:
+    """Write `prep` to `out` (atomic: no half-written shard on failure) with its provenance."""
+    sizes = [int(x.shape[0]) for x, _ in prep.agents]
+    attrs = {
+        "recipe": recipe,
+        "options": _json(dict(options)),
+        "source_files": _json(prep.source_files),
+        "preprocessing": _json(prep.steps),
+        "partition": _json({**prep.partition, "sizes": sizes}),
+        "notes": _json(prep.notes),
+        "prepared_by": "mpi-dp data prepare",
+    }
+    names: list[str] | None = list(prep.feature_names)
+    if sum(len(n) + 1 for n in names) > 32_768:  # HDF5 attributes are limited to 64 KiB
+        attrs["feature_names_omitted"] = (f"{len(names)} names, too long for an attribute; "
+                                          f"they run {names[0]}, {names[1]}, ... {names[-1]}")
+        names = None
+    kwargs: dict[str, Any] = {}
+    extra = [dict(e) for e in prep.agent_extra] if prep.agent_extra is not None else None
+    if prep.parts is not None:  # provenance: which source records each agent holds
+        extra = extra or [{} for _ in prep.agents]
+        for e, idx in zip(extra, prep.parts, strict=True):
+            e["record"] = np.asarray(idx, dtype=np.int64)
+    if extra is not None:
+        kwargs["agent_extra"] = extra
+    public_extra = dict(prep.public_extra)
+    if prep.public_index is not None:
+        public_extra["record"] = np.asarray(prep.public_index, dtype=np.int64)
+    if prep.test_global is not None:
+        kwargs["test_global"] = prep.test_global
+    return write_shards(out, prep.agents, public=prep.public, task=prep.task,
+                        feature_names=names, source=source, attrs=attrs,
+                        public_extra=public_extra or None, test=prep.tests, **kwargs)
+
+
+def _rows(X: Any) -> int:
+    return int(X.shape[0])
+
+
+def _human(nbytes: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if nbytes < 1024 or unit == "GiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes} B"
+
+
+def summary(prep: Prepared, path: Path, seconds: float) -> dict[str, Any]:
+    """Figures printed after preparing (and returned for tests and the Python API)."""
+    sizes = np.array([_rows(x) for x, _ in prep.agents])
+    labels = np.concatenate([np.asarray(y) for _, y in prep.agents])
+    out: dict[str, Any] = {
+        "path": str(path), "agents": len(sizes), "records": int(sizes.sum()),
+        "records_min": int(sizes.min()), "records_median": float(np.median(sizes)),
+        "records_max": int(sizes.max()), "features": len(prep.feature_names),
+        "task": prep.task, "sparse": any(sp.issparse(x) for x, _ in prep.agents),
+        "public": 0 if prep.public is None else _rows(prep.public[0]),
+        "test_agents": 0 if prep.tests is None else int(sum(_rows(t[0]) for t in prep.tests if t)),
+        "test_global": 0 if prep.test_global is None else _rows(prep.test_global[0]),
+        "bytes": path.stat().st_size, "seconds": seconds,
+    }
+    if prep.task != "regression":
+        values, counts = np.unique(labels, return_counts=True)
+        out["classes"] = {float(v): int(c) for v, c in zip(values, counts, strict=True)}
+    else:
+        out["target_mean"], out["target_std"] = float(labels.mean()), float(labels.std())
+    return out
+
+
+def summary_text(s: Mapping[str, Any]) -> str:
+    """The printed summary: agents, records per agent, features, classes, size, time."""
+    lines = [
+        f"wrote {s['path']}",
+        f"  agents            {s['agents']}",
+        f"  records per agent min {s['records_min']:,} / median {s['records_median']:,.0f} / "
+        f"max {s['records_max']:,} (total {s['records']:,})",
+        f"  features          {s['features']}{' (sparse CSR)' if s['sparse'] else ''}",
+    ]
+    if "classes" in s:
+        cls = s["classes"]
+        shown = ", ".join(f"{v:g}: {c:,}" for v, c in list(cls.items())[:12])
+        more = f", ... ({len(cls)} classes)" if len(cls) > 12 else f" ({len(cls)} classes)"
+        lines.append(f"  task              {s['task']}; labels {shown}{more}")
+    else:
+        lines.append(f"  task              regression; target mean {s['target_mean']:.4g}, "
+                     f"std {s['target_std']:.4g}")
+    extra = []
+    if s["public"]:
+        extra.append(f"public hold-out {s['public']:,}")
+    if s["test_agents"]:
+        extra.append(f"per-agent test {s['test_agents']:,}")
+    if s["test_global"]:
+        extra.append(f"global test {s['test_global']:,}")
+    if extra:
+        lines.append("  other records     " + ", ".join(extra))
+    lines.append(f"  size on disk      {_human(s['bytes'])}")
+    lines.append(f"  time              {s['seconds']:.1f} s")
+    return "\n".join(lines)
+
+
+def run_prepare(build, out: str | os.PathLike[str], *, recipe: str, options: Mapping[str, Any],
+                source: str, quiet: bool = False) -> dict[str, Any]:
+    """Build (a zero-argument callable returning Prepared), write, summarise; returns the summary."""
+    t0 = time.perf_counter()
+    prep = build()
+    path = write_prepared(prep, out, recipe=recipe, options=options, source=source)
+    s = summary(prep, Path(path), time.perf_counter() - t0)
+    if not quiet:
+        print(summary_text(s), flush=True)
+        for note in prep.notes:
+            print(f"  note: {note}")
+    return s
+
+
+def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """How a prepared shard file was made (its provenance attributes, decoded)."""
+    with ShardFile(path) as f:
+        a = f.attrs
+    out = {}
+    for k in ("recipe", "options", "source_files", "preprocessing", "partition", "notes"):
+        if k in a:
+            out[k] = json.loads(a[k]) if isinstance(a[k], str) and k != "recipe" else a[k]
+    return out
+
+
+def as_pairs(X: Any, y: np.ndarray, parts: Sequence[np.ndarray]) -> list[Pair]:
+    """(X[idx], y[idx]) per agent; CSR stays CSR."""
+    return [(X[idx], np.asarray(y)[idx]) for idx in parts]
