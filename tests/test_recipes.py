@@ -217,3 +217,13 @@ def test_seed001_job_runs_on_lending_shards(tmp_path):
         assert f.attrs["status"] == "complete" and f.attrs["n_configs"] == 3
         np.testing.assert_array_equal(f["configs/000"].attrs["n"], [666, 666, 666])
         assert np.isfinite(f["configs/002/metrics/psi"][()]).all()
+
+
+def test_sparcs_min_records_too_high_names_file_and_leaves_nothing(tmp_path):
+    out = tmp_path / "sp.h5"
+    cp = subprocess.run([sys.executable, "-m", "mpi_dp", "data", "prepare", "sparcs", "--source",
+                         str(SHARED), "--opt", "min_records=5000", "--out", str(out)],
+                        capture_output=True, text=True, timeout=300)
+    assert cp.returncode != 0
+    assert "week10_df_musc_skel.csv.gz" in cp.stderr and "at least 5,000 records" in cp.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == []

@@ -167,9 +167,10 @@ def by_key(
     keep = counts >= min_records
     if not keep.any():
         top = int(np.argmax(counts))
+        key = values[top].item() if isinstance(values[top], np.generic) else values[top]
         raise DataError(
             f"no key has at least {_fmt(min_records)} records{_after(exclude)}: the largest, "
-            f"{values[top]!r}, has {_fmt(counts[top])} (of {len(values):,} distinct keys)"
+            f"{key!r}, has {_fmt(counts[top])} (of {len(values):,} distinct keys)"
         )
     parts = [g for g, k in zip(groups, keep, strict=True) if k]
     return parts, values[keep]

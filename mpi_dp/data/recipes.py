@@ -186,7 +186,11 @@ def build_sparcs(paths: list[Path], o: dict[str, Any]) -> Prepared:
     steps: list[dict[str, Any]] = [{"step": "read_csv", "target": "los", "features": SPARCS_FEATURES,
                                     "encoding": "codes", "missing": "zero"}]
     Z, params = _pca_public(np.asarray(t.X), pub, None, steps, f"last {len(pub)} rows")
-    parts, kept = part.by_key(t.keys[SPARCS_KEY], min_records=int(o["min_records"]), exclude=pub)
+    try:
+        parts, kept = part.by_key(t.keys[SPARCS_KEY], min_records=int(o["min_records"]),
+                                  exclude=pub)
+    except DataError as e:
+        raise DataError(f"{paths[0]}: facilities ({SPARCS_KEY}) as owners: {e}") from None
     return Prepared(
         agents=as_pairs(Z, t.y, parts), task="regression",
         feature_names=[f"pc{j + 1}" for j in range(Z.shape[1])], public=(Z[pub], t.y[pub]),
