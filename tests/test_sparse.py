@@ -298,6 +298,22 @@ def test_newton_solve_csr_band_equals_direct_solve(rows):
     np.testing.assert_array_equal(reference._newton_solve(empty, 3.0, g, P), g)
 
 
+@pytest.mark.parametrize("duplicate", [False, True])
+def test_polish_free_solve_on_csr(duplicate):
+    """The active-set polish's a_F = (Zf Zf^T)^+ rhs on a CSR free block (QR, or the minimum-norm
+    least squares when records repeat), against the pseudo-inverse."""
+    Zf = _sparse_block(11, 0, 12)
+    Zf[:, 30:] = 0.0  # unused columns are dropped before the dense solve
+    if duplicate:
+        Zf[5] = Zf[2]
+    rhs = stream(11, "test", 0, 0).standard_normal(12)
+    a = reference._csr_free_solve(sp.csr_matrix(Zf), rhs)
+    expected = np.linalg.pinv(Zf @ Zf.T) @ rhs
+    np.testing.assert_allclose(a, expected, rtol=1e-9, atol=1e-9 * np.max(np.abs(expected)))
+    if duplicate:  # the minimum-norm answer splits the weight of a repeated record equally
+        assert math.isclose(a[2], a[5], rel_tol=1e-9)
+
+
 def test_ridge_closed_form_accepts_sparse_gram():
     agents, _ = _dataset("regression")
     X, y = agents[1]

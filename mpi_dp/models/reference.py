@@ -8,7 +8,8 @@ active-set polish.
 
 The smooth solvers only see a callback ``fun_and_grad(theta) -> (f, grad)``, so a caller may
 evaluate f across MPI ranks (each owner contributes its loss and gradient sums) without the solver
-ever touching the data.
+ever touching the data. X may be a dense array or a scipy.sparse CSR matrix everywhere; the
+dual CD solver keeps a large CSR X sparse (see `svm_dual_cd`).
 """
 
 from __future__ import annotations
@@ -164,15 +165,34 @@ def _svm_polish(Z: np.ndarray, w: np.ndarray, C: float, delta: float) -> np.ndar
     a_new = np.where(upper, C, 0.0)
     if free.any():
         Zf = Z[free]
-        if sp.issparse(Z):  # a_new is 0 off `upper`: no row extraction needed
-            rhs = 1.0 - Zf @ (Z.T @ a_new)
-            Zf = Zf.toarray()  # the free set is small: dense least squares
+        # v = Zf^T a_F solves Zf v = rhs; then a_F is the min-norm preimage of v (avoids Zf Zf^T).
+        if sp.issparse(Z):
+            rhs = 1.0 - Zf @ (Z.T @ a_new)  # a_new is 0 off `upper`: no row extraction needed
+            a_f = _csr_free_solve(Zf, rhs)
         else:
             rhs = 1.0 - Zf @ (Z[upper].T @ a_new[upper])
-        # v = Zf^T a_F solves Zf v = rhs; then a_F is the min-norm preimage of v (avoids Zf Zf^T).
-        v = np.linalg.lstsq(Zf, rhs, rcond=None)[0]
-        a_new[free] = np.clip(np.linalg.lstsq(Zf.T, v, rcond=None)[0], 0.0, C)
+            v = np.linalg.lstsq(Zf, rhs, rcond=None)[0]
+            a_f = np.linalg.lstsq(Zf.T, v, rcond=None)[0]
+        a_new[free] = np.clip(a_f, 0.0, C)
     return a_new
+
+
+def _csr_free_solve(Zf, rhs: np.ndarray) -> np.ndarray:
+    """The polish's a_F for a CSR free block, a_F = (Zf Zf^T)^+ rhs without forming Zf Zf^T.
+
+    Dense, on the columns the free records use (the others only add zero rows to Zf^T). One
+    economic QR of Zf^T = Q R gives a_F = R^-1 R^-T rhs; when R is numerically singular (e.g.
+    duplicate records) the two minimum-norm least-squares solves of the dense path are used.
+    """
+    At = Zf[:, np.unique(Zf.indices)].toarray().T  # (k, m)
+    if At.shape[0] >= At.shape[1]:
+        R = scipy.linalg.qr(At, mode="r", check_finite=False)[0][: At.shape[1]]
+        d = np.abs(np.diag(R))
+        if d.size and d.min() > np.finfo(np.float64).eps * max(At.shape) * d.max():
+            u = scipy.linalg.solve_triangular(R, rhs, trans="T", check_finite=False)
+            return scipy.linalg.solve_triangular(R, u, check_finite=False)
+    v = np.linalg.lstsq(At.T, rhs, rcond=None)[0]
+    return np.linalg.lstsq(At, v, rcond=None)[0]
 
 
 def _svm_certify(Z: np.ndarray, w: np.ndarray, C: float, tol: float) -> np.ndarray | None:
