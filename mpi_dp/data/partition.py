@@ -107,16 +107,22 @@ def blocks(n: int, sizes: Sequence[int], *, start: int = 0, exclude: Any = None)
     return [avail[bounds[i] : bounds[i + 1]].copy() for i in range(len(sizes))]
 
 
-def equal_blocks(n: int, n_agents: int, *, exclude: Any = None) -> list[np.ndarray]:
-    """Contiguous blocks of floor(n' / N) records each, in record order; the remainder is dropped."""
-    N = _n_agents(n_agents)
-    avail = _available(n, exclude)
+def _equal_share(avail: np.ndarray, N: int, exclude: Any) -> int:
+    """floor(n' / N) records per agent; DataError when that is zero."""
     size = avail.size // N
     if size == 0:
         raise DataError(
             f"{N:,} agents need at least one record each but only {_fmt(avail.size)} records are "
             f"available{_after(exclude)}"
         )
+    return size
+
+
+def equal_blocks(n: int, n_agents: int, *, exclude: Any = None) -> list[np.ndarray]:
+    """Contiguous blocks of floor(n' / N) records each, in record order; the remainder is dropped."""
+    N = _n_agents(n_agents)
+    avail = _available(n, exclude)
+    size = _equal_share(avail, N, exclude)
     return [avail[i * size : (i + 1) * size].copy() for i in range(N)]
 
 
@@ -124,12 +130,7 @@ def iid(n: int, n_agents: int, seed: int, *, exclude: Any = None) -> list[np.nda
     """Global shuffle, then equal shares of floor(n' / N) records; the remainder is dropped."""
     N = _n_agents(n_agents)
     avail = _available(n, exclude)
-    size = avail.size // N
-    if size == 0:
-        raise DataError(
-            f"{N:,} agents need at least one record each but only {_fmt(avail.size)} records are "
-            f"available{_after(exclude)}"
-        )
+    size = _equal_share(avail, N, exclude)
     perm = rng.stream(seed, "partition").permutation(avail)
     return [np.sort(perm[i * size : (i + 1) * size]) for i in range(N)]
 

@@ -134,14 +134,13 @@ def build_file(args: argparse.Namespace) -> Prepared:
         steps.append({"step": "labels", "map": {str(vals[0]): -1, str(vals[1]): 1}})
     n = X.shape[0]
     pub = np.arange(n - args.public, n) if args.public else None
-    rows = pub if pub is not None else None
     public_extra: dict[str, np.ndarray] = {}
     if args.standardise:
-        params = pre.fit_standardise(X, rows)
+        params = pre.fit_standardise(X, pub)
         X = pre.apply_standardise(X, params)
-        steps.append({"step": "standardise", "fitted_on": "hold-out" if rows is not None else "all"})
+        steps.append({"step": "standardise", "fitted_on": "hold-out" if pub is not None else "all"})
     if args.max_normalise:
-        X, m = pre.max_normalise(X, rows)
+        X, _ = pre.max_normalise(X, pub)
         steps.append({"step": "max_normalise"})
     if args.pca:
         if pub is None:

@@ -117,6 +117,13 @@ def _pca_public(X: np.ndarray, pub: np.ndarray, k: int | None, steps: list, what
     return pre.apply_pca(X, params, whiten=True), params
 
 
+def _owner_blocks(n: int, rest: np.ndarray, pub: np.ndarray, o: Mapping[str, Any]):
+    """Owner sizes (option `sizes`, else `agents` equal shares of the non-public records) and
+    the contiguous blocks they get, skipping the hold-out (seed 001's owners 1..N)."""
+    sizes = o["sizes"] or [len(rest) // int(o["agents"])] * int(o["agents"])
+    return sizes, part.blocks(n, sizes, exclude=pub)
+
+
 def build_lending(paths: list[Path], o: dict[str, Any]) -> Prepared:
     conv: dict[str, Callable[[str], float]] = {c: _date_days for c in LENDING_DATES}
     conv.update(term=_term, emp_length=_emp_length, grade=_grade, sub_grade=_sub_grade,
@@ -129,8 +136,7 @@ def build_lending(paths: list[Path], o: dict[str, Any]) -> Prepared:
                                     "encoding": "codes", "missing": "zero",
                                     "converters": sorted(conv)}]
     Z, params = _pca_public(np.asarray(t.X), pub, int(o["pca"]), steps, f"last {len(pub)} rows")
-    sizes = o["sizes"] or [len(rest) // int(o["agents"])] * int(o["agents"])
-    parts = part.blocks(n, sizes, exclude=pub)
+    sizes, parts = _owner_blocks(n, rest, pub, o)
     return Prepared(
         agents=as_pairs(Z, t.y, parts), task="regression",
         feature_names=[f"pc{j + 1}" for j in range(Z.shape[1])], public=(Z[pub], t.y[pub]),
@@ -155,8 +161,7 @@ def build_creditcard(paths: list[Path], o: dict[str, Any]) -> Prepared:
     X[:, j] = (X[:, j] - mu) / sd
     X = pre.add_bias(X)
     y = np.where(t.y > 0.5, 1.0, -1.0)
-    sizes = o["sizes"] or [len(rest) // int(o["agents"])] * int(o["agents"])
-    parts = part.blocks(n, sizes, exclude=pub)
+    sizes, parts = _owner_blocks(n, rest, pub, o)
     frauds = [int(np.sum(y[idx] > 0)) for idx in parts]
     return Prepared(
         agents=as_pairs(X, y, parts), task="binary", feature_names=[*t.feature_names, "bias"],
@@ -325,8 +330,7 @@ def build_movielens(paths: list[Path], o: dict[str, Any]) -> Prepared:
                 "on": "train ratings"},
                {"step": "knn_graph", "k": int(o["knn"]), "similarity": "cosine of centred train "
                 "rating vectors", "symmetrised": "or"}],
-        source_files=[ml.info.get("files", {})] if isinstance(ml.info.get("files"), dict)
-        else list(ml.info.get("files", [])),
+        source_files=_files(ml.info),
         partition={"kind": "natural", "key": "user", "train_test": "per user"}, parts=tr,
         notes=["item features (ALS on all users' train ratings) and the kNN graph are treated as "
                "public, as the paper does, although they leak train data; MovieLens may not be "
