@@ -227,3 +227,27 @@ def test_sparcs_min_records_too_high_names_file_and_leaves_nothing(tmp_path):
     assert cp.returncode != 0
     assert "week10_df_musc_skel.csv.gz" in cp.stderr and "at least 5,000 records" in cp.stderr
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_cli_prepare_csv_generic_path(tmp_path):
+    """`data prepare csv` on a file it has never seen, given --target: iid agents, hold-out
+    excluded, per-agent test split, provenance stored."""
+    src = SHARED / "creditcard_fraud" / "creditcard_first3065rows.csv"
+    out = tmp_path / "g.h5"
+    cp = subprocess.run([sys.executable, "-m", "mpi_dp", "data", "prepare", "csv", str(src),
+                         "--target", "Amount", "--drop", "Time", "--partition", "iid",
+                         "--agents", "4", "--public", "65", "--standardise", "--test-frac", "0.2",
+                         "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 0, cp.stderr
+    with ShardFile(out) as f:
+        assert f.n_agents == 4 and f.n_features == 29  # V1..V28 and Class
+        rec = [f.read_agent_extra(i, "record") for i in range(4)]
+        n_train = sum(f.read_agent(i)[0].shape[0] for i in range(4))
+        n_test = sum(f.read_agent_test(i)[0].shape[0] for i in range(4))
+    assert n_train + n_test == 4 * (3000 // 4)
+    assert not np.intersect1d(np.concatenate(rec), np.arange(3000, 3065)).size
+    assert sum(len(r) for r in rec) == n_train
+    d = describe(out)
+    assert d["recipe"] == "csv" and d["partition"]["kind"] == "iid"
+    assert any(s["step"] == "standardise" and s["fitted_on"] == "hold-out"
+               for s in d["preprocessing"])

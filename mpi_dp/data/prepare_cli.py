@@ -175,7 +175,8 @@ def build_file(args: argparse.Namespace) -> Prepared:
     return Prepared(agents=as_pairs(X, y, parts), task=args.task, feature_names=list(names),
                     public=None if pub is None else (X[pub], y[pub]), public_extra=public_extra,
                     tests=tests, steps=steps, source_files=list(t.info.get("files", [])),
-                    partition={"kind": args.partition, **part.summary(parts)})
+                    partition={"kind": args.partition, **part.summary(parts)},
+                    parts=parts, public_index=pub)
 
 
 def run_prepare_command(args: argparse.Namespace) -> int:
