@@ -28,6 +28,8 @@ Typical session:
   mpiexec -n 4 mpi-dp run jobs/demo.toml --set data=data/x.h5
   mpi-dp analyze results/demo.h5
   mpi-dp plot results/demo.h5
+  mpi-dp forecast fit results/async_fig4.h5 && mpi-dp forecast predict --fit \
+      results/async_fig4.forecast.json --n 10000 --eps 1 --owners 8
 """
 
 RUN_EPILOG = """\
@@ -125,6 +127,12 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_forecast(args: argparse.Namespace) -> int:
+    from .analysis.forecast_cli import run_forecast_command
+
+    return int(run_forecast_command(args) or 0)
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     from .results.provenance import versions
 
@@ -204,6 +212,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="file name prefix of the PNGs (default: the result path without .h5)")
     pl.add_argument("--metric", default="psi", help="metric to plot (default psi)")
     pl.set_defaults(func=_cmd_plot)
+
+    fc = sub.add_parser("forecast", help="fit the cost-of-privacy bound; predict coalitions",
+                        description="Fit the cost-of-privacy bound E[psi] = floor + c1 sqrt(S)/n "
+                        "+ c2 S/n^2 (S = sum_i 1/eps_i^2, n = sum_i n_i) to sweeps of result files, "
+                        "then predict E[psi] for a proposed coalition and whether each owner gains "
+                        "by joining.", formatter_class=fmt)
+    from .analysis.forecast_cli import add_forecast_arguments
+
+    add_forecast_arguments(fc)
+    fc.set_defaults(func=_cmd_forecast)
 
     info = sub.add_parser("info", help="versions of mpi_dp, MPI, numpy, h5py, scipy, petsc4py")
     info.set_defaults(func=_cmd_info)

@@ -25,3 +25,7 @@ class BudgetExceededError(MpiDpError):
 
 class NumericalError(MpiDpError):
     """A NaN or infinity appeared where a finite number is required."""
+
+
+class ProtocolError(MpiDpError):
+    """A message between the learner and an owner's host broke the protocol (wrong echo, tag)."""

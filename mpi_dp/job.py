@@ -19,7 +19,11 @@ import tomllib
 
 from .errors import JobError
 
-ALGORITHMS = {"sync_star": ("alg1", "alg2")}
+#: algorithm -> its variants; the first listed in DEFAULT_VARIANT is used when `variant` is absent.
+ALGORITHMS = {"sync_star": ("alg1", "alg2"), "async_star": ("proof", "printed")}
+DEFAULT_VARIANT = {"sync_star": "alg2", "async_star": "proof"}
+#: sections that only make sense for one algorithm (setting them elsewhere is an error)
+ALGORITHM_SECTIONS = {"average": "sync_star", "async": "async_star"}
 LOSSES = ("squared", "hinge", "logistic")
 
 
@@ -38,8 +42,10 @@ _NUM = (int, float)
 TOP: dict[str, Key] = {
     "name": Key((str,), None, "job name (defaults to the file's stem)"),
     "algorithm": Key((str,), None, "method to run", tuple(ALGORITHMS)),
-    "variant": Key((str,), "alg2", "algorithm variant: alg1 (decreasing steps, smooth f) or alg2 "
-                   "(sub-gradient with averaging)"),
+    "variant": Key((str,), None, "algorithm variant. sync_star: alg1 (decreasing steps, smooth "
+                   "f) or alg2 (sub-gradient with averaging; default). async_star: the central "
+                   "step c_L of (7): proof (rho/(2 T^2 sigma), default) or printed "
+                   "((N-1) rho/(N T^2 sigma))"),
     "data": Key((str,), None, "HDF5 shard file (mpi-dp data synth / prepare), relative to the "
                 "working directory"),
     "output": Key((str,), None, "result HDF5 file (default results/<name>.h5)"),
@@ -47,7 +53,8 @@ TOP: dict[str, Key] = {
     "runs": Key((int,), 1, "Monte-Carlo runs, vectorised along a leading axis"),
     "first_run": Key((int,), 0, "index of the first run (run r of an R-run job equals the "
                      "1-run job with first_run = r)"),
-    "T": Key((int,), None, "horizon: iterations = queries answered by each owner"),
+    "T": Key((int,), None, "horizon: iterations (sync_star: queries answered by each owner; "
+                "async_star: learner updates over all owners)"),
     "loss": Key((str,), "squared", "per-record loss", LOSSES),
     "lam": Key(_NUM, 1e-5, "L2 regularisation lambda of g(theta) = lam/2 ||theta||^2"),
     "theta_max": Key(_NUM, 1e5, "box Theta = {||theta||_inf <= theta_max} (inf: no box)"),
@@ -56,6 +63,8 @@ TOP: dict[str, Key] = {
                "(scalar or one per owner; inf: no noise)"),
     "n": Key((int, str, list), "all", "records each owner uses: 'all', a number or one per owner "
              "(its first n records)"),
+    "owners": Key((int, str), "all", "owners taking part: 'all' or a number N (the first N owners "
+                  "of the shard file; psi is scored on the participants' records)"),
     "n_beyond_shard": Key((str,), "error", "when n asks for more records than an owner holds: "
                           "'error', or 'cap' (use all it holds; recorded as n, with n_requested; "
                           "for small real shards, e.g. the 2,433-row lending sample)",
@@ -75,7 +84,39 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "schedule": Key((str,), "decreasing", "step decay: 'decreasing' (the spec's 1/k or "
                         "1/sqrt(k)) or 'constant' (eps = inf only)", ("decreasing", "constant")),
         "rho": Key(_NUM + (str,), "auto", "the paper's rho: alg1 mu_k = rho/(k T^2), alg2 "
-                   "mu_k = rho/(T sqrt(k)); 'auto' derives it from alpha and L"),
+                   "mu_k = rho/(T sqrt(k)), async_star a_own = N rho/(T^2 lam); 'auto' derives it "
+                   "from alpha (sync) or async.gamma (async) and L"),
+    },
+    "async": {
+        "mode": Key((str,), "replay", "replay: a seeded schedule decides who is served (bitwise "
+                    "reproducible); live: owners' Poisson clocks tick in wall time", ("replay", "live")),
+        "scheduler": Key((str,), "poisson", "replay schedule: poisson (independent clocks of rate "
+                         "async.rates, t_1 = 0) or uniform (i_k ~ U, t_k = k - 1)",
+                         ("poisson", "uniform")),
+        "rates": Key(_NUM + (list,), 1.0, "Poisson clock rate lambda_j of each owner (scalar or "
+                     "one per owner; unequal rates leave the paper's 1/N law)"),
+        "schedule_from": Key((str,), "", "replay the schedule logged in this result file (e.g. of "
+                             "a live run): same configuration index, run 0's schedule for all runs"),
+        "protocol": Key((str,), "owner_request", "live mode: owner_request (an owner asks when its "
+                        "clock ticks) or learner_broadcast (the learner polls; the first owner to "
+                        "claim is served)", ("owner_request", "learner_broadcast")),
+        "clock_unit_s": Key(_NUM, 0.002, "live mode: seconds per unit of clock time (ticks are "
+                            "Exp(lambda) x clock_unit_s apart)"),
+        "poll_interval_s": Key(_NUM, 0.0005, "live learner_broadcast: seconds between polls when "
+                               "no owner claimed"),
+        "per_owner_cap": Key((int, list), 0, "answers each owner gives before it declines: 0 = T "
+                             "(the spec's default, b_i = 2 xi T/(n_i eps_i)); m_i > 0 gives "
+                             "b_i = 2 xi m_i/(n_i eps_i) (scalar or one per owner)"),
+        "gamma": Key(_NUM, 0.1, "rho = 'auto': local gain gamma = a_own (n_i/n) L, so "
+                     "rho = gamma T^2 lam / L_public (spec: keep gamma in [0.02, 0.3])"),
+        "init": Key((str,), "const", "initial models: const (theta0 everywhere) or uniform "
+                    "(U[0,1)^p per run, the authors' lending setting)", ("const", "uniform")),
+        "preset": Key((str,), "dp", "dp (clipping, i.i.d. noise; dp_valid = true) or paper_code "
+                      "(the authors' code: xi = p/2, no clipping; dp_valid = false)",
+                      ("dp", "paper_code")),
+        "noise_shape": Key((str,), "iid", "iid (DP) or scalar (one Laplace value added to every "
+                           "coordinate, as in the authors' code: NOT DP, paper_code only)",
+                           ("iid", "scalar")),
     },
     "average": {
         "kind": Key((str,), "polynomial", "averaging of alg2", ("polynomial", "stepweighted")),
@@ -85,6 +126,8 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "eps": Key((list,), None, "eps values (each a scalar or a per-owner list); "
                    "configurations are the product eps x n"),
         "n": Key((list,), None, "n values (each a scalar or a per-owner list)"),
+        "owners": Key((list,), None, "numbers of participating owners N (configurations are the "
+                      "product owners x n x eps)"),
     },
     "reference": {
         "solver": Key((str,), "auto", "theta* solver", ("auto", "closed", "scipy", "petsc")),
@@ -104,10 +147,12 @@ class Config:
     index: int
     eps: Any  # scalar or per-owner list, as written
     n: Any  # 'all', scalar or per-owner list, as written
+    owners: Any = "all"  # 'all' or the number of participating owners
 
     def label(self, eps: Any = None, n: Any = None) -> str:
-        """'eps=1, n=1000'; pass the resolved per-owner values to show 'all' as numbers."""
-        return (f"eps={_compact(self.eps if eps is None else eps)}, "
+        """'eps=1, n=1000' ('N=8, eps=...' with owners); pass resolved values to show numbers."""
+        head = "" if self.owners == "all" else f"N={self.owners}, "
+        return (f"{head}eps={_compact(self.eps if eps is None else eps)}, "
                 f"n={_compact(self.n if n is None else n)}")
 
 
@@ -142,11 +187,13 @@ class Job:
     def configs(self) -> list[Config]:
         eps_list = self.values["sweep.eps"] or [self.values["eps"]]
         n_list = self.values["sweep.n"] or [self.values["n"]]
-        return [Config(i, e, n) for i, (n, e) in enumerate(itertools.product(n_list, eps_list))]
+        own_list = self.values["sweep.owners"] or [self.values["owners"]]
+        return [Config(i, e, n, o) for i, (o, n, e)
+                in enumerate(itertools.product(own_list, n_list, eps_list))]
 
     @property
     def is_sweep(self) -> bool:
-        return bool(self.values["sweep.eps"] or self.values["sweep.n"])
+        return bool(self.values["sweep.eps"] or self.values["sweep.n"] or self.values["sweep.owners"])
 
     def to_json(self) -> str:
         return json.dumps(dict(self.values), default=str, sort_keys=True)
@@ -230,6 +277,36 @@ def _check_per_owner(path: str, key: str, v: Any, kind: str) -> None:
                            f"got {x!r}")
 
 
+def _check_owners(path: str, key: str, v: Any) -> None:
+    if v == "all":
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise _err(path, key, f"expected 'all' or a positive number of owners, got {v!r}")
+
+
+def _check_async(path: str, values: dict[str, Any]) -> None:
+    """Range checks of the [async] keys (types and choices are checked already)."""
+    rates = values["async.rates"]
+    for r in rates if isinstance(rates, list) else [rates]:
+        if isinstance(r, bool) or not isinstance(r, int | float) or not 0 < r < math.inf:
+            raise _err(path, "async.rates", f"rates must be positive finite numbers, got {r!r}")
+    for key in ("async.clock_unit_s", "async.poll_interval_s"):
+        if not 0 < values[key] < math.inf:
+            raise _err(path, key, f"must be a positive number of seconds, got {values[key]!r}")
+    cap = values["async.per_owner_cap"]
+    for c in cap if isinstance(cap, list) else [cap]:
+        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+            raise _err(path, "async.per_owner_cap", f"caps must be integers >= 0 (0 = T), got {c!r}")
+    if not 0 < values["async.gamma"] < math.inf:
+        raise _err(path, "async.gamma", "must be > 0")
+    if values["async.noise_shape"] == "scalar" and values["async.preset"] != "paper_code":
+        raise _err(path, "async.noise_shape", "'scalar' noise (one Laplace value on every "
+                   "coordinate) is not DP: allowed only with async.preset = 'paper_code'")
+    if values["async.mode"] == "live" and values["async.schedule_from"]:
+        raise _err(path, "async.schedule_from", "a logged schedule is replayed in mode 'replay', "
+                   "not 'live'")
+
+
 def load_job(path: str | Path, overrides: Sequence[str] = ()) -> Job:
     """Read, override and validate a job file. Raises JobError naming the key and the file."""
     p = Path(path)
@@ -276,9 +353,13 @@ def validate(raw: Mapping[str, Any], path: str, text: str = "", overrides: tuple
     for req in ("algorithm", "data", "T"):
         if values[req] is None:
             raise _err(path, req, "required but missing")
-    values["variant"] = _check_type(
-        path, "variant", Key((str,), None, "", ALGORITHMS[values["algorithm"]]), values["variant"]
-    )
+    alg = values["algorithm"]
+    values["variant"] = _check_type(path, "variant", Key((str,), None, "", ALGORITHMS[alg]),
+                                    values["variant"] or DEFAULT_VARIANT[alg])
+    for sec, owner_alg in ALGORITHM_SECTIONS.items():
+        if sec in raw and alg != owner_alg:
+            raise _err(path, sec, f"the [{sec}] section belongs to algorithm '{owner_alg}', not "
+                       f"'{alg}'")
     values["name"] = values["name"] or stem
     values["output"] = values["output"] or f"results/{values['name']}.h5"
     for key in ("T", "runs", "record_every"):
@@ -308,6 +389,12 @@ def validate(raw: Mapping[str, Any], path: str, text: str = "", overrides: tuple
         raise _err(path, "step.alpha", "must be > 0")
     if values["average.eta"] < 0:
         raise _err(path, "average.eta", "must be >= 0")
+    _check_async(path, values)
+    _check_owners(path, "owners", values["owners"])
+    for i, v in enumerate(values["sweep.owners"] or []):
+        _check_owners(path, f"sweep.owners[{i}]", v)
+    if values["sweep.owners"] is not None and not values["sweep.owners"]:
+        raise _err(path, "sweep.owners", "empty list")
     _check_per_owner(path, "eps", values["eps"], "eps")
     _check_per_owner(path, "n", values["n"], "n")
     for kind in ("eps", "n"):
@@ -320,13 +407,21 @@ def validate(raw: Mapping[str, Any], path: str, text: str = "", overrides: tuple
     return Job(path=path, text=text, values=values, overrides=overrides)
 
 
-def resolve_per_owner(job: Job, key: str, value: Any, n_owners: int) -> list[Any]:
-    """A scalar or per-owner list -> a list of length n_owners (JobError on a length mismatch)."""
+def resolve_per_owner(job: Job, key: str, value: Any, n_owners: int,
+                      n_file: int | None = None) -> list[Any]:
+    """A scalar or per-owner list -> a list of length n_owners (JobError on a length mismatch).
+
+    With `n_file` (the shard file's owners, when only the first n_owners take part) a list may
+    also give one value per owner of the file; the first n_owners are used.
+    """
     if isinstance(value, list):
-        if len(value) != n_owners:
-            raise JobError(f"job file {job.path}: key '{key}': {len(value)} values given but the "
-                           f"shard file {job['data']} has {n_owners} owners")
-        return list(value)
+        if len(value) == n_owners:
+            return list(value)
+        if n_file is not None and len(value) == n_file:
+            return list(value[:n_owners])
+        taking = f" ({n_owners} of them take part)" if n_file not in (None, n_owners) else ""
+        raise JobError(f"job file {job.path}: key '{key}': {len(value)} values given but the "
+                       f"shard file {job['data']} has {n_file or n_owners} owners{taking}")
     return [value] * n_owners
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .algorithms import sync_star
+from .algorithms.async_star import default_rho as async_default_rho
 from .algorithms.common import LocalShard, Oracle, reference_quantities
 from .comm.star import Star
 from .data import ShardFile
@@ -28,6 +29,7 @@ from .models import linear, reference
 from .privacy import lap_scale
 from .results import provenance
 from .results.recorder import ResultFile
+from .run_async import run_async_configs
 
 T_ = TypeVar("T_")
 
@@ -97,15 +99,29 @@ def public_constants(job: Job, shard: ShardFile, p: int) -> tuple[float, float, 
     return float(xi), float(L), frac
 
 
+def participants(job: Job, owners: Any, n_agents: int) -> int:
+    """The number of participating owners N_c ('all' or a number <= the shard file's owners)."""
+    if owners == "all":
+        return n_agents
+    key = "sweep.owners" if job["sweep.owners"] else "owners"
+    if owners > n_agents:
+        raise JobError(f"job file {job.path}: key '{key}': {owners} owners asked for but the shard "
+                       f"file {job['data']} has {n_agents}")
+    if job["algorithm"] != "async_star":
+        raise JobError(f"job file {job.path}: key '{key}': only async_star runs on a subset of "
+                       "the owners; sync_star uses all of them")
+    return int(owners)
+
+
 def _resolve_configs(job: Job, shard: ShardFile) -> list[tuple[Any, list[float], list[int]]]:
-    N = shard.n_agents
     sizes = shard.sizes()
     out = []
     for cfg in job.configs():
+        N = participants(job, cfg.owners, shard.n_agents)
         key_e = "sweep.eps" if job["sweep.eps"] else "eps"
         key_n = "sweep.n" if job["sweep.n"] else "n"
-        eps = [float(e) for e in resolve_per_owner(job, key_e, cfg.eps, N)]
-        n = resolve_per_owner(job, key_n, cfg.n, N)
+        eps = [float(e) for e in resolve_per_owner(job, key_e, cfg.eps, N, shard.n_agents)]
+        n = resolve_per_owner(job, key_n, cfg.n, N, shard.n_agents)
         n = [int(sizes[i]) if v == "all" else int(v) for i, v in enumerate(n)]
         for i, v in enumerate(n):
             if v > sizes[i] and job["n_beyond_shard"] == "cap":
@@ -132,12 +148,14 @@ def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = N
     collective(comm, lambda: shard.check_agents(list(star.local_agents)))
     consts = collective(comm, lambda: public_constants(job, shard, p) if rank == 0 else None)
     xi, L, pub_clip = comm.bcast(consts, root=0)
-    if job["step.rho"] == "auto":
-        rho = sync_star.default_rho(job["variant"], job["step.alpha"], L, job["T"])
-    else:
-        rho = float(job["step.rho"])
     R = job["runs"]
     run_ids = tuple(range(job["first_run"], job["first_run"] + R))
+    if job["step.rho"] != "auto":
+        rho = float(job["step.rho"])
+    elif job["algorithm"] == "async_star":
+        rho = async_default_rho(job["async.gamma"], job["T"], float(job["lam"]), L)
+    else:
+        rho = sync_star.default_rho(job["variant"], job["step.alpha"], L, job["T"])
 
     result = None
     if rank == 0:
@@ -156,6 +174,11 @@ def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = N
     t_start = time.perf_counter()
     status = "failed"
     try:
+        if job["algorithm"] == "async_star":
+            run_async_configs(job, shard, configs, star, xi, L, pub_clip, rho, run_ids, result,
+                              progress)
+            status = "complete"
+            return job.output
         refs: dict[tuple[int, ...], Any] = {}
         for cfg, eps, n in configs:
             s = sync_star.Settings(
@@ -208,9 +231,9 @@ def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = N
         if result is not None:
             result.close(status, wall_seconds=round(time.perf_counter() - t_start, 3),
                          end_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-    if rank == 0 and progress:
-        print(f"mpi-dp: done in {time.perf_counter() - t_start:.1f} s -> {job.output}",
-              file=sys.stderr, flush=True)
+        if rank == 0 and progress and status == "complete":
+            print(f"mpi-dp: done in {time.perf_counter() - t_start:.1f} s -> {job.output}",
+                  file=sys.stderr, flush=True)
     return job.output
 
 

@@ -177,9 +177,13 @@ class Oracle:
 def reference_quantities(oracle: Oracle, theta_max: float, solver: str) -> Reference | None:
     """theta*, f*, each owner's isolated optimum and its psi (collective; learner gets it)."""
     theta_star, used = oracle.theta_star(theta_max, solver)
-    local_iso = np.empty((len(oracle.shards), oracle.p))
-    for j, sh in enumerate(oracle.shards):
-        local_iso[j] = reference.theta_star_local(oracle.loss, sh.X, sh.y, oracle.lam, theta_max)
+    local_iso = np.zeros((len(oracle.shards), oracle.p))
+    for j, sh in enumerate(oracle.shards):  # owners without records (not taking part): psi nan
+        if sh.n:
+            local_iso[j] = reference.theta_star_local(oracle.loss, sh.X, sh.y, oracle.lam,
+                                                      theta_max)
+    empty = oracle.star.gather_agents(np.array([[float(sh.n == 0)] for sh in oracle.shards]
+                                               ).reshape(len(oracle.shards), 1), (1,))
     iso = oracle.star.gather_agents(local_iso, (oracle.p,))
     n_agents = oracle.star.layout.n_agents
     thetas = np.zeros((1 + n_agents, oracle.p))
@@ -193,5 +197,6 @@ def reference_quantities(oracle: Oracle, theta_max: float, solver: str) -> Refer
     if not (math.isfinite(f_star) and f_star > 0):
         raise JobError(f"the reference objective f(theta*) = {f_star!r} is not positive: psi = "
                        "f/f* - 1 is undefined (is the data noiseless with lam = 0?)")
+    psi_iso = np.where(empty[:, 0] > 0, np.nan, f[1:] / f_star - 1.0)
     return Reference(theta_star=theta_star, f_star=f_star, theta_isolated=iso,
-                     psi_isolated=f[1:] / f_star - 1.0, solver=used)
+                     psi_isolated=psi_iso, solver=used)

@@ -238,6 +238,8 @@ def plot_result(result: Result, out_prefix: str | Path, metric: str = "psi") -> 
     """
     prefix = Path(out_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
+    if result.algorithm == "async_star":
+        return _plot_async(result, prefix, metric)
     written = [plot_bands(result, Path(f"{prefix}_bands.png"), metric)]
     fm, _, keep = _final_data(result, metric)
     if fm.mean.size >= 2 and fm.eps.shape[1] > 0:
@@ -254,4 +256,26 @@ def plot_result(result: Result, out_prefix: str | Path, metric: str = "psi") -> 
         p = plot_map(result, fm, iso, Path(f"{prefix}_map.png"), metric)
         if p is not None:
             written.append(p)
+    return written
+
+
+def _plot_async(result: Result, prefix: Path, metric: str) -> list[Path]:
+    """async_star: bands, E[psi] vs eps / n (slopes; when all configurations have the same N),
+    the fitted cost-of-privacy bound, the schedule (Figs 3/9), the (N, eps) collaboration map
+    (Fig 6) and the per-owner isolated optima against E[psi] (Fig 7)."""
+    from mpi_dp.analysis import async_figures, bound_figures
+
+    written = [plot_bands(result, Path(f"{prefix}_bands.png"), metric)]
+    fm, _, _ = _final_data(result, metric)
+    widths = {c.eps.size for c in result.configs}
+    if fm.mean.size >= 2 and len(widths) == 1:
+        for along in ("eps", "n"):
+            p = _plot_vs(result, fm, Path(f"{prefix}_vs_{along}.png"), metric, along)
+            if p is not None:
+                written.append(p)
+    if metric == "psi":
+        written += bound_figures.plot_bound(result, prefix, metric)
+    written += async_figures.plot_schedule(result, prefix)
+    written += async_figures.plot_collaboration_map(result, prefix)
+    written += async_figures.plot_facilities(result, prefix)
     return written

@@ -3,7 +3,7 @@
 Pure NumPy, never imports mpi4py.
 """
 
-from mpi_dp.privacy.ledger import LEDGER_DTYPE, PrivacyLedger, Release, ledgers_to_array
+from mpi_dp.privacy.ledger import LEDGER_DTYPE, PrivacyLedger, Release, RunLedger, ledgers_to_array
 from mpi_dp.privacy.mechanisms import (
     clip_factors_l1,
     clip_l1,
@@ -18,6 +18,7 @@ __all__ = [
     "LEDGER_DTYPE",
     "PrivacyLedger",
     "Release",
+    "RunLedger",
     "clip_factors_l1",
     "clip_l1",
     "gaussian_noise",

@@ -164,3 +164,47 @@ def ledgers_to_array(ledgers: Iterable[PrivacyLedger]) -> np.ndarray:
     """The ledgers' records as a structured array of LEDGER_DTYPE, in the given order."""
     rows = [tuple(led.to_record()[name] for name in LEDGER_DTYPE.names) for led in ledgers]
     return np.array(rows, dtype=LEDGER_DTYPE)
+
+
+class RunLedger:
+    """One owner's ledgers for R independent runs that each release eps_i / cap per answer.
+
+    Vectorised over runs (each run is its own DP execution with its own budget eps_i): a release
+    that would exceed a run's budget, i.e. more than `cap` answers, is refused.
+    Spent eps is releases x (eps_i / cap): exact, no running sums.
+    """
+
+    def __init__(self, agent: int, budget_eps: float, cap: int, runs: int) -> None:
+        if cap < 1:
+            raise ValueError(f"cap must be >= 1, got {cap}")
+        self.agent = int(agent)
+        self.budget_eps = _check_amount("budget_eps", budget_eps)
+        self.cap = int(cap)
+        self.per_release = self.budget_eps / self.cap
+        self.releases = np.zeros(runs, dtype=np.int64)
+
+    def remaining(self, runs: np.ndarray) -> np.ndarray:
+        """Answers each of `runs` may still give."""
+        return self.cap - self.releases[runs]
+
+    def charge(self, runs: np.ndarray) -> None:
+        """Record one release in each of `runs` (BudgetExceededError if any run is at its cap)."""
+        runs = np.asarray(runs, dtype=np.int64)
+        over = runs[self.releases[runs] >= self.cap]
+        if over.size:
+            raise BudgetExceededError(
+                f"owner {self.agent} refuses release {self.cap + 1} in run position "
+                f"{int(over[0])}: {self.cap} releases of eps={self.per_release:.6g} already spend "
+                f"its budget eps={self.budget_eps:g}")
+        self.releases[runs] += 1
+
+    @property
+    def spent_eps(self) -> np.ndarray:
+        """(runs,) eps spent in each run."""
+        return self.releases * self.per_release
+
+    def to_records(self) -> np.ndarray:
+        """Summary row of LEDGER_DTYPE (the largest spend over runs)."""
+        k = int(self.releases.max()) if self.releases.size else 0
+        return np.array([(self.agent, self.budget_eps, k * self.per_release, 0.0, 0.0, k)],
+                        dtype=LEDGER_DTYPE)

@@ -1,0 +1,493 @@
+"""Asynchronous DP learning on a star: Algorithm 1 of [ASYNC] (seed 000).
+
+Spec: specs/async-star-cost-of-privacy.md. At iteration k the learner serves one owner i_k:
+  theta_bar = (theta_L + theta_loc[i]) / 2                                          (6)
+  owner i answers r = Q_i(theta_bar) + Laplace noise, b_i = 2 xi m_i / (n_i eps_i)   (3), (4)
+  theta_loc[i] = Pi(theta_bar - a_own (grad g(theta_bar) / (2N) + (n_i/n) r))        (5)
+  theta_L      = Pi(theta_bar - a_ctr grad g(theta_bar))                             (7)
+with a_own = N rho / (T^2 lam) and a_ctr = rho / (2 T^2 lam) (proof, default) or
+(N-1) rho / (N T^2 lam) (as printed). m_i = T unless a per-owner cap is set. The owner clips,
+adds i.i.d. noise and charges its ledger; it declines once its budget is spent.
+
+Modes: `replay` (a seeded schedule; each of the R vectorised runs has its own, and every owner
+serves the batch of runs that picked it in one pass) and `live` (owners' Poisson clocks tick in
+wall time; all runs follow the one realised schedule, which is logged and can be replayed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from ..comm.p2p_star import ANSWERED, DECLINED, LAST_ANSWER, OwnerClocks, P2PStar
+from ..comm.schedule import LoggedSchedule, Scheduler
+from ..comm.star import Star
+from ..errors import JobError, NumericalError
+from ..models import linear
+from ..privacy import RunLedger, lap_scale, laplace_noise
+from ..rng import LEARNER, run_streams, stream
+from .common import LocalShard, Oracle, Reference, agent_order_sum
+
+#: decline reasons recorded in schedule/declines
+RETIRED, REFUSED = 1, 2
+REASONS = {RETIRED: "answered its last allowed query (budget spent); taken out of the schedule",
+           REFUSED: "declined a query: its budget was already spent"}
+DECLINE_DTYPE = np.dtype([("run", "i8"), ("k", "i8"), ("owner", "i8"), ("time", "f8"),
+                          ("reason", "i8")])
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The resolved knobs of one configuration (identical on every rank)."""
+
+    T: int
+    loss: str
+    lam: float  # sigma, the modulus of g = lam/2 ||theta||^2
+    theta_max: float
+    theta0: float
+    init: str  # "const" | "uniform"
+    xi: float
+    clip: bool
+    rho: float
+    central_step: str  # "proof" | "printed"
+    eps: tuple[float, ...]
+    n: tuple[int, ...]
+    caps: tuple[int, ...]  # answers each owner gives at most (m_i; T by default)
+    p: int
+    seed: int
+    run_ids: tuple[int, ...]
+    record_every: int = 1
+    mode: str = "replay"
+    scheduler: str = "poisson"
+    rates: tuple[float, ...] = ()
+    protocol: str = "virtual"
+    clock_unit_s: float = 0.002
+    poll_interval_s: float = 5e-4
+    noise_shape: str = "iid"
+    dp_valid: bool = True
+
+    @property
+    def N(self) -> int:
+        return len(self.n)
+
+    @property
+    def runs(self) -> int:
+        return len(self.run_ids)
+
+    @property
+    def n_total(self) -> int:
+        return int(sum(self.n))
+
+    @property
+    def a_own(self) -> float:
+        return step_constants(self.N, self.T, self.rho, self.lam, self.central_step)[0]
+
+    @property
+    def a_ctr(self) -> float:
+        return step_constants(self.N, self.T, self.rho, self.lam, self.central_step)[1]
+
+    def lap_scales(self) -> np.ndarray:
+        """b_i = 2 xi m_i / (n_i eps_i) (Theorem 1 with m_i = T); 0 for eps = inf."""
+        return np.array([lap_scale(self.xi, self.caps[i], self.n[i], self.eps[i])
+                         for i in range(self.N)])
+
+
+def step_constants(N: int, T: int, rho: float, lam: float, central: str) -> tuple[float, float]:
+    """(a_own, a_ctr): a_own = N rho/(T^2 lam); a_ctr = rho/(2 T^2 lam) [proof] or
+    (N-1) rho/(N T^2 lam) [as printed in (7)]."""
+    a_own = N * rho / (T**2 * lam)
+    if central == "proof":
+        return a_own, rho / (2 * T**2 * lam)
+    if central == "printed":
+        return a_own, (N - 1) * rho / (N * T**2 * lam)
+    raise ValueError(f"central step must be 'proof' or 'printed', not {central!r}")
+
+
+def default_rho(gamma: float, T: int, lam: float, L: float) -> float:
+    """rho giving the local gain gamma = a_own (n_i/n) L on a visit (equal sizes): gamma T^2 lam/L."""
+    return gamma * T**2 * lam / L
+
+
+def initial_models(s: Settings) -> np.ndarray:
+    """(R, p): theta0 everywhere, or U[0,1)^p per run from the stream (seed, 'init', LEARNER, run)."""
+    if s.init == "uniform":
+        return np.array([stream(s.seed, "init", LEARNER, r).random(s.p) for r in s.run_ids])
+    return np.full((s.runs, s.p), s.theta0)
+
+
+class DataOwner:
+    """Owner i: clips, adds i.i.d. Laplace noise, charges its per-run ledger, declines when spent.
+
+    `answer` is the only way anything about its records leaves it; the clean gradient, the noise
+    and the clip counts stay here (clip counts are copied out after the run, evaluation-only).
+    """
+
+    def __init__(self, shard: LocalShard, eps: float, cap: int, s: Settings) -> None:
+        self.shard = shard
+        self.agent = shard.agent
+        self.loss = s.loss
+        self.xi = s.xi if s.clip else math.inf
+        self.lap_scale = lap_scale(s.xi, cap, shard.n, eps)
+        self.ledger = RunLedger(self.agent, eps, cap, s.runs)
+        self.noise_gens = run_streams(s.seed, "noise", self.agent, s.run_ids)
+        self.scalar_noise = s.noise_shape == "scalar"
+        self.clipped = np.zeros(s.runs)  # records clipped, summed over this owner's answers
+        self.p = s.p
+
+    def answer(self, runs: np.ndarray, thetas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Line 6 for the runs (positions) that picked this owner: (status, responses)."""
+        m = runs.size
+        status = np.full(m, DECLINED, dtype=np.int64)
+        resp = np.zeros((m, self.p))
+        left = self.ledger.remaining(runs)
+        ok = left > 0
+        if not ok.any():
+            return status, resp
+        r_ok = runs[ok]
+        self.ledger.charge(r_ok)
+        stats = self.shard.squared_stats if self.loss == "squared" else None
+        grad_sum, clipped = linear.clipped_grad_sum(self.loss, self.shard.X, self.shard.y,
+                                                    thetas[ok], self.xi, stats)
+        gens = [self.noise_gens[r] for r in r_ok]
+        if self.scalar_noise:  # the authors' code (paper_code preset only): NOT DP
+            noise = laplace_noise(gens, self.lap_scale, 1) * np.ones((1, self.p))
+        else:
+            noise = laplace_noise(gens, self.lap_scale, self.p)
+        resp[ok] = grad_sum / self.shard.n + noise
+        if not np.all(np.isfinite(resp)):
+            raise NumericalError(f"owner {self.agent}: non-finite answer (diverging model? lower "
+                                 "step.rho or async.gamma)")
+        status[ok] = np.where(left[ok] == 1, LAST_ANSWER, ANSWERED)
+        self.clipped[r_ok] += clipped
+        return status, resp
+
+
+def owners_answer(owners: dict[int, DataOwner]) -> Callable:
+    """The host's answer callback: each owner serves its rows (its batch of runs) in one pass."""
+    def answer(agents: np.ndarray, runs: np.ndarray, thetas: np.ndarray):
+        status = np.empty(agents.size, dtype=np.int64)
+        resp = np.empty((agents.size, thetas.shape[1]))
+        for a in np.unique(agents):
+            idx = np.flatnonzero(agents == a)
+            try:
+                owner = owners[int(a)]
+            except KeyError:
+                raise JobError(f"owner {int(a)} was queried but does not take part") from None
+            status[idx], resp[idx] = owner.answer(runs[idx], thetas[idx])
+        return status, resp
+    return answer
+
+
+class Learner:
+    """theta_L and the N local copies of every run (lines 4, 7, 8), vectorised over runs."""
+
+    def __init__(self, s: Settings, theta_init: np.ndarray) -> None:
+        self.s = s
+        self.theta_L = np.array(theta_init, dtype=np.float64)
+        self.theta_loc = np.repeat(self.theta_L[:, None, :], s.N, axis=1)
+        self.weights = np.array(s.n, dtype=np.float64) / s.n_total  # n_i / n, public
+        self.a_own, self.a_ctr = s.a_own, s.a_ctr
+
+    def query_points(self, runs: np.ndarray, owners: np.ndarray) -> np.ndarray:
+        """theta_bar (6) of each (run, owner) pair."""
+        return 0.5 * (self.theta_L[runs] + self.theta_loc[runs, owners])
+
+    def update(self, runs: np.ndarray, owners: np.ndarray, tb: np.ndarray, r: np.ndarray) -> None:
+        """(5) and (7) for runs that got an answer r from owners (one owner per run)."""
+        s = self.s
+        g = s.lam * tb  # grad g(theta_bar)
+        local = tb - self.a_own * (g / (2 * s.N) + self.weights[owners, None] * r)
+        self.theta_loc[runs, owners] = linear.project_box(local, s.theta_max)
+        self.theta_L[runs] = linear.project_box(tb - self.a_ctr * g, s.theta_max)
+        if not np.all(np.isfinite(self.theta_L[runs])):
+            raise NumericalError("learner: the model became non-finite (step too large? lower "
+                                 "step.rho or async.gamma)")
+
+
+class Trace:
+    """The learner's log: realised schedule, response norms, round trips, declines."""
+
+    def __init__(self, R: int, T: int) -> None:
+        self.owner = np.full((R, T), -1, dtype=np.int64)
+        self.time = np.full((R, T), np.nan)
+        self.resp_norm = np.full((R, T), np.nan)
+        self.rtt = np.full(T, np.nan)
+        self.declines: list[tuple[int, int, int, float, int]] = []
+        self.ended_at = np.full(R, T, dtype=np.int64)
+        self.end_reason = ""
+
+    def served(self, k: int, runs: np.ndarray, owners: np.ndarray, times: np.ndarray,
+               r: np.ndarray) -> None:
+        self.owner[runs, k - 1] = owners
+        self.time[runs, k - 1] = times
+        self.resp_norm[runs, k - 1] = np.sqrt(np.einsum("ij,ij->i", r, r))
+
+    def decline_array(self) -> np.ndarray:
+        return np.array(self.declines, dtype=DECLINE_DTYPE)
+
+
+class GramEvaluator:
+    """Evaluation-only f(theta) for the squared loss from X^T X, X^T y, y^T y summed in agent
+    order (spec §7 oracle): O(p^2) per model on the learner, at any time, even in live mode."""
+
+    def __init__(self, star: Star, shards: list[LocalShard], lam: float, n_total: int,
+                 p: int) -> None:
+        local = np.zeros((len(shards), p * p + p + 1))
+        for j, sh in enumerate(shards):
+            if sh.n:
+                st = sh.squared_stats
+                local[j, : p * p] = st.gram.reshape(-1)
+                local[j, p * p : p * p + p] = st.xty
+                local[j, -1] = float(sh.y @ sh.y)
+        g = star.gather_agents(local, (p * p + p + 1,))
+        self.ready = g is not None
+        if g is not None:
+            tot = agent_order_sum(g)
+            self.gram = tot[: p * p].reshape(p, p)
+            self.xty = tot[p * p : p * p + p]
+            self.yty = float(tot[-1])
+        self.lam, self.n_total = lam, n_total
+
+    def f(self, thetas: np.ndarray) -> np.ndarray:
+        th = np.atleast_2d(thetas)
+        quad = np.einsum("ij,jk,ik->i", th, self.gram, th)
+        data = (self.yty - 2.0 * th @ self.xty + quad) / self.n_total
+        return 0.5 * self.lam * np.einsum("ij,ij->i", th, th) + data
+
+
+def _progress(label: str, k: int, T: int, psi: np.ndarray | None, t0: float) -> None:
+    med = "" if psi is None else f"  median psi {np.median(psi):.3g}"
+    dt = time.perf_counter() - t0
+    print(f"  [{label}] k={k}/{T}{med}  ({dt:.1f} s, {k / max(dt, 1e-9):.0f} updates/s)",
+          file=sys.stderr, flush=True)
+
+
+class _Records:
+    """Metric records of theta_L; psi at once (squared loss) or after the run (other losses)."""
+
+    def __init__(self, s: Settings, ref: Reference | None, gram: GramEvaluator | None,
+                 recorder) -> None:
+        self.s, self.ref, self.gram, self.recorder = s, ref, gram, recorder
+        self.f_star = None
+        if ref is not None and gram is not None:
+            self.f_star = float(gram.f(ref.theta_star)[0])
+        self.pending: list[tuple[int, np.ndarray]] = []
+        self.last_psi: np.ndarray | None = None
+        self.last_k = -1
+
+    def add(self, k: int, theta_L: np.ndarray) -> None:
+        if k == self.last_k:
+            return
+        self.last_k = k
+        if self.gram is None:
+            self.pending.append((k, theta_L.copy()))
+            return
+        self._append(k, theta_L, self.gram.f(theta_L))
+
+    def _append(self, k: int, theta: np.ndarray, f: np.ndarray) -> None:
+        psi = f / self.f_star - 1.0
+        d = theta - self.ref.theta_star
+        self.last_psi = psi
+        if self.recorder is not None:
+            self.recorder.append(k, {"psi": psi, "objective": f,
+                                     "dist_sq": np.einsum("ij,ij->i", d, d)})
+
+    def finish(self, oracle: Oracle, is_learner: bool, star: Star) -> None:
+        """Collective: evaluate the stored models of non-squared losses after the run."""
+        if self.gram is not None:
+            return
+        m = star.bcast_object(len(self.pending) if is_learner else None)
+        if not m:
+            return
+        R, p = self.s.runs, self.s.p
+        thetas = (np.concatenate([th for _, th in self.pending]) if is_learner
+                  else np.zeros((m * R, p)))
+        thetas = np.concatenate([thetas, np.asarray(self.ref.theta_star)[None, :]]
+                                if is_learner else [thetas, np.zeros((1, p))])
+        f = oracle.evaluate(thetas)
+        if f is None:
+            return
+        self.f_star = float(f[-1])
+        for j, (k, th) in enumerate(self.pending):
+            self._append(k, th, f[j * R : (j + 1) * R])
+
+
+def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
+               ref: Reference | None, recorder=None, label: str = "", progress: bool = True,
+               logged: tuple[np.ndarray, np.ndarray] | None = None) -> dict | None:
+    """Run one configuration (collective over star.comm). The learner returns the final arrays.
+
+    `shards` are the participating owners hosted on this rank (owners >= N are not given);
+    `ref` (theta*, f*) is needed on the learner; `logged` = (owner (T,), time (T,)) replays a
+    logged schedule instead of drawing one.
+    """
+    R, N = s.runs, s.N
+    parts = [sh for sh in shards if sh.agent < N]
+    owners = {sh.agent: DataOwner(sh, s.eps[sh.agent], s.caps[sh.agent], s) for sh in parts}
+    answer = owners_answer(owners)
+    oracle = Oracle(star, shards, s.loss, s.lam, s.n_total, s.p)
+    gram = GramEvaluator(star, shards, s.lam, s.n_total, s.p) if s.loss == "squared" else None
+    records = _Records(s, ref, gram if gram is not None and gram.ready else None, recorder)
+    if gram is not None and not gram.ready:
+        records.gram = gram  # non-learner ranks: nothing to evaluate after the run
+    trace = Trace(R, s.T)
+    dropped = np.zeros(0)
+    if s.mode == "live":
+        link.start_clock()
+    if link.is_learner:
+        learner = Learner(s, initial_models(s))
+        records.add(0, learner.theta_L)
+        t0 = time.perf_counter()
+        try:
+            if s.mode == "live":
+                _live_learner(link, learner, s, trace, records, label, progress, t0)
+            else:
+                sched = (LoggedSchedule(logged[0], logged[1], N, R) if logged is not None
+                         else Scheduler(s.scheduler, N, s.seed, s.run_ids,
+                                        np.array(s.rates) if s.rates else None))
+                _replay_learner(link, answer, learner, sched, s, trace, records, label,
+                                progress, t0)
+        finally:
+            if s.mode == "live":
+                dropped = link.stop_and_drain()
+            else:
+                link.stop_hosts()
+    elif s.mode == "live":
+        gen = stream(s.seed, "schedule", LEARNER - 1 - link.rank, s.run_ids[0])
+        clocks = OwnerClocks(sorted(owners), np.array(s.rates or [1.0] * N), s.clock_unit_s,
+                             gen, restart_after_service=s.protocol == "learner_broadcast")
+        link.serve_live(s.protocol, clocks, answer)
+    else:
+        link.serve(answer)
+
+    records.finish(oracle, link.is_learner, star)
+    logs = star.gather_objects([(a, o.ledger.releases, o.clipped) for a, o in owners.items()])
+    if not link.is_learner:
+        return None
+    answered = np.zeros((R, N), dtype=np.int64)
+    clip_frac = np.zeros((R, N))
+    for part in logs:
+        for a, rel, clipped in part:
+            answered[:, a] = rel
+            clip_frac[:, a] = clipped / np.maximum(rel, 1) / s.n[a]
+    caps = np.array(s.caps, dtype=np.float64)
+    eps = np.array(s.eps)
+    spent = np.where(np.isinf(eps), 0.0, answered * (eps / caps))
+    out = {"models/final": learner.theta_L, "models/local": learner.theta_loc, "trace": trace,
+           "answered": answered, "spent_eps": spent, "clip_fraction": clip_frac,
+           "dropped_ticks": dropped, "f_star": records.f_star,
+           "final_psi": records.last_psi, "psi_isolated": ref.psi_isolated[:N]}
+    if records.gram is not None:  # psi of the isolated optima on the same (Gram) footing
+        out["psi_isolated"] = records.gram.f(ref.theta_isolated[:N]) / records.f_star - 1.0
+    return out
+
+
+def _replay_learner(link: P2PStar, answer, learner: Learner, sched, s: Settings, trace: Trace,
+                    records: _Records, label: str, progress: bool, t0: float) -> None:
+    R = s.runs
+    alive = np.ones(R, dtype=bool)
+    last_print = t0
+    for k in range(1, s.T + 1):
+        pending = np.flatnonzero(alive)
+        while pending.size:
+            own, t = sched.next(pending)
+            tb = learner.query_points(pending, own)
+            status, resp = link.query(k, own, pending, tb, answer)
+            ok = status != DECLINED
+            if ok.any():
+                learner.update(pending[ok], own[ok], tb[ok], resp[ok])
+                trace.served(k, pending[ok], own[ok], t[ok], resp[ok])
+            for j in np.flatnonzero(status != ANSWERED):
+                r, i = int(pending[j]), int(own[j])
+                sched.remove(r, i)
+                trace.declines.append((r, k, i, float(t[j]),
+                                       RETIRED if status[j] == LAST_ANSWER else REFUSED))
+            retry = pending[~ok]
+            done = np.array([sched.exhausted(int(r)) for r in retry], dtype=bool)
+            for r in retry[done]:  # no owner left to serve this run at k
+                alive[r] = False
+                trace.ended_at[r] = k - 1
+            pending = retry[~done]
+        for r in np.flatnonzero(alive):
+            if sched.exhausted(int(r)):
+                alive[r] = False
+                trace.ended_at[r] = k
+        if k % s.record_every == 0 or k == s.T or not alive.any():
+            records.add(k, learner.theta_L)
+            now = time.perf_counter()
+            if progress and (now - last_print > 10.0 or k == s.T or not alive.any()):
+                _progress(label, k, s.T, records.last_psi, t0)
+                last_print = now
+        if not alive.any():
+            trace.end_reason = (f"every run ended by k={int(trace.ended_at.max())}: no owner "
+                                "left with budget")
+            break
+
+
+def _live_learner(link: P2PStar, learner: Learner, s: Settings, trace: Trace, records: _Records,
+                  label: str, progress: bool, t0: float) -> None:
+    """Serve owners in arrival order, one-on-one; every run follows the realised schedule."""
+    R, N = s.runs, s.N
+    runs = np.arange(R)
+    retired: set[int] = set()
+    k, seq = 0, 0
+    last_print = t0
+    while k < s.T and len(retired) < N:
+        if s.protocol == "owner_request":
+            host, i, _tick = link.next_request()
+            if i in retired:
+                continue
+        else:
+            seq += 1
+            claims = [(h, i) for h, i in link.poll(seq) if i not in retired]
+            if not claims:
+                time.sleep(s.poll_interval_s)
+                continue
+            host, i = claims[0]
+            for h, _ in claims[1:]:  # later claims of this poll
+                link.deny(h, seq)
+        t_k = link.now()
+        own = np.full(R, i, dtype=np.int64)
+        tb = learner.query_points(runs, own)
+        q0 = time.perf_counter()
+        status, resp = link.query(k + 1, own, runs, tb)
+        rtt = time.perf_counter() - q0
+        if status[0] == DECLINED:
+            retired.add(i)
+            trace.declines.extend((r, k + 1, i, t_k, REFUSED) for r in range(R))
+            continue
+        k += 1
+        learner.update(runs, own, tb, resp)
+        trace.served(k, runs, own, np.full(R, t_k), resp)
+        trace.rtt[k - 1] = rtt
+        if status[0] == LAST_ANSWER:
+            retired.add(i)
+            trace.declines.extend((r, k, i, t_k, RETIRED) for r in range(R))
+        if k % s.record_every == 0 or k == s.T:
+            records.add(k, learner.theta_L)
+            now = time.perf_counter()
+            if progress and (now - last_print > 10.0 or k == s.T):
+                _progress(label, k, s.T, records.last_psi, t0)
+                last_print = now
+    if k < s.T:
+        trace.ended_at[:] = k
+        trace.end_reason = f"ended at k={k}: every owner spent its budget"
+        records.add(k, learner.theta_L)
+
+
+def check_settings(s: Settings, path: str, n_ranks: int) -> None:
+    if s.lam <= 0:
+        raise JobError(f"job file {path}: key 'lam': the asynchronous method needs a strongly "
+                       "convex regulariser (its steps are rho/(T^2 lam)); set lam > 0")
+    if not s.clip and s.dp_valid and any(math.isfinite(e) for e in s.eps):
+        raise JobError(f"job file {path}: key 'clip': clip = false voids the DP guarantee (the "
+                       "sensitivity is unbounded) unless every eps is inf or async.preset = "
+                       "'paper_code' (recorded dp_valid = false)")
+    if s.mode == "live" and n_ranks < 2:
+        raise JobError(f"job file {path}: key 'async.mode': live mode needs owners on other ranks "
+                       "than the learner: run with mpiexec -n 2 or more")
