@@ -33,21 +33,24 @@ TAG_NAMES = {QRY: "QRY", RSP: "RSP", REQ: "REQ", POLL: "POLL", CLAIM: "CLAIM", D
 DECLINED, ANSWERED, LAST_ANSWER = 0, 1, 2
 
 SPIN_S = float(os.environ.get("MPI_DP_SPIN_S", 5e-5))
+#: the learner waiting for an answer is on the critical path: it spins longer before napping
+ANSWER_SPIN_S = float(os.environ.get("MPI_DP_ANSWER_SPIN_S", 1e-3))
 MAX_SLEEP_S = float(os.environ.get("MPI_DP_MAX_SLEEP_S", 1e-4))
 
 #: answer(owners (m,), runs (m,), thetas (m, p)) -> (status (m,), responses (m, p))
 AnswerFn = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
-def wait_message(comm: MPI.Comm, source: int, tag: int) -> MPI.Status:
+def wait_message(comm: MPI.Comm, source: int, tag: int, spin_s: float | None = None) -> MPI.Status:
     """Block until a matching message is pending; spin briefly, then sleep (polite under load)."""
+    spin = SPIN_S if spin_s is None else spin_s
     st = MPI.Status()
     if comm.Iprobe(source, tag, st):
         return st
     t0 = time.perf_counter()
     nap = 1e-5
     while not comm.Iprobe(source, tag, st):
-        if time.perf_counter() - t0 > SPIN_S:
+        if time.perf_counter() - t0 > spin:
             time.sleep(nap)
             nap = min(2 * nap, MAX_SLEEP_S)
     return st
@@ -143,7 +146,7 @@ class P2PStar:
 
     def _receive_answer(self, host: int, k: int, owners: np.ndarray, runs: np.ndarray
                         ) -> tuple[np.ndarray, np.ndarray]:
-        st = wait_message(self.comm, host, RSP)
+        st = wait_message(self.comm, host, RSP, ANSWER_SPIN_S)
         buf = recv_pending(self.comm, st)
         m = owners.size
         if buf.size != 2 + m * (3 + self.p) or int(buf[0]) != k or int(buf[1]) != m:
@@ -283,9 +286,10 @@ class OwnerClocks:
         out = []
         for a in self._live():
             if a in self.outstanding:
-                while self.next_tick[a] <= now:
-                    self.dropped += 1
-                    self.next_tick[a] += self._gap(a)
+                if self.next_tick[a] <= now:  # ticks while waiting are dropped; memoryless clock:
+                    lost = (now - self.next_tick[a]) * self.rates[a] / self.unit
+                    self.dropped += 1 + int(self.gen.poisson(lost))
+                    self.next_tick[a] = now + self._gap(a)
             elif self.next_tick[a] <= now:
                 out.append((a, self.next_tick[a]))
                 self.outstanding.add(a)

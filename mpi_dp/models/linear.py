@@ -174,6 +174,8 @@ def squared_stats(X, y: np.ndarray) -> SquaredStats:
 #: Screened squared-loss path: fall back to the full pass when more than this share of records
 #: might be clipped (the bound is loose, e.g. while the runs are far apart).
 SCREEN_MAX_SHARE = 0.25
+#: (records x runs) up to which the squared loss skips the screen (its set-up costs more)
+SMALL_PASS_ELEMS = 2**15
 
 
 def clipped_grad_sum(
@@ -201,6 +203,11 @@ def clipped_grad_sum(
     if stats is not None and loss == "squared":
         if not np.isfinite(xi):
             return 2.0 * (T @ stats.gram - stats.xty), np.zeros(T.shape[0], dtype=np.int64)
+        if X.shape[0] * T.shape[0] <= SMALL_PASS_ELEMS:  # one direct pass beats screening
+            counts = np.zeros(T.shape[0], dtype=np.int64)
+            D = _derivative_t("squared", _margins_t(X, T), y)
+            D = _clamp(D, _thresholds(xi, stats.row_l1), counts, inplace=True)
+            return _back_t(X, D), counts
         center = T.mean(axis=0)
         radius = float(np.sqrt(((T - center) ** 2).sum(axis=1)).max())
         bound = np.abs(np.asarray(X @ center).ravel() - y)
