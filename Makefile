@@ -26,7 +26,7 @@ help:
 	@echo "make test    - set up .venv, run the serial tests and the MPI tests on 1, 2 and 4 ranks"
 	@echo "               (WITH_PETSC=1 make test also builds petsc4py and tests the PETSc path)"
 	@echo "make lint    - ruff"
-	@echo "make bench   - benchmarks/replicates.py"
+	@echo "make bench   - benchmarks/replicates.py and benchmarks/async_rate.py (mpiexec -n 3)"
 
 venv: $(STAMP) $(if $(filter 1,$(WITH_PETSC)),$(PETSC_STAMP))
 
@@ -80,6 +80,7 @@ lint: venv
 
 bench: venv
 	$(PY) benchmarks/replicates.py
+	$(MPIEXEC) -n 3 $(PY) benchmarks/async_rate.py
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

@@ -68,6 +68,19 @@ def ping_pong(comm: MPI.Comm, hosts: list[int], n_send: int, n_back: int, pings:
     return 0.0
 
 
+def compute_cost(s: async_star.Settings, data: dict, reps: int = 2000) -> float:
+    """Seconds per update of the computing alone: owner 0 answers, the learner updates."""
+    owner = async_star.DataOwner(LocalShard(0, *data["agents"][0]), s.eps[0], 10**9, s)
+    learner = async_star.Learner(s, np.zeros((1, s.p)))
+    runs, own = np.array([0]), np.array([0])
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        tb = learner.query_points(runs, own)
+        _, r = owner.answer(runs, tb)
+        learner.update(runs, own, tb, r)
+    return (time.perf_counter() - t0) / reps
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--owners", type=int, default=8)
@@ -115,6 +128,12 @@ def main() -> None:
               f"({1e6 / rate:.1f} us each; {k} updates in {wall:.2f} s incl. start/stop)")
         print(f"median query-to-answer time at the learner: {np.nanmedian(tr.rtt) * 1e6:.1f} us")
         print(f"owner shares of the updates: {np.array2string(shares, precision=3)}")
+        comp = compute_cost(s, data)
+        per = 1.0 / rate
+        print(f"computing per update, timed in one process (owner answer + learner update): "
+              f"{comp * 1e6:.1f} us")
+        print(f"messaging and waiting per update (per-update time - computing): "
+              f"{(per - comp) * 1e6:.1f} us = {(per - comp) * pp:.2f} ping-pong round trips")
         print(f"ratio updates / ping-pong = {rate / pp:.3f} (goal >= 0.5)")
 
 

@@ -248,3 +248,16 @@ def test_plot_bound(train: Path, tmp_path: Path) -> None:
     single = write_sweep(tmp_path / "one.h5", [([1000] * 3, [1.0] * 3), ([1000] * 3, [math.inf] * 3)])
     with open_result(single) as r:
         assert plot_bound(r, tmp_path / "one") == []
+
+
+def test_points_above_max_psi_are_shown_but_not_fitted(tmp_path: Path) -> None:
+    path = write_sweep(tmp_path / "big.h5", grid(huge=False), b=100 * B_TRUE, seed=3)
+    default = fit_bound(path)  # max_psi = 10
+    big = [p for p in default.points if p["mean"] > 10.0]
+    assert big and default.n_above_max == len(big)
+    assert all(not p["used"] and p["above_max"] for p in big)
+    assert all(p["mean"] <= 10.0 for p in default.points if p["used"])
+    assert default.b_log == pytest.approx(100 * B_TRUE, rel=0.05)
+    keep_all = fit_bound(path, max_psi=math.inf)
+    assert keep_all.n_above_max == 0 and keep_all.n_points == default.n_points + len(big)
+    assert BoundFit.from_json(default.to_json()).max_psi == 10.0

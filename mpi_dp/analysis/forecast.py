@@ -268,6 +268,8 @@ class BoundFit:
     ranges: dict[str, list[float]]
     sources: list[str]
     algorithms: list[str] = field(default_factory=list)
+    max_psi: float = math.inf
+    n_above_max: int = 0
 
     def coefficients(self, kind: str = "nnls") -> tuple[float, float]:
         """(a, b) of the excess a u + b v for `kind`."""
@@ -358,10 +360,19 @@ def _kappa(pairs: list[tuple[int, float]]) -> tuple[float | None, float | None]:
     return float(np.exp(lk)), float(np.max(np.abs(r - lk)) / np.log(10))
 
 
+#: default largest E[psi] of a fitted point: beyond it the model is useless and clipping distorts
+#: the scaling (the heavily clipped regime of spec §9), so such points are left out of the fit
+DEFAULT_MAX_PSI = 10.0
+
+
 def fit_bound(
-    results: Result | str | Path | Sequence[Result | str | Path], metric: str = "psi"
+    results: Result | str | Path | Sequence[Result | str | Path], metric: str = "psi",
+    max_psi: float = DEFAULT_MAX_PSI,
 ) -> BoundFit:
-    """Fit both forms of the bound to one or more result files (open Results or paths)."""
+    """Fit both forms of the bound to one or more result files (open Results or paths).
+
+    Configurations whose E[metric] exceeds `max_psi` are shown but not fitted (math.inf keeps all).
+    """
     items = [results] if isinstance(results, Result | str | Path) else list(results)
     if not items:
         raise ForecastError("fit_bound needs at least one result file")
@@ -383,6 +394,12 @@ def fit_bound(
         floors += f
         pairs += [x for x in iso if x not in pairs]
         incomplete += inc
+    n_above = 0
+    for p in points:
+        p["above_max"] = bool(p["used"] and p["mean"] > max_psi)
+        if p["above_max"]:
+            p["used"] = False
+            n_above += 1
     used = [p for p in points if p["used"]]
     names = ", ".join(sources)
     if not points:
@@ -423,7 +440,8 @@ def fit_bound(
         K=b / owners[0] if one_n else float("nan"),
         K_log=b_log / owners[0] if one_n else float("nan"),
         owners=owners, r2_log=r2, max_log10_residual=mlr, loo_factor_median=med, loo_factor_max=mx,
-        n_points=len(used), n_dropped=len(points) - len(used), n_incomplete=incomplete,
+        n_points=len(used), n_dropped=len(points) - len(used) - n_above, n_incomplete=incomplete,
+        max_psi=float(max_psi), n_above_max=n_above,
         points=points, floors=floors, kappa=kappa, kappa_points=len(pairs),
         kappa_max_log10_residual=kappa_resid,
         ranges={"n_total": [float(n_tot.min()), float(n_tot.max())], "S": [float(S.min()), float(S.max())]},

@@ -11,7 +11,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-from mpi_dp.analysis.forecast import KINDS, BoundFit, ForecastError, fit_bound, predict_coalition
+from mpi_dp.analysis.forecast import (
+    DEFAULT_MAX_PSI,
+    KINDS,
+    BoundFit,
+    ForecastError,
+    fit_bound,
+    predict_coalition,
+)
 
 FORECAST_DESCRIPTION = """\
 Forecast the cost of privacy of a coalition from finished sweeps (spec section 4, bound (11)):
@@ -80,6 +87,10 @@ def add_forecast_arguments(parser: argparse.ArgumentParser) -> None:
     fit.add_argument("--out", metavar="FILE.json",
                      help="where to write the fit (default: <first result stem>.forecast.json beside it)")
     fit.add_argument("--metric", default="psi", help="final metric to fit (default psi)")
+    fit.add_argument("--max-psi", type=float, default=DEFAULT_MAX_PSI, metavar="M",
+                     help="leave out configurations whose E[metric] exceeds M (default "
+                     f"{DEFAULT_MAX_PSI:g}: a model that much worse than optimal is heavily clipped "
+                     "and off the bound's scaling; inf keeps every point)")
     fit.add_argument("--plot", metavar="PREFIX",
                      help="also draw E[metric] vs eps and vs n with the fitted bound (first file)")
     pred = sub.add_parser("predict", help="predict E[psi] and per-owner join verdicts for a coalition",
@@ -131,6 +142,8 @@ def format_fit(fit: BoundFit) -> str:
         _table(header, rows),
         "",
         f"points used: {fit.n_points}; dropped (y < 3 SE of y, within noise of the floor): {fit.n_dropped}"
+        + (f"; left out with E[{fit.metric}] > {fit.max_psi:g} (heavily clipped regime; "
+           f"--max-psi inf keeps them): {fit.n_above_max}" if fit.n_above_max else "")
         + (f"; incomplete configurations left out: {fit.n_incomplete}" if fit.n_incomplete else ""),
         "",
         "constants:",
@@ -190,7 +203,7 @@ def format_prediction(fit: BoundFit, out: dict[str, Any]) -> str:
 
 
 def _fit_command(args: argparse.Namespace) -> int:
-    fit = fit_bound([Path(p) for p in args.results], metric=args.metric)
+    fit = fit_bound([Path(p) for p in args.results], metric=args.metric, max_psi=args.max_psi)
     first = Path(args.results[0])
     out = Path(args.out) if args.out else first.with_name(first.stem + ".forecast.json")
     print(format_fit(fit))
