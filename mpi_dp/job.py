@@ -100,8 +100,9 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "protocol": Key((str,), "owner_request", "live mode: owner_request (an owner asks when its "
                         "clock ticks) or learner_broadcast (the learner polls; the first owner to "
                         "claim is served)", ("owner_request", "learner_broadcast")),
-        "clock_unit_s": Key(_NUM, 0.002, "live mode: seconds per unit of clock time (ticks are "
-                            "Exp(lambda) x clock_unit_s apart)"),
+        "clock_unit_s": Key(_NUM, 0.01, "live mode: seconds per unit of clock time (ticks are "
+                            "Exp(lambda) x clock_unit_s apart; when owners tick faster than the "
+                            "learner serves, requests queue and service is near round-robin)"),
         "poll_interval_s": Key(_NUM, 0.0005, "live learner_broadcast: seconds between polls when "
                                "no owner claimed"),
         "per_owner_cap": Key((int, list), 0, "answers each owner gives before it declines: 0 = T "

@@ -66,7 +66,7 @@ class Settings:
     scheduler: str = "poisson"
     rates: tuple[float, ...] = ()
     protocol: str = "virtual"
-    clock_unit_s: float = 0.002
+    clock_unit_s: float = 0.01
     poll_interval_s: float = 5e-4
     noise_shape: str = "iid"
     dp_valid: bool = True
@@ -274,7 +274,7 @@ class _Records:
                  recorder) -> None:
         self.s, self.ref, self.gram, self.recorder = s, ref, gram, recorder
         self.f_star = None
-        if ref is not None and gram is not None:
+        if ref is not None and gram is not None and gram.ready:
             self.f_star = float(gram.f(ref.theta_star)[0])
         self.pending: list[tuple[int, np.ndarray]] = []
         self.last_psi: np.ndarray | None = None
@@ -322,7 +322,7 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
                logged: tuple[np.ndarray, np.ndarray] | None = None) -> dict | None:
     """Run one configuration (collective over star.comm). The learner returns the final arrays.
 
-    `shards` are the participating owners hosted on this rank (owners >= N are not given);
+    `shards` are the owners hosted on this rank (owners >= N take no part and hold no records);
     `ref` (theta*, f*) is needed on the learner; `logged` = (owner (T,), time (T,)) replays a
     logged schedule instead of drawing one.
     """
@@ -332,9 +332,7 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
     answer = owners_answer(owners)
     oracle = Oracle(star, shards, s.loss, s.lam, s.n_total, s.p)
     gram = GramEvaluator(star, shards, s.lam, s.n_total, s.p) if s.loss == "squared" else None
-    records = _Records(s, ref, gram if gram is not None and gram.ready else None, recorder)
-    if gram is not None and not gram.ready:
-        records.gram = gram  # non-learner ranks: nothing to evaluate after the run
+    records = _Records(s, ref, gram, recorder)
     trace = Trace(R, s.T)
     dropped = np.zeros(0)
     if s.mode == "live":
@@ -358,9 +356,9 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
             else:
                 link.stop_hosts()
     elif s.mode == "live":
-        gen = stream(s.seed, "schedule", LEARNER - 1 - link.rank, s.run_ids[0])
+        gens = {a: stream(s.seed, "schedule", a, s.run_ids[0]) for a in owners}  # owner clocks
         clocks = OwnerClocks(sorted(owners), np.array(s.rates or [1.0] * N), s.clock_unit_s,
-                             gen, restart_after_service=s.protocol == "learner_broadcast")
+                             gens, restart_after_service=s.protocol == "learner_broadcast")
         link.serve_live(s.protocol, clocks, answer)
     else:
         link.serve(answer)

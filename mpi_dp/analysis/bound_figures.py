@@ -81,7 +81,9 @@ def _plot_along(result: Result, fit: BoundFit, path: Path, along: str, metric: s
     form = f"dashed: M0 + {fit.b_log:.3g} S/n²"
     if fit.a > 0 or not np.isclose(fit.b, fit.b_log, rtol=1e-3):
         form += f"; dotted: M0 + {fit.a:.3g} √S/n + {fit.b:.3g} S/n² (NNLS)"
-    what = f"E[{metric}] vs {'eps' if along == 'eps' else 'n'} (open circles: dropped, y < 3 SE)\n{form}"
+    axis = "eps" if along == "eps" else "n"
+    what = (f"E[{metric}] vs {axis} (open circles: not fitted, y < 3 SE or E > {fit.max_psi:g})"
+            f"\n{form}")
     ax.set_title(_title(result, what), fontsize=9)
     fig.subplots_adjust(left=0.11, right=0.97, bottom=0.1, top=0.86)
     fig.savefig(path, dpi=DPI)

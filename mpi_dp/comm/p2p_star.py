@@ -264,19 +264,19 @@ class OwnerClocks:
     """
 
     def __init__(self, agents: list[int], rates: np.ndarray, unit_s: float,
-                 gen: np.random.Generator, restart_after_service: bool = False) -> None:
+                 gens: dict[int, np.random.Generator], restart_after_service: bool = False) -> None:
         self.agents = list(agents)
         self.restart = restart_after_service
         self.rates = {a: float(rates[a]) for a in agents}
         self.unit = unit_s
-        self.gen = gen
+        self.gens = gens  # one generator per owner (its own clock)
         self.next_tick = {a: self._gap(a) for a in agents}
         self.outstanding: set[int] = set()
         self.retired: set[int] = set()
         self.dropped = 0
 
     def _gap(self, a: int) -> float:
-        return float(self.gen.standard_exponential()) / self.rates[a] * self.unit
+        return float(self.gens[a].standard_exponential()) / self.rates[a] * self.unit
 
     def _live(self) -> list[int]:
         return [a for a in self.agents if a not in self.retired]
@@ -288,7 +288,7 @@ class OwnerClocks:
             if a in self.outstanding:
                 if self.next_tick[a] <= now:  # ticks while waiting are dropped; memoryless clock:
                     lost = (now - self.next_tick[a]) * self.rates[a] / self.unit
-                    self.dropped += 1 + int(self.gen.poisson(lost))
+                    self.dropped += 1 + int(self.gens[a].poisson(lost))
                     self.next_tick[a] = now + self._gap(a)
             elif self.next_tick[a] <= now:
                 out.append((a, self.next_tick[a]))
