@@ -15,7 +15,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .algorithms import async_star
-from .algorithms.common import LocalShard, Oracle, reference_quantities
+from .algorithms.common import LocalShard, cached_reference
 from .comm.p2p_star import P2PStar
 from .comm.star import Star
 from .data import ShardFile
@@ -101,10 +101,8 @@ def run_async_configs(job: Job, shard: ShardFile, configs: list, star: Star, xi:
                                  if star.is_learner else None)
         shards = [LocalShard(i, *shard.read_agent(i, n[i])) if i < N
                   else _empty_shard(i, p, shard.is_sparse) for i in star.local_agents]
-        if tuple(n) not in refs:
-            oracle = Oracle(star, shards, s.loss, s.lam, s.n_total, p)
-            refs[tuple(n)] = reference_quantities(oracle, s.theta_max, job["reference.solver"])
-        ref = refs[tuple(n)]
+        ref = cached_reference(refs, star, shards, s.loss, s.lam, n, p, s.theta_max,
+                               job["reference.solver"])
         rec = None
         if result is not None:
             rec = result.config(

@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from .algorithms import sync_star
 from .algorithms.async_star import default_rho as async_default_rho
-from .algorithms.common import LocalShard, Oracle, reference_quantities
+from .algorithms.common import LocalShard, cached_reference
 from .comm.star import Star
 from .data import ShardFile
 from .errors import JobError, MpiDpError
@@ -190,10 +190,8 @@ def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = N
                 eps=tuple(eps), n=tuple(n), p=p, schedule=job["step.schedule"])
             collective(comm, lambda s=s: sync_star.check_settings(s, job.path))
             shards = [LocalShard(i, *shard.read_agent(i, n[i])) for i in star.local_agents]
-            if tuple(n) not in refs:
-                oracle = Oracle(star, shards, s.loss, s.lam, int(sum(n)), p)
-                refs[tuple(n)] = reference_quantities(oracle, s.theta_max, job["reference.solver"])
-            ref = refs[tuple(n)]
+            ref = cached_reference(refs, star, shards, s.loss, s.lam, n, p, s.theta_max,
+                                   job["reference.solver"])
             rec = None
             if result is not None:
                 rec = result.config(

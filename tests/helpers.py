@@ -50,3 +50,41 @@ def _toml(v) -> str:
     if isinstance(v, list):
         return "[" + ", ".join(_toml(x) for x in v) + "]"
     return repr(v)
+
+
+def assert_rank_invariant(job: Path, out_dir: Path, ranks=(1, 2, 4)) -> list[dict]:
+    """Run `job` under mpiexec on each rank count; assert every dataset is bitwise identical.
+
+    Returns the datasets of each run ({path: array}), in the order of `ranks`.
+    """
+    import numpy as np
+
+    results = []
+    for n in ranks:
+        out = out_dir / f"{job.stem}_{n}ranks.h5"
+        cp = mpi_run(n, ["run", str(job), "--out", str(out), "--quiet"])
+        assert cp.returncode == 0, cp.stderr
+        results.append(read_datasets(out))
+    keys = sorted(results[0])
+    for other in results[1:]:
+        assert sorted(other) == keys
+        for k in keys:
+            a, b = results[0][k], other[k]
+            if a.dtype.names:
+                assert a.tobytes() == b.tobytes(), k
+            else:
+                np.testing.assert_array_equal(a, b, err_msg=k)
+    return results
+
+
+def read_datasets(path: Path) -> dict:
+    """Every dataset of an HDF5 file as {path: array}."""
+    import h5py
+
+    out = {}
+    with h5py.File(path, "r") as f:
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset):
+                out[name] = obj[()]
+        f.visititems(visit)
+    return out

@@ -200,3 +200,13 @@ def reference_quantities(oracle: Oracle, theta_max: float, solver: str) -> Refer
     psi_iso = np.where(empty[:, 0] > 0, np.nan, f[1:] / f_star - 1.0)
     return Reference(theta_star=theta_star, f_star=f_star, theta_isolated=iso,
                      psi_isolated=psi_iso, solver=used)
+
+
+def cached_reference(cache: dict, star: Star, shards: list[LocalShard], loss: str, lam: float,
+                     n: list[int], p: int, theta_max: float, solver: str) -> Reference | None:
+    """reference_quantities for the sizes n, computed once per n vector of a sweep (collective)."""
+    key = tuple(n)
+    if key not in cache:
+        oracle = Oracle(star, shards, loss, lam, int(sum(n)), p)
+        cache[key] = reference_quantities(oracle, theta_max, solver)
+    return cache[key]
