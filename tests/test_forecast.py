@@ -261,3 +261,14 @@ def test_points_above_max_psi_are_shown_but_not_fitted(tmp_path: Path) -> None:
     keep_all = fit_bound(path, max_psi=math.inf)
     assert keep_all.n_above_max == 0 and keep_all.n_points == default.n_points + len(big)
     assert BoundFit.from_json(default.to_json()).max_psi == 10.0
+
+
+def test_other_coalition_sizes_keep_the_per_owner_constant(fit: BoundFit) -> None:
+    """Bound (10): c2bar = 8 N c2, so at equal n_i and eps the excess does not depend on N."""
+    three = predict_coalition(fit, [4000] * 3, [1.0] * 3)
+    six = predict_coalition(fit, [4000] * 6, [1.0] * 6)
+    for k in ("nnls", "log"):
+        assert six["excess"][k] == pytest.approx(three["excess"][k], rel=1e-12)
+    assert six["excess"]["log"] == pytest.approx(fit.K_log / (4000**2 * 1.0), rel=1e-12)
+    assert any("scaled by N/N_fit = 2" in note for note in six["notes"])
+    assert fit.n_scale(3) == 1.0 and fit.n_scale(12) == 4.0

@@ -279,11 +279,23 @@ class BoundFit:
             return 0.0, self.b_log
         raise ForecastError(f"unknown fit kind {kind!r}; use one of {', '.join(KINDS)}")
 
-    def excess(self, n_total: float, S: float, kind: str = "nnls") -> float:
-        """Predicted E[psi] - floor = a sqrt(S)/n + b S/n^2."""
+    def n_scale(self, N: int | None) -> float:
+        """N / N_fit when the fit saw one number of owners N_fit, else 1.
+
+        Bound (10) has c1bar = sqrt(8N) c1 and c2bar = 8N c2: at fixed (T, rho) the constants grow
+        with N, so a coalition of another size uses a sqrt(N/N_fit) and b N/N_fit (that is, the
+        per-owner constant K = b/N stays).
+        """
+        if N is None or len(self.owners) != 1 or N == self.owners[0]:
+            return 1.0
+        return N / self.owners[0]
+
+    def excess(self, n_total: float, S: float, kind: str = "nnls", N: int | None = None) -> float:
+        """Predicted E[psi] - floor = a sqrt(S)/n + b S/n^2 (constants scaled to N owners)."""
         a, b = self.coefficients(kind)
         u, v = regressors(n_total, S)
-        return float(a * u + b * v)
+        g = self.n_scale(N)
+        return float(a * math.sqrt(g) * u + b * g * v)
 
     def floor_for(self, n_total: float, N: int) -> tuple[float, str]:
         """Floor of the stored eps = inf configuration nearest in log n (same N if any), and a note."""
@@ -301,8 +313,8 @@ class BoundFit:
         return float(best["psi"]), note
 
     def predict(self, n_total: float, S: float, N: int, kind: str = "nnls") -> float:
-        """E[psi] = floor (nearest stored) + a sqrt(S)/n + b S/n^2."""
-        return self.floor_for(n_total, N)[0] + self.excess(n_total, S, kind)
+        """E[psi] = floor (nearest stored) + a sqrt(S)/n + b S/n^2 (scaled to N owners)."""
+        return self.floor_for(n_total, N)[0] + self.excess(n_total, S, kind, N)
 
     def psi_isolated_model(self, n_i: float) -> float | None:
         """kappa / n_i: the fitted psi(theta*_i) of an owner of n_i records alone, if fitted."""
@@ -487,11 +499,12 @@ def predict_coalition(
     n_total = float(sum(n_v))
     S = inv_eps_sq_sum(e_v)
     floor, floor_note = fit.floor_for(n_total, N)
-    excess = {k: fit.excess(n_total, S, k) for k in KINDS}
+    excess = {k: fit.excess(n_total, S, k, N) for k in KINDS}
     predicted = {k: floor + excess[k] for k in KINDS}
     a, _ = fit.coefficients(kind)
     u, v = regressors(n_total, S)
-    share = float(a * u / excess[kind]) if excess[kind] > 0 else float("nan")
+    g = fit.n_scale(N)
+    share = float(a * math.sqrt(g) * u / excess[kind]) if excess[kind] > 0 else float("nan")
     notes = []
     lo_n, hi_n = fit.ranges["n_total"]
     lo_s, hi_s = fit.ranges["S"]
@@ -500,7 +513,9 @@ def predict_coalition(
     if S > 0 and not lo_s <= S <= hi_s:
         notes.append(f"S = {S:g} is outside the fitted range [{lo_s:g}, {hi_s:g}] (extrapolation)")
     if N not in fit.owners:
-        notes.append(f"N = {N} owners was not in the fit (fitted N: {fit.owners})")
+        notes.append(f"N = {N} owners was not in the fit (fitted N: {fit.owners})"
+                     + (f"; constants scaled by N/N_fit = {g:.4g} as bound (10) says "
+                        "(c2bar = 8 N c2: the per-owner K = b/N is kept)" if g != 1.0 else ""))
     if psi_isolated is not None:
         iso = _broadcast("psi_isolated", psi_isolated, N)
         iso_src = ["given"] * N
