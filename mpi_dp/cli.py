@@ -109,6 +109,14 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from .analysis import load, table
 
     with load.open_result(args.result) as res:
+        if res.algorithm == "admm" and args.metric == "psi":  # admm reports test error instead
+            from .analysis.admm_figures import admm_table, admm_table_text
+
+            print(admm_table_text(res))
+            if args.csv:
+                table.rows_to_csv(admm_table(res), args.csv)
+                print(f"wrote {args.csv}")
+            return 0
         print(table.analyze_text(res, metric=args.metric))
         if args.csv:
             table.rows_to_csv(table.summarize(res, metric=args.metric), args.csv)

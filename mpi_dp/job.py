@@ -20,10 +20,11 @@ import tomllib
 from .errors import JobError
 
 #: algorithm -> its variants; the first listed in DEFAULT_VARIANT is used when `variant` is absent.
-ALGORITHMS = {"sync_star": ("alg1", "alg2"), "async_star": ("proof", "printed")}
-DEFAULT_VARIANT = {"sync_star": "alg2", "async_star": "proof"}
+ALGORITHMS = {"sync_star": ("alg1", "alg2"), "async_star": ("proof", "printed"),
+              "admm": ("iadmm",)}
+DEFAULT_VARIANT = {"sync_star": "alg2", "async_star": "proof", "admm": "iadmm"}
 #: sections that only make sense for one algorithm (setting them elsewhere is an error)
-ALGORITHM_SECTIONS = {"average": "sync_star", "async": "async_star"}
+ALGORITHM_SECTIONS = {"average": "sync_star", "async": "async_star", "admm": "admm"}
 LOSSES = ("squared", "hinge", "logistic")
 
 
@@ -123,12 +124,38 @@ SECTIONS: dict[str, dict[str, Key]] = {
         "kind": Key((str,), "polynomial", "averaging of alg2", ("polynomial", "stepweighted")),
         "eta": Key(_NUM, 3.0, "polynomial-decay parameter (0: uniform running mean)"),
     },
+    "admm": {
+        "method": Key((str,), "objt", "objt (trust region, inf-norm), objp (proximal): objective "
+                      "perturbation with Laplace noise; outp: the DP-ADMM baseline (Gaussian output "
+                      "perturbation, decreasing variance)", ("objt", "objp", "outp")),
+        "gamma": Key(_NUM, 1e-6, "regularisation weight: F(w) = loss + gamma ||w||_F^2"),
+        "rho": Key((str,) + _NUM, "dynamic_1", "penalty: dynamic_1 = min(1e9, c1 1.2^floor((t+1)/"
+                   "T_c) + c2/eps) (21), dynamic_2 = (21)/100, or a constant"),
+        "rho_c1": Key(_NUM, 2.0, "c1 of (21) (MNIST 2, FEMNIST 0.005)"),
+        "rho_c2": Key(_NUM, 5.0, "c2 of (21) (MNIST 5, FEMNIST 0.05)"),
+        "rho_tc": Key((int,), 10000, "T_c of (21) (MNIST 10000, FEMNIST 2000)"),
+        "prox_scale": Key(_NUM, 1.0, "a: eta^t = a/sqrt(t+1) (ObjP), delta^t (ObjT), OutP's eta"),
+        "tr_schedule": Key((str,), "const", "ObjT trust radius: const (delta = a, the released "
+                           "code) or inv_sq (a/(t+1)^2, the paper's prose)", ("const", "inv_sq")),
+        "sens_mode": Key((str,), "local_max", "l1 sensitivity: local_max (the code: max over the "
+                         "agent's records at z_p / I; reads private data to set the noise), "
+                         "local_max_x2 (replace-one) or global (4 J / I: strict, data-independent)",
+                         ("local_max", "local_max_x2", "global")),
+        "outp_noise_std": Key((str,), "sigma", "OutP noise std: sigma (Huang et al., the fair "
+                              "baseline) or sigma_sq (the authors' code)", ("sigma", "sigma_sq")),
+        "reg_grad": Key((str,), "consistent", "regulariser gradient in ObjT/ObjP: consistent "
+                        "(2 gamma/P z_p) or code (2 gamma w)", ("consistent", "code")),
+        "w_bound": Key(_NUM, math.inf, "box W = [-B, B]^(J x K) (inf: unconstrained, the final "
+                       "code; 1.0: the April 2021 code)"),
+        "dp_delta": Key(_NUM, 1e-6, "delta of OutP's (eps, delta)-DP per iteration"),
+    },
     "sweep": {
         "eps": Key((list,), None, "eps values (each a scalar or a per-owner list); "
                    "configurations are the product eps x n"),
         "n": Key((list,), None, "n values (each a scalar or a per-owner list)"),
         "owners": Key((list,), None, "numbers of participating owners N (configurations are the "
                       "product owners x n x eps)"),
+        "method": Key((list,), None, "admm methods side by side (configurations: method x eps)"),
     },
     "reference": {
         "solver": Key((str,), "auto", "theta* solver", ("auto", "closed", "scipy", "petsc")),
@@ -149,10 +176,12 @@ class Config:
     eps: Any  # scalar or per-owner list, as written
     n: Any  # 'all', scalar or per-owner list, as written
     owners: Any = "all"  # 'all' or the number of participating owners
+    method: str = ""  # admm method of this configuration
 
     def label(self, eps: Any = None, n: Any = None) -> str:
         """'eps=1, n=1000' ('N=8, eps=...' with owners); pass resolved values to show numbers."""
         head = "" if self.owners == "all" else f"N={self.owners}, "
+        head = (f"{self.method}, " if self.method else "") + head
         return (f"{head}eps={_compact(self.eps if eps is None else eps)}, "
                 f"n={_compact(self.n if n is None else n)}")
 
@@ -189,12 +218,15 @@ class Job:
         eps_list = self.values["sweep.eps"] or [self.values["eps"]]
         n_list = self.values["sweep.n"] or [self.values["n"]]
         own_list = self.values["sweep.owners"] or [self.values["owners"]]
-        return [Config(i, e, n, o) for i, (o, n, e)
-                in enumerate(itertools.product(own_list, n_list, eps_list))]
+        meth_list = self.values["sweep.method"] or [
+            self.values["admm.method"] if self.values["algorithm"] == "admm" else ""]
+        return [Config(i, e, n, o, m) for i, (m, o, n, e)
+                in enumerate(itertools.product(meth_list, own_list, n_list, eps_list))]
 
     @property
     def is_sweep(self) -> bool:
-        return bool(self.values["sweep.eps"] or self.values["sweep.n"] or self.values["sweep.owners"])
+        return bool(self.values["sweep.eps"] or self.values["sweep.n"] or self.values["sweep.owners"]
+                    or self.values["sweep.method"])
 
     def to_json(self) -> str:
         return json.dumps(dict(self.values), default=str, sort_keys=True)
@@ -308,6 +340,29 @@ def _check_async(path: str, values: dict[str, Any]) -> None:
                    "not 'live'")
 
 
+def _check_admm(path: str, values: dict[str, Any]) -> None:
+    rho = values["admm.rho"]
+    if isinstance(rho, str) and rho not in ("dynamic_1", "dynamic_2"):
+        raise _err(path, "admm.rho", f"expected dynamic_1, dynamic_2 or a number, got {rho!r}")
+    if not isinstance(rho, str) and not 0 < rho < math.inf:
+        raise _err(path, "admm.rho", "a constant penalty must be a positive number")
+    for key in ("admm.gamma", "admm.rho_c1", "admm.rho_c2"):
+        if not 0 <= values[key] < math.inf:
+            raise _err(path, key, "must be a finite number >= 0")
+    if values["admm.rho_tc"] < 1:
+        raise _err(path, "admm.rho_tc", "must be at least 1")
+    if not values["admm.prox_scale"] > 0 or not values["admm.w_bound"] > 0:
+        raise _err(path, "admm.prox_scale" if not values["admm.prox_scale"] > 0
+                   else "admm.w_bound", "must be > 0")
+    if not 0 < values["admm.dp_delta"] < 1:
+        raise _err(path, "admm.dp_delta", "must be in (0, 1)")
+    for i, m in enumerate(values["sweep.method"] or []):
+        if m not in ("objt", "objp", "outp"):
+            raise _err(path, f"sweep.method[{i}]", f"{m!r} is not one of 'objt', 'objp', 'outp'")
+    if values["sweep.method"] is not None and values["algorithm"] != "admm":
+        raise _err(path, "sweep.method", "only the admm algorithm has methods")
+
+
 def load_job(path: str | Path, overrides: Sequence[str] = ()) -> Job:
     """Read, override and validate a job file. Raises JobError naming the key and the file."""
     p = Path(path)
@@ -391,6 +446,7 @@ def validate(raw: Mapping[str, Any], path: str, text: str = "", overrides: tuple
     if values["average.eta"] < 0:
         raise _err(path, "average.eta", "must be >= 0")
     _check_async(path, values)
+    _check_admm(path, values)
     _check_owners(path, "owners", values["owners"])
     for i, v in enumerate(values["sweep.owners"] or []):
         _check_owners(path, f"sweep.owners[{i}]", v)

@@ -29,6 +29,7 @@ from .models import linear, reference
 from .privacy import lap_scale
 from .results import provenance
 from .results.recorder import ResultFile
+from .run_admm import run_admm_configs
 from .run_async import run_async_configs
 
 T_ = TypeVar("T_")
@@ -146,11 +147,16 @@ def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = N
     N, p = shard.n_agents, shard.n_features
     star = Star(comm, N)
     collective(comm, lambda: shard.check_agents(list(star.local_agents)))
-    consts = collective(comm, lambda: public_constants(job, shard, p) if rank == 0 else None)
+    if job["algorithm"] == "admm":  # no public constants (its steps follow the spec's schedules)
+        consts = (math.nan, math.nan, math.nan)
+    else:
+        consts = collective(comm, lambda: public_constants(job, shard, p) if rank == 0 else None)
     xi, L, pub_clip = comm.bcast(consts, root=0)
     R = job["runs"]
     run_ids = tuple(range(job["first_run"], job["first_run"] + R))
-    if job["step.rho"] != "auto":
+    if job["algorithm"] == "admm":
+        rho = math.nan  # rho^t of admm.rho, per iteration
+    elif job["step.rho"] != "auto":
         rho = float(job["step.rho"])
     elif job["algorithm"] == "async_star":
         rho = async_default_rho(job["async.gamma"], job["T"], float(job["lam"]), L)
@@ -160,12 +166,17 @@ def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = N
     result = None
     if rank == 0:
         hosts = comm.gather(socket.gethostname(), root=0)
-        sweep = {k: job[f"sweep.{k}"] for k in ("eps", "n") if job[f"sweep.{k}"]}
+        sweep = {k: job[f"sweep.{k}"] for k in ("eps", "n", "owners", "method")
+                 if job[f"sweep.{k}"]}
         result = collective_open(job, len(configs), sweep, comm, hosts)
     else:
         comm.gather(socket.gethostname(), root=0)
         collective_open(None, 0, {}, comm, None)
-    if rank == 0 and progress:
+    if rank == 0 and progress and job["algorithm"] == "admm":
+        print(f"mpi-dp: job '{job.name}' (admm): {len(configs)} configuration(s) x {R} runs x "
+              f"T={job['T']} on {comm.Get_size()} rank(s), {N} agents, J={p}\n  writing "
+              f"{job.output}", file=sys.stderr, flush=True)
+    elif rank == 0 and progress:
         print(f"mpi-dp: job '{job.name}' ({job['algorithm']}/{job['variant']}): {len(configs)} "
               f"configuration(s) x {R} runs x T={job['T']} on {comm.Get_size()} rank(s), {N} "
               f"owners, p={p}{' (CSR)' if shard.is_sparse else ''}; xi={xi:.4g}, L={L:.4g}, "
@@ -177,6 +188,10 @@ def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = N
         if job["algorithm"] == "async_star":
             run_async_configs(job, shard, configs, star, xi, L, pub_clip, rho, run_ids, result,
                               progress)
+            status = "complete"
+            return job.output
+        if job["algorithm"] == "admm":
+            run_admm_configs(job, shard, configs, star, run_ids, result, progress)
             status = "complete"
             return job.output
         refs: dict[tuple[int, ...], Any] = {}

@@ -240,6 +240,10 @@ def plot_result(result: Result, out_prefix: str | Path, metric: str = "psi") -> 
     prefix.parent.mkdir(parents=True, exist_ok=True)
     if result.algorithm == "async_star":
         return _plot_async(result, prefix, metric)
+    if result.algorithm == "admm":
+        from mpi_dp.analysis.admm_figures import plot_admm
+
+        return plot_admm(result, prefix)
     written = [plot_bands(result, Path(f"{prefix}_bands.png"), metric)]
     fm, _, keep = _final_data(result, metric)
     if fm.mean.size >= 2 and fm.eps.shape[1] > 0:

@@ -22,7 +22,7 @@ from mpi_dp import rng
 from mpi_dp.data.shards import write_shards
 from mpi_dp.errors import DataError
 
-SYNTH_TASKS = ("regression", "binary")
+SYNTH_TASKS = ("regression", "binary", "multiclass")
 
 
 def _records_list(n_agents: int, records: int | Sequence[int]) -> list[int]:
@@ -128,6 +128,39 @@ def synth_classification(
     }
 
 
+def synth_multiclass(
+    n_agents: int,
+    records: int | Sequence[int],
+    dim: int,
+    noise: float,
+    seed: int,
+    *,
+    classes: int = 4,
+    test: int = 2000,
+) -> dict[str, Any]:
+    """Spec dp-inexact-admm §9: centroids C ~ U[0,1]^(K x J), y ~ U{0..K-1},
+    x = clip(C_y + noise N(0, I_J), 0, 1) (features in [0, 1], like MNIST pixels).
+
+    Owner i's records come from the stream (seed, 'data', i); the global test set (`test`
+    records) from the learner's stream. Labels are floats 0..K-1 (the shard format's y).
+    """
+    sizes = _records_list(n_agents, records)
+    _check(dim, noise, seed, 0)
+    if classes < 2:
+        raise DataError(f"classes must be at least 2, got {classes}")
+    C = rng.stream(seed, "data", rng.LEARNER - 1, 0).random((classes, dim))
+
+    def make(agent: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        g = rng.stream(seed, "data", agent, 0)
+        y = g.integers(classes, size=n)
+        X = np.clip(C[y] + noise * g.standard_normal((n, dim)), 0.0, 1.0)
+        return X, y.astype(np.float64)
+
+    return {"agents": [make(i, n) for i, n in enumerate(sizes)],
+            "test": make(rng.LEARNER, test) if test > 0 else None, "centroids": C,
+            "task": "multiclass"}
+
+
 def write_synth(
     path: str | os.PathLike[str],
     task: str,
@@ -143,6 +176,8 @@ def write_synth(
 
     `kw` is passed to the generator (`scale` for regression, `bias` for binary).
     """
+    if task == "multiclass":
+        return _write_multiclass(path, n_agents, records, dim, noise, seed, public, **kw)
     if task == "regression":
         gen, generator = synth_regression, "synth_regression"
     elif task == "binary":
@@ -182,6 +217,19 @@ def write_synth(
     )
 
 
+def _write_multiclass(path, n_agents: int, records, dim: int, noise: float, seed: int,
+                      test: int, classes: int = 4) -> pathlib.Path:
+    data = synth_multiclass(n_agents, records, dim, noise, seed, classes=classes, test=test)
+    params = {"n_agents": n_agents, "records": [X.shape[0] for X, _ in data["agents"]],
+              "dim": dim, "noise": float(noise), "seed": int(seed), "classes": int(classes),
+              "test": int(test)}
+    source = "mpi_dp.data.synth.synth_multiclass(" + ", ".join(
+        f"{k}={v!r}" for k, v in params.items()) + ")"
+    return write_shards(path, data["agents"], task="multiclass",
+                        feature_names=[f"x{j}" for j in range(dim)], source=source,
+                        attrs={"synth": params}, test_global=data["test"])
+
+
 # ----------------------------------------------------------------------------------------------
 # CLI: mpi-dp data synth
 
@@ -208,8 +256,12 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--task", choices=SYNTH_TASKS, default="regression",
         help="regression: y = X theta + noise*N(0,1); binary: y = sign(X theta + noise*N(0,1)) in "
-        "{-1,+1}, with a constant bias column appended (default: %(default)s)",
+        "{-1,+1}, with a constant bias column appended; multiclass: --classes centroids in "
+        "[0,1]^dim, x = clip(centroid + noise*N(0,I), 0, 1), a global test set of --public "
+        "records (default: %(default)s)",
     )
+    parser.add_argument("--classes", type=int, default=4, metavar="K",
+                        help="multiclass: number of classes (default: %(default)s)")
     parser.add_argument(
         "--agents", type=int, default=3, metavar="N",
         help="number of data owners (default: %(default)s)",
@@ -245,9 +297,10 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
 def run_synth_command(args: argparse.Namespace) -> pathlib.Path:
     """Run `mpi-dp data synth` from parsed arguments; prints a short summary, returns the path."""
     start = time.perf_counter()
+    extra = {"classes": args.classes} if args.task == "multiclass" else {}
     path = write_synth(
         args.out, args.task, args.agents, args.records, args.dim, args.noise, args.seed,
-        public=args.public,
+        public=args.public, **extra,
     )
     seconds = time.perf_counter() - start
     sizes = _records_list(args.agents, args.records)

@@ -1,0 +1,262 @@
+"""DP inexact ADMM (seed 002): ObjT, ObjP (objective perturbation) and the OutP baseline.
+
+Spec: specs/dp-inexact-admm.md. A server on rank 0 and P agents (blocks over ranks) solve
+min_w (1/I) sum_i l(w; x_i, y_i) + gamma ||w||_F^2 for multiclass logistic regression by the
+consensus ADMM of (2)-(4), with the agents' subproblems linearised (IADMM):
+
+  ObjT / ObjP, per iteration t (server, then agents, then dual):
+    w       = Proj_W( (1/P) sum_p (z_p - lam_p / rho) )                       (4a)
+    g_p     = grad f_p(z_p)                     (at the agent's previous iterate)
+    xi_p    ~ Laplace(0, b)^(J x K),  b = Delta_bar_p / eps_bar                (11)
+    z_p     = trust-region (ObjT) or proximal (ObjP) closed form with + xi_p   (§3.4)
+    lam_p  += rho (w - z_p)                                                    (4c)
+  OutP (agents, then server, then dual): a proximal step from w^t, then z~_p = z_p + N(0, s^2)
+  with Huang et al.'s decreasing variance; w from the z~_p; lam_p += rho (w - z~_p).
+
+All R Monte-Carlo runs advance together along a leading axis ((R, J, K) arrays). Every agent
+draws its noise from its own streams (seed, 'noise', agent, run) and the server sums the agents'
+contributions in agent order (Gatherv; 'reduce' is an option), so results are bitwise identical
+on any number of ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+
+import numpy as np
+
+from ..comm.star import Star
+from ..errors import NumericalError
+from ..models import multinomial
+from ..privacy import gaussian_noise, laplace_noise
+from ..rng import run_streams
+from . import admm_steps as steps
+from .common import agent_order_sum
+
+METHODS = ("objt", "objp", "outp")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The resolved knobs of one configuration (identical on every rank)."""
+
+    method: str
+    T: int  # iterations
+    eps_bar: float  # per-iteration budget of every agent (inf: non-private)
+    n: tuple[int, ...]  # records per agent
+    J: int
+    K: int
+    gamma: float = 1e-6
+    rho_mode: str = "dynamic_1"  # dynamic_1 (21) | dynamic_2 ((21)/100) | static
+    rho_static: float = 1.0
+    rho_c1: float = 2.0
+    rho_c2: float = 5.0
+    rho_tc: int = 10000
+    prox_scale: float = 1.0  # a
+    tr_schedule: str = "const"  # delta^t = a (the released code) | inv_sq (a/(t+1)^2, the prose)
+    sens_mode: str = "local_max"  # local_max | local_max_x2 | global (data-independent)
+    outp_noise_std: str = "sigma_sq"  # sigma_sq (the authors' code) | sigma (Huang et al.)
+    reg_grad: str = "consistent"  # consistent: 2 (gamma/P) z_p | code: 2 gamma w
+    w_bound: float = math.inf  # W = [-B, B]^(J x K); inf: unconstrained (the final code)
+    dp_delta: float = 1e-6
+    seed: int = 0
+    run_ids: tuple[int, ...] = (0,)
+    record_every: int = 100
+    aggregate: str = "gather"  # gather (bitwise rank-invariant) | reduce
+
+    @property
+    def P(self) -> int:
+        return len(self.n)
+
+    @property
+    def I(self) -> int:  # noqa: E743 (the spec's name for the total sample count)
+        return int(sum(self.n))
+
+    @property
+    def runs(self) -> int:
+        return len(self.run_ids)
+
+    @property
+    def box(self) -> float | None:
+        """B of W = [-B, B]^(J x K), None when unconstrained."""
+        return None if math.isinf(self.w_bound) else self.w_bound
+
+    def rho(self, t: int) -> float:
+        """rho^t: (21), (21)/100 or a constant (App. A.9 variants)."""
+        return steps.rho_variant(t, self.rho_mode, self.rho_c1, self.rho_c2, self.rho_tc,
+                                 self.eps_bar, static=self.rho_static)
+
+
+class Agent:
+    """Agent p: holds its records, its local model z_p and dual lam_p for every run; draws its own
+    noise and releases only the perturbed z_p (ObjT/ObjP) or z~_p (OutP)."""
+
+    def __init__(self, agent: int, X: np.ndarray, y: np.ndarray, s: Settings) -> None:
+        self.agent = agent
+        self.s = s
+        self.X = np.ascontiguousarray(X, dtype=np.float64)
+        self.y = np.asarray(y).astype(np.int64)
+        if self.y.size and (self.y.min() < 0 or self.y.max() >= s.K):
+            raise ValueError(f"agent {agent}: labels outside 0..{s.K - 1}")
+        self.Y = multinomial.one_hot(self.y, s.K)
+        self.n = self.X.shape[0]
+        self.row_l1 = np.abs(self.X).sum(axis=1)
+        shape = (s.runs, s.J, s.K)
+        self.z = np.zeros(shape)
+        self.lam = np.zeros(shape)
+        self.gens = run_streams(s.seed, "noise", agent, s.run_ids)
+        self.iterations = 0
+        # evaluation-only logs of the last iteration, per run
+        self.noise_mag = np.zeros(s.runs)
+        self.scale = np.zeros(s.runs)
+        self.z_change = np.zeros(s.runs)
+
+    def _residual_and_grad(self, W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(H - Y) (R, n, K) and X^T (H - Y) (R, J, K), one GEMM for all runs."""
+        D = multinomial.softmax_probs(self.X, W) - self.Y[None]
+        R, n, K = D.shape
+        G = (self.X.T @ D.transpose(1, 0, 2).reshape(n, R * K)).reshape(self.s.J, R, K)
+        return D, G.transpose(1, 0, 2)
+
+    def contribution(self, rho: float) -> np.ndarray:
+        """rho z_p - lam_p: what the server sums (R, J, K)."""
+        return rho * self.z - self.lam
+
+    def step_objective(self, w: np.ndarray, t: int, rho: float) -> None:
+        """ObjT / ObjP agent update (lines 2-5 of iteration t) and the dual update."""
+        s = self.s
+        D, G = self._residual_and_grad(self.z)
+        g = steps.agent_gradient(G, s.I, s.gamma, s.P, self.z, w, s.reg_grad)
+        if math.isinf(s.eps_bar):
+            b = np.zeros(s.runs)
+            xi = np.zeros_like(self.z)
+        else:
+            terms = self.row_l1[None, :] * np.abs(D).sum(axis=2)  # ||x_i||_1 ||h_i - y_i||_1
+            sens = steps.sensitivity(terms.max(axis=1), s.I, s.sens_mode, s.J)
+            b = np.broadcast_to(np.asarray(steps.laplace_scale(sens, s.eps_bar)), (s.runs,))
+            xi = laplace_noise(self.gens, b, s.J * s.K).reshape(self.z.shape)
+        bound = s.box
+        if s.method == "objt":
+            delta = steps.delta_objt(t, s.prox_scale, s.tr_schedule)
+            z_new = steps.objt_update(w, self.lam, g, self.z, xi, rho, delta, bound)
+        else:
+            eta = steps.eta_objp(t, s.prox_scale)
+            z_new = steps.objp_update(w, self.lam, g, self.z, xi, rho, eta, bound)
+        self._finish(z_new, xi, b)
+        self.lam = steps.dual_update(self.lam, rho, w, self.z)
+
+    def step_outp(self, w: np.ndarray, t: int, rho: float) -> None:
+        """OutP agent update from w^t: proximal step, then Gaussian output noise."""
+        s = self.s
+        _, G = self._residual_and_grad(self.z)
+        g = steps.outp_gradient(G, self.n, s.gamma, w)  # local average, regulariser at w^t
+        inv_eta = steps.outp_inv_eta(t, s.prox_scale, self.n, s.eps_bar, s.dp_delta)
+        z_new = steps.outp_update(w, self.lam, g, self.z, rho, inv_eta)
+        sigma = steps.outp_sigma(rho, inv_eta, s.eps_bar, s.dp_delta)
+        std = steps.outp_noise_std(sigma, s.outp_noise_std)
+        noise = gaussian_noise(self.gens, std, s.J * s.K).reshape(self.z.shape)
+        self._finish(z_new + noise, noise, np.full(s.runs, std))
+
+    def outp_dual(self, w: np.ndarray, rho: float) -> None:
+        self.lam = steps.dual_update(self.lam, rho, w, self.z)
+
+    def _finish(self, z_new: np.ndarray, noise: np.ndarray, scale: np.ndarray) -> None:
+        if not np.all(np.isfinite(z_new)):
+            raise NumericalError(f"agent {self.agent}: non-finite local model (diverging?)")
+        R = self.s.runs
+        self.noise_mag = np.abs(noise).reshape(R, -1).mean(axis=1)
+        self.scale = np.asarray(scale, dtype=np.float64)
+        self.z_change = np.abs(z_new - self.z).reshape(R, -1).mean(axis=1)
+        self.z = z_new
+        self.iterations += 1
+
+    def metrics(self, w: np.ndarray) -> np.ndarray:
+        """Evaluation-only per-run values at w: [loss sum, ||w - z_p||_1, noise_mag, scale,
+        z_change], shape (5 R,)."""
+        loss = multinomial.loss_sum(self.X, self.y, w)
+        cv = np.abs(w - self.z).reshape(self.s.runs, -1).sum(axis=1)
+        return np.concatenate([loss, cv, self.noise_mag, self.scale, self.z_change])
+
+
+def _server_model(star: Star, agents: list[Agent], s: Settings, rho: float) -> np.ndarray:
+    """w = Proj_W(U / (P rho)), U = sum_p (rho z_p - lam_p) in agent order; Bcast to all ranks."""
+    shape = (s.runs, s.J, s.K)
+    size = s.runs * s.J * s.K
+    local = np.empty((len(agents), size))
+    for j, a in enumerate(agents):
+        local[j] = a.contribution(rho).reshape(-1)
+    w = np.empty(shape)
+    if s.aggregate == "gather":
+        parts = star.gather_agents(local, (size,))
+        if parts is not None:
+            w[:] = steps.server_average(agent_order_sum(parts).reshape(shape), s.P, rho, s.box)
+    else:
+        total = star.reduce_sum(agent_order_sum(local) if len(agents) else np.zeros(size))
+        if total is not None:
+            w[:] = steps.server_average(total.reshape(shape), s.P, rho, s.box)
+    return star.bcast(w)
+
+
+def run_config(star: Star, agents: list[Agent], s: Settings, test: tuple | None,
+               recorder=None, label: str = "", progress: bool = True) -> dict | None:
+    """Run one configuration (collective). `test` = (X, y) on the server (test error of w).
+
+    Returns, on the server, the final models and the privacy accounting.
+    """
+    R = s.runs
+    w = np.zeros((R, s.J, s.K))
+    t0 = time.perf_counter()
+    last_print = t0
+
+    def record(k: int, rho: float) -> None:
+        vals = np.array([a.metrics(w) for a in agents]).reshape(len(agents), 5 * R)
+        g = star.gather_agents(vals, (5 * R,))
+        if g is None:
+            return
+        tot = agent_order_sum(g).reshape(5, R)
+        train_cost = tot[0] / s.I + s.gamma * np.einsum("rjk,rjk->r", w, w)
+        test_err = (multinomial.errors(test[0], test[1], w) / len(test[1])
+                    if test is not None else np.full(R, np.nan))
+        if recorder is not None:
+            recorder.append(k, {"test_error": test_err, "train_cost": train_cost,
+                                "consensus": tot[1] / s.P, "noise_mag": tot[2] / s.P,
+                                "lap_scale": tot[3] / s.P, "z_change": tot[4] / s.P,
+                                "rho": rho})
+        nonlocal last_print
+        now = time.perf_counter()
+        if progress and (now - last_print > 10.0 or k == s.T):
+            print(f"  [{label}] t={k}/{s.T}  mean test error {np.mean(test_err):.4f}  CV "
+                  f"{np.mean(tot[1]) / s.P:.3g}  ({now - t0:.1f} s, {(now - t0) / max(k, 1):.3f} "
+                  "s/iter)", file=sys.stderr, flush=True)
+            last_print = now
+
+    record(0, s.rho(0))
+    for t in range(s.T):
+        rho = s.rho(t)
+        if s.method == "outp":
+            for a in agents:
+                a.step_outp(w, t, rho)
+            w = _server_model(star, agents, s, rho)
+            for a in agents:
+                a.outp_dual(w, rho)
+        else:
+            w = _server_model(star, agents, s, rho)
+            for a in agents:
+                a.step_objective(w, t, rho)
+        k = t + 1
+        if k % s.record_every == 0 or k == s.T:
+            record(k, rho)
+    counts = star.gather_objects([(a.agent, a.iterations) for a in agents])
+    if not star.is_learner:
+        return None
+    iters = np.zeros(s.P, dtype=np.int64)
+    for part in counts:
+        for agent, it in part:
+            iters[agent] = it
+    eps_total = np.where(np.isinf(s.eps_bar), np.inf, iters * s.eps_bar)
+    delta_total = iters * s.dp_delta if s.method == "outp" else np.zeros(s.P)
+    return {"models/final": w, "iterations": iters, "eps_total_basic": eps_total,
+            "delta_total_basic": delta_total, "seconds": time.perf_counter() - t0}
