@@ -141,3 +141,13 @@ def test_rank_invariant_under_mpiexec(tmp_path):
     assert "configs/005/metrics/test_error" in r and r["configs/000/models/final"].shape == (2, 6, 3)
     assert np.all(r["configs/001/metrics/noise_mag"] == 0)  # objt at eps = inf: no noise
     assert np.all(r["configs/000/metrics/noise_mag"][1:] > 0)
+
+
+def test_strict_sensitivity_reads_no_private_data(small):
+    """sens_mode = 'global': b = 4 J / (I eps_bar) for every agent, run and iteration."""
+    agents_data, test = small
+    _, agents, s = run("objt", agents_data, test, 3, 0.5, 7, runs=2, sens_mode="global")
+    for a in agents:
+        np.testing.assert_array_equal(a.scale, 4 * s.J / s.I / 0.5)
+    _, local, _ = run("objt", agents_data, test, 3, 0.5, 7, runs=2)
+    assert len({float(a.scale[0]) for a in local}) == len(local)  # local_max: data-dependent
