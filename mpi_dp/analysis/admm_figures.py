@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 
 from mpi_dp.analysis.figures import DPI, _title  # noqa: E402
 from mpi_dp.analysis.load import ConfigView, Result, ResultFileError  # noqa: E402
+from mpi_dp.analysis.table import _cell  # noqa: E402
 
 ALGORITHM = "admm"
 METHOD_NAMES = {"objt": "ObjT", "objp": "ObjP", "outp": "OutP"}
@@ -239,15 +240,7 @@ def admm_comparison(result: Result) -> dict[str, Any]:
 
 
 def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, (bool, np.bool_)):
-        return str(value)
-    if isinstance(value, (int, np.integer)):
-        return str(int(value))
-    if isinstance(value, (float, np.floating)):
-        return "inf" if math.isinf(value) else f"{value:.4g}"
-    return str(value)
+    return _cell(value, 4)
 
 
 def _aligned(headers: list[str], cells: list[list[str]], left: set[int]) -> list[str]:

@@ -77,7 +77,8 @@ def summarize(result: Result, metric: str = "psi") -> list[dict[str, Any]]:
     return rows
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, digits: int = 3) -> str:
+    """A table cell: '-' for None, integers as they are, floats to `digits` significant digits."""
     if value is None:
         return "-"
     if isinstance(value, (bool, np.bool_)):
@@ -85,7 +86,7 @@ def _cell(value: Any) -> str:
     if isinstance(value, (int, np.integer)):
         return str(int(value))
     if isinstance(value, (float, np.floating)):
-        return f"{value:.3g}"
+        return f"{value:.{digits}g}"
     return str(value)
 
 
