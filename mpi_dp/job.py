@@ -236,6 +236,8 @@ def _compact(v: Any) -> str:
     if isinstance(v, list):
         if len(set(map(str, v))) == 1:
             return _compact(v[0])
+        if len(v) > 8 and all(isinstance(x, int | float) for x in v):  # e.g. 105 writers' sizes
+            return f"[{len(v)} values, {_compact(min(v))}..{_compact(max(v))}]"
         return "[" + ",".join(_compact(x) for x in v) + "]"
     if isinstance(v, float):
         return "inf" if math.isinf(v) else f"{v:g}"
