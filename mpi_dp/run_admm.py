@@ -25,15 +25,12 @@ def _collective(comm, fn):
     return collective(comm, fn)
 
 
-def n_classes(star: Star, shard: ShardFile) -> int:
-    """K = 1 + the largest label over every agent and the test sets (collective)."""
-    local = 0
-    for i in star.local_agents:
-        y = shard.read_agent(i)[1]
-        local = max(local, int(y.max()) if y.size else 0)
-    if star.is_learner and shard.has_global_test:
-        local = max(local, int(shard.read_test()[1].max()))
-    return int(star.comm.allreduce(local, op=MPI.MAX)) + 1
+def n_classes(star: Star, local: dict, test: tuple | None) -> int:
+    """K = 1 + the largest label over every agent and the test set (collective)."""
+    top = max([int(y.max()) for _, y in local.values() if y.size] + [0])
+    if test is not None:
+        top = max(top, int(test[1].max()))
+    return int(star.comm.allreduce(top, op=MPI.MAX)) + 1
 
 
 def test_set(shard: ShardFile) -> tuple[np.ndarray, np.ndarray] | None:
@@ -74,15 +71,17 @@ def run_admm_configs(job: Job, shard: ShardFile, configs: list, star: Star,
     J = shard.n_features
     if shard.is_sparse:
         raise JobError(f"job file {job.path}: admm needs dense features; {shard.path} is CSR")
-    K = _collective(comm, lambda: n_classes(star, shard))
+    # every hosted agent's records, read once; a configuration uses the first n[i] of them
+    local = _collective(comm, lambda: {i: shard.read_agent(i) for i in star.local_agents})
     test = _collective(comm, lambda: test_set(shard) if star.is_learner else None)
+    K = n_classes(star, local, test)
     R = len(run_ids)
     for cfg, eps, n in configs:
         method = cfg.method or job["admm.method"]
         s = _collective(comm, lambda m=method, e=eps, nn=n: settings_for(job, m, e, nn, J, K,
                                                                          run_ids))
         agents = _collective(comm, lambda s=s, nn=n: [
-            admm.Agent(i, *shard.read_agent(i, nn[i]), s) for i in star.local_agents])
+            admm.Agent(i, X[: nn[i]], y[: nn[i]], s) for i, (X, y) in local.items()])
         rec = None
         if result is not None:
             rec = result.config(

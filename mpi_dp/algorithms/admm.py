@@ -101,7 +101,6 @@ class Agent:
         self.y = np.asarray(y).astype(np.int64)
         if self.y.size and (self.y.min() < 0 or self.y.max() >= s.K):
             raise ValueError(f"agent {agent}: labels outside 0..{s.K - 1}")
-        self.Y = multinomial.one_hot(self.y, s.K)
         self.n = self.X.shape[0]
         self.row_l1 = np.abs(self.X).sum(axis=1)
         shape = (s.runs, s.J, s.K)
@@ -114,13 +113,6 @@ class Agent:
         self.scale = np.zeros(s.runs)
         self.z_change = np.zeros(s.runs)
 
-    def _residual_and_grad(self, W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(H - Y) (R, n, K) and X^T (H - Y) (R, J, K), one GEMM for all runs."""
-        D = multinomial.softmax_probs(self.X, W) - self.Y[None]
-        R, n, K = D.shape
-        G = (self.X.T @ D.transpose(1, 0, 2).reshape(n, R * K)).reshape(self.s.J, R, K)
-        return D, G.transpose(1, 0, 2)
-
     def contribution(self, rho: float) -> np.ndarray:
         """rho z_p - lam_p: what the server sums (R, J, K)."""
         return rho * self.z - self.lam
@@ -128,14 +120,13 @@ class Agent:
     def step_objective(self, w: np.ndarray, t: int, rho: float) -> None:
         """ObjT / ObjP agent update (lines 2-5 of iteration t) and the dual update."""
         s = self.s
-        D, G = self._residual_and_grad(self.z)
+        G, terms_max = multinomial.grad_sum_and_terms_max(self.X, self.y, self.z, self.row_l1)
         g = steps.agent_gradient(G, s.I, s.gamma, s.P, self.z, w, s.reg_grad)
         if math.isinf(s.eps_bar):
             b = np.zeros(s.runs)
             xi = np.zeros_like(self.z)
-        else:
-            terms = self.row_l1[None, :] * np.abs(D).sum(axis=2)  # ||x_i||_1 ||h_i - y_i||_1
-            sens = steps.sensitivity(terms.max(axis=1), s.I, s.sens_mode, s.J)
+        else:  # terms_max = max_i ||x_i||_1 ||h_i - y_i||_1 over this agent's records
+            sens = steps.sensitivity(terms_max, s.I, s.sens_mode, s.J)
             b = np.broadcast_to(np.asarray(steps.laplace_scale(sens, s.eps_bar)), (s.runs,))
             xi = laplace_noise(self.gens, b, s.J * s.K).reshape(self.z.shape)
         bound = s.box
@@ -151,7 +142,7 @@ class Agent:
     def step_outp(self, w: np.ndarray, t: int, rho: float) -> None:
         """OutP agent update from w^t: proximal step, then Gaussian output noise."""
         s = self.s
-        _, G = self._residual_and_grad(self.z)
+        G = multinomial.grad_sum(self.X, self.y, self.z)
         g = steps.outp_gradient(G, self.n, s.gamma, w)  # local average, regulariser at w^t
         inv_eta = steps.outp_inv_eta(t, s.prox_scale, self.n, s.eps_bar, s.dp_delta)
         z_new = steps.outp_update(w, self.lam, g, self.z, rho, inv_eta)
