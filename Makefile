@@ -62,7 +62,7 @@ demo: venv data/demo_shards.h5
 	@echo "figures (PNG):"
 	@$(VENV)/bin/mpi-dp plot results/demo.h5 | sed 's|^|  $(CURDIR)/|'
 
-test: venv test-serial test-mpi
+test: venv lint test-serial test-mpi
 
 test-serial: venv
 	$(PY) -m pytest -q -p no:cacheprovider -m "not mpi" tests

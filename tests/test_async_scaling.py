@@ -63,7 +63,6 @@ def test_V11_uneven_budgets_track_sum_of_inverse_squares():
     even = mean_psi((2000,) * 3, (4.0,) * 3, runs=400)[0]
     uneven = mean_psi((2000,) * 3, (4.0, 8.0, 16.0), runs=400)[0]
     S_ratio = (3 / 16) / (1 / 16 + 1 / 64 + 1 / 256)
-    assert S_ratio == pytest.approx(2.2857, abs=1e-4)
     assert abs((even / uneven) / S_ratio - 1) < 0.10
 
 

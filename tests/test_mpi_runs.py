@@ -35,13 +35,11 @@ def test_bitwise_identical_on_1_2_4_ranks(tmp_path, small_shards):
 def test_broken_job_fails_on_every_rank_with_one_message(tmp_path, small_shards, keys, message):
     data = keys.pop("shards", small_shards)
     job = write_job(tmp_path / "bad.toml", data, **keys)
-    t0 = time.monotonic()
-    cp = mpi_run(4, ["run", str(job)], timeout=120)
+    cp = mpi_run(4, ["run", str(job)], timeout=120)  # a hang raises TimeoutExpired
     assert cp.returncode != 0
     assert cp.stderr.count(message) == 1, cp.stderr
     assert str(job) in cp.stderr or "shard file" in message
     assert not (tmp_path / "bad.h5").exists()  # nothing computed, nothing written
-    assert time.monotonic() - t0 < 120  # (the hang guard above would have fired)
 
 
 def test_rank_that_raises_stops_all_and_keeps_results(tmp_path, small_shards):

@@ -316,10 +316,6 @@ class BoundFit:
         """E[psi] = floor (nearest stored) + a sqrt(S)/n + b S/n^2 (scaled to N owners)."""
         return self.floor_for(n_total, N)[0] + self.excess(n_total, S, kind, N)
 
-    def psi_isolated_model(self, n_i: float) -> float | None:
-        """kappa / n_i: the fitted psi(theta*_i) of an owner of n_i records alone, if fitted."""
-        return None if self.kappa is None else float(self.kappa / n_i)
-
     def to_json(self) -> str:
         """JSON text (non-finite numbers as null / "inf")."""
         data = {"format": FORMAT, "format_version": FORMAT_VERSION, **asdict(self)}

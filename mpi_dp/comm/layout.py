@@ -46,9 +46,3 @@ class Layout:
     def counts(self) -> np.ndarray:
         """Number of agents hosted by every rank."""
         return np.diff(self.block_starts())
-
-    def rank_of(self, agent: int) -> int:
-        if not 0 <= agent < self.n_agents:
-            raise ValueError(f"agent {agent} out of range 0..{self.n_agents - 1}")
-        s = self.block_starts()
-        return int(np.searchsorted(s, agent, side="right") - 1)
