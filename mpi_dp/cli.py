@@ -105,31 +105,33 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     return int(run_fetch_command(args) or 0)
 
 
+def _method_of(res):
+    from .methods import REGISTRY
+
+    return REGISTRY.get(res.algorithm)
+
+
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from .analysis import load, table
+    from .analysis import load, privacy_text, table
 
     with load.open_result(args.result) as res:
-        if res.algorithm == "admm" and args.metric == "psi":  # admm reports test error instead
-            from .analysis.admm_figures import admm_table, admm_table_text
-
-            print(admm_table_text(res))
-            if args.csv:
-                table.rows_to_csv(admm_table(res), args.csv)
-                print(f"wrote {args.csv}")
-            return 0
-        print(table.analyze_text(res, metric=args.metric))
+        method = _method_of(res)
+        print(method.analyze(res, args.metric))
+        print()
+        print(privacy_text.ledger_text(res))
         if args.csv:
-            table.rows_to_csv(table.summarize(res, metric=args.metric), args.csv)
+            table.rows_to_csv(method.table_rows(res, args.metric), args.csv)
             print(f"wrote {args.csv}")
     return 0
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from .analysis import figures, load
+    from .analysis import load
 
-    prefix = args.out or str(Path(args.result).with_suffix(""))
+    prefix = Path(args.out or str(Path(args.result).with_suffix("")))
+    prefix.parent.mkdir(parents=True, exist_ok=True)
     with load.open_result(args.result) as res:
-        paths = figures.plot_result(res, prefix, metric=args.metric)
+        paths = _method_of(res).figures(res, prefix, args.metric)
     for p in paths:
         print(p)
     return 0
@@ -151,18 +153,35 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose epilog may be computed when help is shown (`epilog_fn`), so that
+    listing every method's job keys (which imports the methods, and MPI) costs nothing otherwise."""
+
+    epilog_fn = None
+
+    def format_help(self) -> str:
+        if self.epilog_fn is not None:
+            self.epilog = self.epilog_fn()
+        return super().format_help()
+
+
+def _run_epilog() -> str:
     from .job import describe_keys
 
+    return RUN_EPILOG.format(keys=describe_keys())
+
+
+def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
-    ap = argparse.ArgumentParser(prog="mpi-dp", description=DESCRIPTION, formatter_class=fmt)
+    ap = _Parser(prog="mpi-dp", description=DESCRIPTION, formatter_class=fmt)
     ap.add_argument("--version", action="version", version=f"mpi_dp {__version__}")
-    sub = ap.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                            parser_class=_Parser)
 
     run = sub.add_parser("run", help="run a job file (under mpiexec, or on one rank)",
                          description="Run a TOML job file. Launch under MPI: "
-                         "mpiexec -n P mpi-dp run JOB.toml", formatter_class=fmt,
-                         epilog=RUN_EPILOG.format(keys=describe_keys()))
+                         "mpiexec -n P mpi-dp run JOB.toml", formatter_class=fmt)
+    run.epilog_fn = _run_epilog
     run.add_argument("job", help="the TOML job file, e.g. jobs/demo.toml")
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override a job key (TOML value; dotted keys for sections, e.g. "
@@ -203,22 +222,30 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.set_defaults(func=_cmd_fetch)
 
     an = sub.add_parser("analyze", help="table per configuration of a result file",
-                        description="Print, per configuration, the final metric's median, "
-                        "quartiles, mean and standard error, each owner's isolated baseline, and "
-                        "for sweeps the fitted log-log slopes against eps and n.")
+                        description="Print the method's table of a result file (star methods: per "
+                        "configuration the final metric's median, quartiles, mean and standard "
+                        "error, each owner's isolated baseline and, for sweeps, the fitted "
+                        "log-log slopes against eps and n; admm: final test error per variant and "
+                        "eps_bar against OutP), then every agent's privacy ledger: mechanism, "
+                        "releases, per-release eps and the total eps at the job's delta under "
+                        "basic, advanced (Dwork-Rothblum-Vadhan), PLD and RDP composition.")
     an.add_argument("result", help="result HDF5 file written by mpi-dp run")
-    an.add_argument("--metric", default="psi", help="metric to summarise (default psi)")
+    an.add_argument("--metric", default=None, help="metric to summarise (default: the method's, "
+                    "psi for the star methods, test_error for admm)")
     an.add_argument("--csv", metavar="FILE", help="also write the table as CSV")
     an.set_defaults(func=_cmd_analyze)
 
     pl = sub.add_parser("plot", help="PNG figures of a result file",
-                        description="Draw the metric vs iteration (median and 25-75 %% band, log "
-                        "scale) and, for sweeps, final E[metric] vs eps and vs n (log-log, fitted "
-                        "slopes) and the collaboration map over owner 1's (n, eps).")
+                        description="Draw the method's figures: for the star methods the metric vs "
+                        "iteration (median and 25-75 %% band, log scale) and, for sweeps, final "
+                        "E[metric] vs eps and vs n (log-log, fitted slopes) and the collaboration "
+                        "map over owner 1's (n, eps) (async_star adds the schedule, the fitted "
+                        "bound and the facility figures); admm: test error and noise vs "
+                        "iteration, final error vs eps_bar and consensus.")
     pl.add_argument("result", help="result HDF5 file written by mpi-dp run")
     pl.add_argument("--out", metavar="PREFIX",
                     help="file name prefix of the PNGs (default: the result path without .h5)")
-    pl.add_argument("--metric", default="psi", help="metric to plot (default psi)")
+    pl.add_argument("--metric", default=None, help="metric to plot (default: the method's)")
     pl.set_defaults(func=_cmd_plot)
 
     fc = sub.add_parser("forecast", help="fit the cost-of-privacy bound; predict coalitions",
@@ -246,6 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"mpi-dp: error: {e}", file=sys.stderr)
         return 2
+    except KeyError as e:  # e.g. a metric the result file does not have (the message names it)
+        print(f"mpi-dp: error: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -24,11 +24,17 @@ def mpi_run(n: int, args: list[str], cwd: Path | None = None, env: dict | None =
                           timeout=timeout)
 
 
+#: keys of the star methods' small test jobs (other methods do not read them)
+STAR_KEYS = dict(loss="squared", lam=1e-2, theta_max=1e6, xi="auto")
+
+
 def write_job(path: Path, data: Path, **keys) -> Path:
-    """A small sync_star job (TOML) with overridable keys; tables given as dicts."""
+    """A small job (TOML; sync_star unless `algorithm` is given) with overridable keys; tables
+    given as dicts. The star methods' keys (STAR_KEYS) are added for sync_star and async_star."""
     base = dict(name=path.stem, algorithm="sync_star", variant="alg2", data=str(data),
-                output=str(path.with_suffix(".h5")), seed=7, runs=3, T=30, loss="squared",
-                lam=1e-2, theta_max=1e6, eps=1.0, xi="auto")
+                output=str(path.with_suffix(".h5")), seed=7, runs=3, T=30, eps=1.0)
+    if keys.get("algorithm", "sync_star") in ("sync_star", "async_star"):
+        base.update(STAR_KEYS)
     base.update(keys)
     lines, tables = [], []
     for k, v in base.items():

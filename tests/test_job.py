@@ -47,8 +47,12 @@ def test_valid_job_defaults_and_sweep(tmp_path, small_shards):
         ({"algorithm": "async_star", "variant": "proof", "async": {"noise_shape": "scalar"}}, "is not DP"),
         ({"algorithm": "async_star", "variant": "proof", "async": {"mode": "live", "schedule_from": "x.h5"}},
          "key 'async.schedule_from': a logged schedule is replayed in mode 'replay'"),
-        ({"owners": 0}, "key 'owners': expected 'all' or a positive number of owners"),
-        ({"sweep": {"owners": [2, "x"]}}, "key 'sweep.owners[1]': expected 'all' or a positive"),
+        ({"algorithm": "async_star", "variant": "proof", "owners": 0},
+         "key 'owners': expected 'all' or a positive number of owners"),
+        ({"algorithm": "async_star", "variant": "proof", "sweep": {"owners": [2, "x"]}},
+         "key 'sweep.owners[1]': expected 'all' or a positive"),
+        ({"owners": 2}, "key 'owners': is not read by algorithm 'sync_star' (only async_star reads "
+         "it)"),
     ],
 )
 def test_bad_jobs_name_key_and_file(tmp_path, small_shards, keys, fragment):
@@ -86,22 +90,19 @@ def test_overrides(tmp_path, small_shards):
 
 def test_async_defaults_and_owner_sweep(tmp_path, small_shards):
     from mpi_dp.data import ShardFile
-    from mpi_dp.runner import _resolve_configs
+    from mpi_dp.runner import resolve_configs
 
     p = write_job(tmp_path / "a.toml", small_shards, algorithm="async_star",
                   eps=[1.0, 2.0, 4.0], sweep={"owners": [2, 3], "eps": [1.0, [1.0, 2.0, 4.0]]})
     p.write_text(p.read_text().replace('variant = "alg2"\n', ""))  # the default variant
     job = load_job(p)
     assert job["variant"] == "proof" and job["async.mode"] == "replay"
-    configs = _resolve_configs(job, ShardFile(small_shards))
-    assert [(c.owners, len(e), len(n)) for c, e, n in configs] == [(2, 2, 2), (2, 2, 2),
-                                                                      (3, 3, 3), (3, 3, 3)]
-    assert configs[1][1] == [1.0, 2.0]  # a per-owner list of the file's 3 owners, first 2 used
-    assert configs[0][0].label().startswith("N=2, ")
+    configs = resolve_configs(job, ShardFile(small_shards))
+    assert [(rc.config.owners, len(rc.eps), len(rc.n)) for rc in configs] == [
+        (2, 2, 2), (2, 2, 2), (3, 3, 3), (3, 3, 3)]
+    assert configs[1].eps == [1.0, 2.0]  # a per-owner list of the file's 3 owners, first 2 used
+    assert configs[0].label.startswith("N=2, ")
     too_many = write_job(tmp_path / "b.toml", small_shards, algorithm="async_star",
                          variant="proof", owners=5)
     with pytest.raises(JobError, match="5 owners asked for but the shard file .* has 3"):
-        _resolve_configs(load_job(too_many), ShardFile(small_shards))
-    sync = write_job(tmp_path / "c.toml", small_shards, owners=2)
-    with pytest.raises(JobError, match="only async_star runs on a subset"):
-        _resolve_configs(load_job(sync), ShardFile(small_shards))
+        resolve_configs(load_job(too_many), ShardFile(small_shards))

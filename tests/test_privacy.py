@@ -1,5 +1,6 @@
 """Tests of mpi_dp.privacy: the spec's V1 (Laplace sampler) and V2 (noise scale, refusal of query
-T+1), plus the Gaussian sampler, L1 clipping and the ledger."""
+T+1), plus the Gaussian sampler and its calibrations and L1 clipping. The ledger and the
+accountants: test_ledger.py, test_accountants.py."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ import scipy.stats
 
 from mpi_dp.errors import BudgetExceededError
 from mpi_dp.privacy import (
-    LEDGER_DTYPE,
-    PrivacyLedger,
-    Release,
+    LaplaceEvent,
+    Ledger,
     clip_factors_l1,
     clip_l1,
     gaussian_noise,
@@ -21,7 +21,6 @@ from mpi_dp.privacy import (
     l1_sensitivity_mean,
     lap_scale,
     laplace_noise,
-    ledgers_to_array,
 )
 from mpi_dp.rng import run_streams, stream
 
@@ -160,14 +159,15 @@ def test_l1_sensitivity_mean():
 
 
 def test_v2_owner_refuses_query_t_plus_1():
-    T, eps = 100, 1.0
-    led = PrivacyLedger(2, eps)
+    T, eps, xi, n = 100, 1.0, 1.5, 60
+    led = Ledger(2, eps)
+    event = LaplaceEvent(l1_sensitivity_mean(xi, n), lap_scale(xi, T, n, eps))
     for _ in range(T):
-        led.charge(eps / T)
-    assert led.releases == T
+        led.charge(event)
+    assert led.releases[0] == T
     with pytest.raises(BudgetExceededError, match=r"owner 2 refuses release 101"):
-        led.charge(eps / T)
-    assert led.releases == T  # the refused release was not recorded
+        led.charge(event)
+    assert led.releases[0] == T  # the refused release was not recorded
 
 
 # --- Gaussian ------------------------------------------------------------------------------------
@@ -188,6 +188,8 @@ def test_gaussian_noise_std_and_ks():
 
 def test_gaussian_sigma():
     assert gaussian_sigma(2.0, 0.5, 1e-5) == math.sqrt(2 * math.log(1.25 / 1e-5)) * 2.0 / 0.5
+    with pytest.raises(ValueError, match="calibration"):
+        gaussian_sigma(1.0, 0.5, 1e-5, calibration="exact")
     assert gaussian_sigma(1.0, math.inf, 1e-5) == 0.0
     with pytest.raises(ValueError, match="eps < 1"):
         gaussian_sigma(1.0, 1.0, 1e-5)
@@ -235,113 +237,28 @@ def test_clip_factors_l1():
         clip_factors_l1(np.array([1.0]), -1.0)
 
 
-# --- ledger --------------------------------------------------------------------------------------
+# --- analytic Gaussian calibration ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("eps", [1.0, 0.3, 3.0, 7.0, 0.1, 2.2])
-@pytest.mark.parametrize("T", [1, 3, 100, 1000])
-def test_ledger_t_releases_fit_exactly(eps, T):
-    led = PrivacyLedger(5, eps)
-    for k in range(T):
-        assert led.can_charge(eps / T)
-        led.charge(eps / T, note=f"k={k + 1}")
-    assert led.releases == T
-    assert math.isclose(led.spent_eps, eps, rel_tol=1e-12)
-    assert led.remaining_eps <= eps * 1e-12
-    assert not led.can_charge(eps / T)
-    with pytest.raises(BudgetExceededError) as exc:
-        led.charge(eps / T)
-    msg = str(exc.value)
-    assert f"owner 5 refuses release {T + 1}" in msg
-    assert f"budget eps={eps:g}" in msg
-    assert led.releases == T
+def _gauss_delta(sigma: float, eps: float) -> float:
+    """Balle & Wang (2018) Thm 8, sensitivity 1: delta(eps) = Phi(1/(2s) - eps s)
+    - e^eps Phi(-1/(2s) - eps s), written out here independently of dp-accounting."""
+    n = scipy.stats.norm
+    return n.cdf(0.5 / sigma - eps * sigma) - math.exp(eps) * n.cdf(-0.5 / sigma - eps * sigma)
 
 
-def test_ledger_message_names_spend():
-    led = PrivacyLedger(2, 1.0)
-    for _ in range(100):
-        led.charge(0.01)
-    with pytest.raises(BudgetExceededError) as exc:
-        led.charge(0.01)
-    msg = str(exc.value)
-    assert "owner 2 refuses release 101" in msg
-    assert "1.01" in msg and "budget eps=1" in msg and "100 releases of eps=0.01" in msg
+@pytest.mark.parametrize("eps, delta", [(0.3, 1e-6), (1.0, 1e-6), (4.0, 1e-5), (10.0, 1e-5)])
+def test_analytic_gaussian_is_exact_and_tighter(eps, delta):
+    sigma = gaussian_sigma(1.0, eps, delta, calibration="analytic")
+    assert _gauss_delta(sigma, eps) == pytest.approx(delta, rel=1e-6)  # exactly (eps, delta)
+    assert _gauss_delta(0.99 * sigma, eps) > delta  # and no smaller sigma would do
+    assert gaussian_sigma(3.0, eps, delta, calibration="analytic") == pytest.approx(3 * sigma)
+    if eps < 1:  # where the classical bound holds, the analytic one needs less noise
+        assert sigma < gaussian_sigma(1.0, eps, delta, calibration="classical")
 
 
-def test_ledger_tolerance_is_tight():
-    led = PrivacyLedger(0, 1.0)
-    assert led.can_charge(1.0 + 1e-10)
-    assert not led.can_charge(1.0 + 1e-8)
-    led.charge(0.5)
-    assert not led.can_charge(0.5 + 1e-6)
-    with pytest.raises(BudgetExceededError):
-        led.charge(0.6)
-    assert led.spent_eps == 0.5 and led.remaining_eps == 0.5
-
-
-def test_ledger_delta_budget():
-    led = PrivacyLedger(1, 1.0, 1e-5)
-    led.charge(0.5, 0.5e-5)
-    assert led.can_charge(0.5, 0.5e-5)
-    assert not led.can_charge(0.1, 0.6e-5)
-    with pytest.raises(BudgetExceededError, match="delta"):
-        led.charge(0.1, 0.6e-5)
-    assert not PrivacyLedger(1, 1.0).can_charge(0.1, 1e-9)  # no delta budget by default
-
-
-def test_ledger_infinite_budget():
-    led = PrivacyLedger(3, math.inf)
-    for _ in range(10):
-        led.charge(1e6)
-    assert led.spent_eps == 1e7 and led.remaining_eps == math.inf
-    led.charge(math.inf)
-    assert led.spent_eps == math.inf and led.releases == 11
-    assert not PrivacyLedger(3, 1.0).can_charge(math.inf)
-
-
-@pytest.mark.parametrize("bad", [-0.1, math.nan])
-def test_ledger_rejects_bad_amounts(bad):
-    led = PrivacyLedger(0, 1.0)
-    with pytest.raises(ValueError):
-        led.charge(bad)
-    with pytest.raises(ValueError):
-        PrivacyLedger(0, bad)
-
-
-def test_ledger_history_and_records_exact():
-    a = PrivacyLedger(0, 1.0)
-    b = PrivacyLedger(7, 3.0, 1e-6)
-    for e in [0.1, 0.2, 0.3]:
-        a.charge(e, note="grad")
-    b.charge(1.5, 2e-7)
-    assert a.history == tuple(Release(e, 0.0, "grad") for e in [0.1, 0.2, 0.3])
-    assert isinstance(a.history, tuple)
-    assert a.spent_eps == math.fsum([0.1, 0.2, 0.3]) == 0.6  # fsum, not 0.6000000000000001
-    assert a.to_record() == {
-        "agent": 0,
-        "budget_eps": 1.0,
-        "spent_eps": 0.6,
-        "budget_delta": 0.0,
-        "spent_delta": 0.0,
-        "releases": 3,
-    }
-    arr = ledgers_to_array([a, b])
-    assert arr.dtype == LEDGER_DTYPE
-    assert LEDGER_DTYPE.names == (
-        "agent",
-        "budget_eps",
-        "spent_eps",
-        "budget_delta",
-        "spent_delta",
-        "releases",
-    )
-    assert arr.shape == (2,)
-    assert arr[1].tolist() == (7, 3.0, 1.5, 1e-6, 2e-7, 1)
-    assert arr[0].tolist() == (0, 1.0, 0.6, 0.0, 0.0, 3)
-    assert ledgers_to_array([]).shape == (0,)
-
-
-def test_release_is_immutable():
-    r = Release(0.1)
-    with pytest.raises(AttributeError):
-        r.eps = 0.2  # type: ignore[misc]
+def test_auto_calibration_switches_at_one():
+    assert gaussian_sigma(1.0, 0.5, 1e-6, calibration="auto") == gaussian_sigma(1.0, 0.5, 1e-6)
+    assert gaussian_sigma(1.0, 1.0, 1e-6, calibration="auto") == gaussian_sigma(
+        1.0, 1.0, 1e-6, calibration="analytic")
+    assert gaussian_sigma(1.0, math.inf, 1e-6, calibration="analytic") == 0.0

@@ -16,9 +16,9 @@ from mpi_dp.algorithms.common import LocalShard, Oracle, reference_quantities
 from mpi_dp.comm.star import Star
 from mpi_dp.data import ShardFile, write_shards
 from mpi_dp.errors import DataError, ShardError
+from mpi_dp.methods.star_common import public_grad_norms
 from mpi_dp.models import linear, reference
 from mpi_dp.rng import stream
-from mpi_dp.runner import public_grad_norms
 
 N_AGENTS, ROWS, P, DENSITY = 3, 300, 40, 0.1
 PUBLIC = 400

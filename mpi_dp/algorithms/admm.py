@@ -31,7 +31,7 @@ import numpy as np
 from ..comm.star import Star
 from ..errors import NumericalError
 from ..models import multinomial
-from ..privacy import gaussian_noise, laplace_noise
+from ..privacy import GaussianEvent, LaplaceEvent, Ledger, gaussian_perturbation, laplace_perturbation
 from ..rng import run_streams
 from . import admm_steps as steps
 from .common import agent_order_sum
@@ -39,9 +39,10 @@ from .common import agent_order_sum
 METHODS = ("objt", "objp", "outp")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Settings:
-    """The resolved knobs of one configuration (identical on every rank)."""
+    """The resolved knobs of one configuration (identical on every rank). The defaults here are
+    the only ones: the job's [admm] keys take theirs from these fields."""
 
     method: str
     T: int  # iterations
@@ -49,6 +50,9 @@ class Settings:
     n: tuple[int, ...]  # records per agent
     J: int
     K: int
+    seed: int = 0
+    run_ids: tuple[int, ...] = (0,)
+    record_every: int
     gamma: float = 1e-6
     rho_mode: str = "dynamic_1"  # dynamic_1 (21) | dynamic_2 ((21)/100) | static
     rho_static: float = 1.0
@@ -58,13 +62,12 @@ class Settings:
     prox_scale: float = 1.0  # a
     tr_schedule: str = "const"  # delta^t = a (the released code) | inv_sq (a/(t+1)^2, the prose)
     sens_mode: str = "local_max"  # local_max | local_max_x2 | global (data-independent)
-    outp_noise_std: str = "sigma_sq"  # sigma_sq (the authors' code) | sigma (Huang et al.)
+    outp_noise_std: str = "sigma"  # sigma (Huang et al.) | sigma_sq (the authors' code)
+    outp_calibration: str = "auto"  # privacy.GAUSSIAN_CALIBRATIONS or "paper"
     reg_grad: str = "consistent"  # consistent: 2 (gamma/P) z_p | code: 2 gamma w
     w_bound: float = math.inf  # W = [-B, B]^(J x K); inf: unconstrained (the final code)
     dp_delta: float = 1e-6
-    seed: int = 0
-    run_ids: tuple[int, ...] = (0,)
-    record_every: int = 100
+    budget_eps: float = math.inf  # each agent's total eps (basic composition); inf: no cap
     aggregate: str = "gather"  # gather (bitwise rank-invariant) | reduce
 
     @property
@@ -92,7 +95,8 @@ class Settings:
 
 class Agent:
     """Agent p: holds its records, its local model z_p and dual lam_p for every run; draws its own
-    noise and releases only the perturbed z_p (ObjT/ObjP) or z~_p (OutP)."""
+    noise, charges its own ledger before every release and releases only the perturbed z_p
+    (ObjT/ObjP) or z~_p (OutP). A release past its budget is refused (BudgetExceededError)."""
 
     def __init__(self, agent: int, X: np.ndarray, y: np.ndarray, s: Settings) -> None:
         self.agent = agent
@@ -107,7 +111,7 @@ class Agent:
         self.z = np.zeros(shape)
         self.lam = np.zeros(shape)
         self.gens = run_streams(s.seed, "noise", agent, s.run_ids)
-        self.iterations = 0
+        self.ledger = Ledger(agent, s.budget_eps, budget_delta=1.0, runs=s.runs)
         # evaluation-only logs of the last iteration, per run
         self.noise_mag = np.zeros(s.runs)
         self.scale = np.zeros(s.runs)
@@ -115,20 +119,38 @@ class Agent:
 
     def contribution(self, rho: float) -> np.ndarray:
         """rho z_p - lam_p: what the server sums (R, J, K)."""
-        return rho * self.z - self.lam
+        return steps.server_contribution(rho, self.z, self.lam)
+
+    def next_event(self, t: int, rho: float) -> LaplaceEvent | GaussianEvent:
+        """The event of this agent's release at iteration t (its eps does not depend on the data:
+        a data-dependent sensitivity moves the noise scale with it)."""
+        s = self.s
+        if s.method == "outp":
+            inv_eta = steps.outp_inv_eta(t, s.prox_scale, self.n, s.eps_bar, s.dp_delta)
+            sens = steps.outp_l2_sensitivity(rho, inv_eta)
+            sigma = steps.outp_sigma(rho, inv_eta, s.eps_bar, s.dp_delta, s.outp_calibration)
+            std = steps.outp_noise_std(sigma, s.outp_noise_std)
+            return GaussianEvent(sens, std, s.dp_delta, certified=self._outp_certified())
+        scale = 0.0 if math.isinf(s.eps_bar) else 1.0 / s.eps_bar
+        return LaplaceEvent(1.0, scale, data_dependent=s.sens_mode != "global")
+
+    def _outp_certified(self) -> bool:
+        s = self.s
+        return s.outp_noise_std == "sigma" and not (s.outp_calibration == "paper"
+                                                    and 1 <= s.eps_bar < math.inf)
 
     def step_objective(self, w: np.ndarray, t: int, rho: float) -> None:
         """ObjT / ObjP agent update (lines 2-5 of iteration t) and the dual update."""
         s = self.s
         G, terms_max = multinomial.grad_sum_and_terms_max(self.X, self.y, self.z, self.row_l1)
         g = steps.agent_gradient(G, s.I, s.gamma, s.P, self.z, w, s.reg_grad)
-        if math.isinf(s.eps_bar):
-            b = np.zeros(s.runs)
-            xi = np.zeros_like(self.z)
-        else:  # terms_max = max_i ||x_i||_1 ||h_i - y_i||_1 over this agent's records
-            sens = steps.sensitivity(terms_max, s.I, s.sens_mode, s.J)
-            b = np.broadcast_to(np.asarray(steps.laplace_scale(sens, s.eps_bar)), (s.runs,))
-            xi = laplace_noise(self.gens, b, s.J * s.K).reshape(self.z.shape)
+        # terms_max = max_i ||x_i||_1 ||h_i - y_i||_1 over this agent's records (per run)
+        sens = np.broadcast_to(np.asarray(steps.sensitivity(terms_max, s.I, s.sens_mode, s.J)),
+                               (s.runs,))
+        b = np.broadcast_to(np.asarray(steps.laplace_scale(sens, s.eps_bar)), (s.runs,))
+        xi, _ = laplace_perturbation(self.gens, b, s.J * s.K, sens, self.ledger,
+                                     data_dependent=s.sens_mode != "global")
+        xi = xi.reshape(self.z.shape)
         bound = s.box
         if s.method == "objt":
             delta = steps.delta_objt(t, s.prox_scale, s.tr_schedule)
@@ -146,9 +168,12 @@ class Agent:
         g = steps.outp_gradient(G, self.n, s.gamma, w)  # local average, regulariser at w^t
         inv_eta = steps.outp_inv_eta(t, s.prox_scale, self.n, s.eps_bar, s.dp_delta)
         z_new = steps.outp_update(w, self.lam, g, self.z, rho, inv_eta)
-        sigma = steps.outp_sigma(rho, inv_eta, s.eps_bar, s.dp_delta)
+        sigma = steps.outp_sigma(rho, inv_eta, s.eps_bar, s.dp_delta, s.outp_calibration)
         std = steps.outp_noise_std(sigma, s.outp_noise_std)
-        noise = gaussian_noise(self.gens, std, s.J * s.K).reshape(self.z.shape)
+        noise, _ = gaussian_perturbation(self.gens, std, s.J * s.K,
+                                         steps.outp_l2_sensitivity(rho, inv_eta), s.dp_delta,
+                                         self.ledger, certified=self._outp_certified())
+        noise = noise.reshape(self.z.shape)
         self._finish(z_new + noise, noise, np.full(s.runs, std))
 
     def outp_dual(self, w: np.ndarray, rho: float) -> None:
@@ -162,7 +187,6 @@ class Agent:
         self.scale = np.asarray(scale, dtype=np.float64)
         self.z_change = np.abs(z_new - self.z).reshape(R, -1).mean(axis=1)
         self.z = z_new
-        self.iterations += 1
 
     def metrics(self, w: np.ndarray) -> np.ndarray:
         """Evaluation-only per-run values at w: [loss sum, ||w - z_p||_1, noise_mag, scale,
@@ -225,8 +249,16 @@ def run_config(star: Star, agents: list[Agent], s: Settings, test: tuple | None,
             last_print = now
 
     record(0, s.rho(0))
+    ended_at, end_reason = s.T, "reached T"
     for t in range(s.T):
         rho = s.rho(t)
+        if math.isfinite(s.budget_eps) and not _all_can_release(star, agents, t, rho):
+            ended_at = t
+            end_reason = (f"ended at t={t}: an agent's budget eps={s.budget_eps:g} has no room "
+                          "for another release (basic composition)")
+            if t % s.record_every != 0:
+                record(t, s.rho(max(t - 1, 0)))
+            break
         if s.method == "outp":
             for a in agents:
                 a.step_outp(w, t, rho)
@@ -240,14 +272,19 @@ def run_config(star: Star, agents: list[Agent], s: Settings, test: tuple | None,
         k = t + 1
         if k % s.record_every == 0 or k == s.T:
             record(k, rho)
-    counts = star.gather_objects([(a.agent, a.iterations) for a in agents])
+    ledgers = star.gather_objects([a.ledger for a in agents])
     if not star.is_learner:
         return None
-    iters = np.zeros(s.P, dtype=np.int64)
-    for part in counts:
-        for agent, it in part:
-            iters[agent] = it
-    eps_total = np.where(np.isinf(s.eps_bar), np.inf, iters * s.eps_bar)
-    delta_total = iters * s.dp_delta if s.method == "outp" else np.zeros(s.P)
-    return {"models/final": w, "iterations": iters, "eps_total_basic": eps_total,
-            "delta_total_basic": delta_total, "seconds": time.perf_counter() - t0}
+    ledgers = sorted((lg for part in ledgers for lg in part), key=lambda lg: lg.agent)
+    iters = np.array([int(lg.releases.max()) for lg in ledgers], dtype=np.int64)
+    return {"models/final": w, "ledgers": ledgers, "iterations": iters,
+            "eps_total_basic": np.array([lg.spent_eps.max() for lg in ledgers]),
+            "delta_total_basic": np.array([lg.spent_delta.max() for lg in ledgers]),
+            "ended_at": ended_at, "end_reason": end_reason,
+            "seconds": time.perf_counter() - t0}
+
+
+def _all_can_release(star: Star, agents: list[Agent], t: int, rho: float) -> bool:
+    """Whether every agent's ledger has room for its release at iteration t (collective)."""
+    ok = all(a.ledger.can_charge(a.next_event(t, rho)) for a in agents)
+    return star.all_true(ok)

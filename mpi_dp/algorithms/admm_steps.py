@@ -13,6 +13,8 @@ import math
 
 import numpy as np
 
+from ..privacy import gaussian_sigma
+
 #: Sensitivity rules of spec §3.3 (the first is the reference code's and the default).
 SENS_MODES = ("local_max", "local_max_x2", "global")
 #: Trust-radius schedules of ObjT (spec §2.5).
@@ -114,17 +116,31 @@ def outp_inv_eta(t: int, a: float, n_p: int, eps_bar: float, dp_delta: float = 1
     return (0.25 * n_p + extra) / a
 
 
-def outp_sigma(rho: float, inv_eta: float, eps_bar: float, dp_delta: float = 1e-6) -> float:
-    """OutP Gaussian scale sigma_p^t = 2 sqrt(2 ln(1.25/dp_delta)) / (eps_bar (rho + 1/eta)); inf -> 0."""
+def outp_l2_sensitivity(rho: float, inv_eta: float) -> float:
+    """L2 sensitivity 2 / (rho + 1/eta) of OutP's z_p (Huang et al.: 2 c1 / (I_p (rho + 1/eta))
+    with c1 = I_p)."""
+    return 2.0 / (_positive("rho", rho) + _positive("1/eta", inv_eta))
+
+
+def outp_sigma(rho: float, inv_eta: float, eps_bar: float, dp_delta: float = 1e-6,
+               calibration: str = "auto") -> float:
+    """OutP Gaussian scale for (eps_bar, dp_delta)-DP of z_p: privacy.gaussian_sigma of the L2
+    sensitivity 2 / (rho + 1/eta). 'classical' is Huang et al.'s
+    sigma_p^t = 2 sqrt(2 ln(1.25/dp_delta)) / (eps_bar (rho + 1/eta)), valid for eps_bar < 1 only;
+    'analytic' / 'auto' as in gaussian_sigma; 'paper' is the classical formula at every eps_bar
+    (the authors' runs at eps >= 1: not a guarantee). eps_bar = inf -> 0."""
     eps = _eps(eps_bar)
     if not 0 < dp_delta < 1:
         raise ValueError(f"dp_delta must be in (0, 1), got {dp_delta}")
     if math.isinf(eps):
         return 0.0
-    return 2.0 * math.sqrt(2.0 * math.log(1.25 / dp_delta)) / (eps * (rho + inv_eta))
+    paper = calibration == "paper"
+    return gaussian_sigma(outp_l2_sensitivity(rho, inv_eta), eps, dp_delta,
+                          calibration="classical" if paper else calibration,
+                          allow_large_eps=paper)
 
 
-def outp_noise_std(sigma: float, convention: str = "sigma_sq") -> float:
+def outp_noise_std(sigma: float, convention: str) -> float:
     """Standard deviation actually used for the OutP noise: sigma^2 ('sigma_sq', the reference code's
     quirk, less noise when sigma < 1) or sigma ('sigma', Huang et al.'s mechanism)."""
     _choice("OutP noise convention", convention, OUTP_NOISE_STDS)

@@ -7,7 +7,7 @@ Spec: specs/async-star-cost-of-privacy.md. At iteration k the learner serves one
   theta_L      = Pi(theta_bar - a_ctr grad g(theta_bar))                             (7)
 with a_own = N rho / (T^2 lam) and a_ctr = rho / (2 T^2 lam) (proof, default) or
 (N-1) rho / (N T^2 lam) (as printed). m_i = T unless a per-owner cap is set. The owner clips,
-adds i.i.d. noise and charges its ledger; it declines once its budget is spent.
+adds i.i.d. noise and charges its ledger before each answer; it declines once its budget is spent.
 
 Modes: `replay` (a seeded schedule; each of the R vectorised runs has its own, and every owner
 serves the batch of runs that picked it in one pass) and `live` (owners' Poisson clocks tick in
@@ -29,7 +29,7 @@ from ..comm.schedule import LoggedSchedule, Scheduler
 from ..comm.star import Star
 from ..errors import JobError, NumericalError
 from ..models import linear
-from ..privacy import RunLedger, lap_scale, laplace_noise
+from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, laplace_mechanism
 from ..rng import LEARNER, run_streams, stream
 from .common import LocalShard, Oracle, Reference, agent_order_sum
 
@@ -125,6 +125,7 @@ class DataOwner:
 
     `answer` is the only way anything about its records leaves it; the clean gradient, the noise
     and the clip counts stay here (clip counts are copied out after the run, evaluation-only).
+    It answers at most `cap` (m_i) times per run, each answer a release of eps_i / m_i.
     """
 
     def __init__(self, shard: LocalShard, eps: float, cap: int, s: Settings) -> None:
@@ -132,8 +133,11 @@ class DataOwner:
         self.agent = shard.agent
         self.loss = s.loss
         self.xi = s.xi if s.clip else math.inf
+        self.cap = int(cap)
         self.lap_scale = lap_scale(s.xi, cap, shard.n, eps)
-        self.ledger = RunLedger(self.agent, eps, cap, s.runs)
+        self.sensitivity = l1_sensitivity_mean(s.xi, shard.n)  # replace-one, clipped to xi
+        self.certified = s.dp_valid and s.clip
+        self.ledger = Ledger(self.agent, eps, runs=s.runs)
         self.noise_gens = run_streams(s.seed, "noise", self.agent, s.run_ids)
         self.scalar_noise = s.noise_shape == "scalar"
         self.clipped = np.zeros(s.runs)  # records clipped, summed over this owner's answers
@@ -144,21 +148,18 @@ class DataOwner:
         m = runs.size
         status = np.full(m, DECLINED, dtype=np.int64)
         resp = np.zeros((m, self.p))
-        left = self.ledger.remaining(runs)
+        left = self.cap - self.ledger.releases[runs]
         ok = left > 0
         if not ok.any():
             return status, resp
         r_ok = runs[ok]
-        self.ledger.charge(r_ok)
         stats = self.shard.squared_stats if self.loss == "squared" else None
         grad_sum, clipped = linear.clipped_grad_sum(self.loss, self.shard.X, self.shard.y,
                                                     thetas[ok], self.xi, stats)
         gens = [self.noise_gens[r] for r in r_ok]
-        if self.scalar_noise:  # the authors' code (paper_code preset only): NOT DP
-            noise = laplace_noise(gens, self.lap_scale, 1) * np.ones((1, self.p))
-        else:
-            noise = laplace_noise(gens, self.lap_scale, self.p)
-        resp[ok] = grad_sum / self.shard.n + noise
+        resp[ok], _ = laplace_mechanism(grad_sum / self.shard.n, gens, self.lap_scale,
+                                        self.sensitivity, self.ledger, r_ok,
+                                        certified=self.certified, scalar=self.scalar_noise)
         if not np.all(np.isfinite(resp)):
             raise NumericalError(f"owner {self.agent}: non-finite answer (diverging model? lower "
                                  "step.rho or async.gamma)")
@@ -364,21 +365,22 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
         link.serve(answer)
 
     records.finish(oracle, link.is_learner, star)
-    logs = star.gather_objects([(a, o.ledger.releases, o.clipped) for a, o in owners.items()])
+    logs = star.gather_objects([(o.ledger, o.clipped) for o in owners.values()])
     if not link.is_learner:
         return None
+    ledgers = sorted((lg for part in logs for lg, _ in part), key=lambda lg: lg.agent)
     answered = np.zeros((R, N), dtype=np.int64)
+    spent = np.zeros((R, N))
     clip_frac = np.zeros((R, N))
     for part in logs:
-        for a, rel, clipped in part:
-            answered[:, a] = rel
-            clip_frac[:, a] = clipped / np.maximum(rel, 1) / s.n[a]
-    caps = np.array(s.caps, dtype=np.float64)
-    eps = np.array(s.eps)
-    spent = np.where(np.isinf(eps), 0.0, answered * (eps / caps))
+        for lg, clipped in part:
+            a = lg.agent
+            answered[:, a] = lg.releases
+            spent[:, a] = lg.spent_eps
+            clip_frac[:, a] = clipped / np.maximum(lg.releases, 1) / s.n[a]
     out = {"models/final": learner.theta_L, "models/local": learner.theta_loc, "trace": trace,
            "answered": answered, "spent_eps": spent, "clip_fraction": clip_frac,
-           "dropped_ticks": dropped, "f_star": records.f_star,
+           "dropped_ticks": dropped, "f_star": records.f_star, "ledgers": ledgers,
            "final_psi": records.last_psi, "psi_isolated": ref.psi_isolated[:N]}
     if records.gram is not None:  # psi of the isolated optima on the same (Gram) footing
         out["psi_isolated"] = records.gram.f(ref.theta_isolated[:N]) / records.f_star - 1.0

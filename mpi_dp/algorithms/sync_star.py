@@ -2,7 +2,8 @@
 
 Spec: specs/sync-dp-gradient-value-of-collaboration.md. The learner on rank 0 broadcasts theta_{k-1};
 every data owner answers with its clipped mean gradient plus Laplace noise of scale
-b_i = 2 xi T / (n_i eps_i), charging eps_i / T to its own ledger; the learner takes a projected step
+b_i = 2 xi T / (n_i eps_i), charging the release (eps_i / T) to its own ledger first; the learner
+takes a projected step
 (Alg. 1: mu_k = rho/(k T^2); Alg. 2: mu_k = rho/(T sqrt(k)) with polynomial-decay averaging).
 All R Monte-Carlo runs advance together along a leading axis.
 """
@@ -19,7 +20,7 @@ import numpy as np
 from ..comm.star import Star
 from ..errors import BudgetExceededError, JobError, NumericalError
 from ..models import linear
-from ..privacy import PrivacyLedger, lap_scale, laplace_noise, ledgers_to_array
+from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, laplace_mechanism
 from ..rng import run_streams
 from .common import LocalShard, Oracle, Reference, agent_order_sum
 
@@ -85,25 +86,26 @@ class DataOwner:
         self.loss = s.loss
         self.xi = s.xi if s.clip else math.inf
         self.lap_scale = lap_scale(s.xi, s.T, shard.n, eps)
-        self.ledger = PrivacyLedger(self.agent, eps)
+        self.sensitivity = l1_sensitivity_mean(s.xi, shard.n)  # replace-one, clipped to xi
+        self.certified = s.clip
+        self.ledger = Ledger(self.agent, eps, runs=s.runs)
         self.noise_gens = run_streams(s.seed, "noise", self.agent, s.run_ids)
         self.answered = 0
         self.last_clipped = np.zeros(s.runs)
 
     def answer(self, theta: np.ndarray) -> np.ndarray:
-        """Lines 4-6: refuse beyond T queries, charge eps_i/T, return Q_i + Laplace noise."""
+        """Lines 4-6: refuse beyond T queries; Q_i + Laplace noise, the release charged first."""
         if self.answered >= self.T:
             raise BudgetExceededError(f"owner {self.agent} refuses query {self.answered + 1}: "
                                       f"it answers at most T = {self.T} queries")
-        self.ledger.charge(self.eps / self.T, note=f"query {self.answered + 1}")
         stats = self.shard.squared_stats if self.loss == "squared" else None
         grad_sum, clipped = linear.clipped_grad_sum(self.loss, self.shard.X, self.shard.y, theta,
                                                     self.xi, stats)
         q = grad_sum / self.shard.n
-        noise = laplace_noise(self.noise_gens, self.lap_scale, q.shape[1])
+        response, _ = laplace_mechanism(q, self.noise_gens, self.lap_scale, self.sensitivity,
+                                        self.ledger, certified=self.certified)
         self.answered += 1
         self.last_clipped = clipped.astype(np.float64)
-        response = q + noise
         if not np.all(np.isfinite(response)):
             raise NumericalError(f"owner {self.agent}: non-finite answer at query "
                                  f"{self.answered} (diverging model? lower step.alpha)")
@@ -198,9 +200,9 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
     ledgers = star.gather_objects([o.ledger for o in owners])
     if not star.is_learner:
         return None
-    ledger_list = sorted((lg for part in ledgers for lg in part), key=lambda lg: lg.agent)
     return {"models/final": theta_avg if s.variant == "alg2" else theta,
-            "models/final_iterate": theta, "ledger": ledgers_to_array(ledger_list)}
+            "models/final_iterate": theta,
+            "ledgers": sorted((lg for part in ledgers for lg in part), key=lambda lg: lg.agent)}
 
 
 def check_settings(s: Settings, path: str) -> None:

@@ -33,7 +33,11 @@ __all__ = [
 
 
 def plot_result(result: Result, out_prefix: str | Path, metric: str = "psi") -> list[Path]:
-    """Lazy wrapper for `mpi_dp.analysis.figures.plot_result` (imports matplotlib on demand)."""
+    """Lazy wrapper for `mpi_dp.analysis.figures.plot_result` (imports matplotlib on demand).
+
+    The generic figure set (bands, vs eps / vs n, collaboration map) for any result; a method's own
+    figures come from its composition (e.g. `mpi_dp.analysis.async_report.plot_async`).
+    """
     from mpi_dp.analysis.figures import plot_result as _plot_result
 
     return _plot_result(result, out_prefix, metric)

@@ -25,13 +25,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mpi_dp.analysis.figures import DPI, _title  # noqa: E402
 from mpi_dp.analysis.load import ConfigView, Result, ResultFileError  # noqa: E402
-from mpi_dp.analysis.table import _cell  # noqa: E402
+from mpi_dp.analysis.style import DPI, cell, title  # noqa: E402
 
 ALGORITHM = "admm"
 METHOD_NAMES = {"objt": "ObjT", "objp": "ObjP", "outp": "OutP"}
-METHOD_ORDER = ["objt", "objp", "outp"]
+METHOD_ORDER = list(METHOD_NAMES)  # display order: ObjT, ObjP, OutP
 METHOD_COLORS = {"objt": "tab:blue", "objp": "tab:green", "outp": "tab:red"}
 OTHER_COLORS = ["tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:cyan"]
 LINESTYLES = ["-", "--", "-.", ":"]
@@ -240,7 +239,7 @@ def admm_comparison(result: Result) -> dict[str, Any]:
 
 
 def _fmt(value: Any) -> str:
-    return _cell(value, 4)
+    return cell(value, 4)
 
 
 def _aligned(headers: list[str], cells: list[list[str]], left: set[int]) -> list[str]:
@@ -393,7 +392,7 @@ def plot_over_iterations(
         ax.legend(fontsize=7, loc="best")
     for ax in list(axes.flat)[len(eps_list):]:
         ax.set_visible(False)
-    fig.suptitle(_title(result, f"{what}: mean over runs, 5–95 % band"), fontsize=10)
+    fig.suptitle(title(result, f"{what}: mean over runs, 5–95 % band"), fontsize=10)
     top = 1.0 - 0.75 / (4.0 * nrow)  # room for the two-line title, ~0.75 inch
     fig.subplots_adjust(left=0.08, right=0.98, bottom=0.1 / nrow, top=top, wspace=0.3, hspace=0.35)
     return _save(fig, path)
@@ -451,7 +450,7 @@ def plot_error_vs_eps(result: Result, path: Path) -> Path | None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     note = f"; hollow: t < {t_max}" if short else ""
-    ax.set_title(_title(result, f"final test error vs eps_bar{note}"), fontsize=10)
+    ax.set_title(title(result, f"final test error vs eps_bar{note}"), fontsize=10)
     fig.subplots_adjust(left=0.11, right=0.97, bottom=0.1, top=0.88)
     return _save(fig, path)
 

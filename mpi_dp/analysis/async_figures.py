@@ -26,9 +26,9 @@ from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from mpi_dp.analysis.figures import DPI, _edges, _title  # noqa: E402
 from mpi_dp.analysis.fit import _final_data  # noqa: E402
 from mpi_dp.analysis.load import ConfigView, Result, ResultFileError  # noqa: E402
+from mpi_dp.analysis.style import DPI, log_edges, title  # noqa: E402
 
 METRIC = "psi"
 MAX_LABELS = 20  # label the gaining owners on the facility figure up to this many
@@ -225,7 +225,7 @@ def plot_schedule(result: Result, prefix: str | Path) -> list[Path]:
         fontsize=9,
     )
     sched = c.attrs.get("scheduler", "")
-    fig.suptitle(_title(result, f"schedule (scheduler {sched or '?'}, N = {n})"), fontsize=10)
+    fig.suptitle(title(result, f"schedule (scheduler {sched or '?'}, N = {n})"), fontsize=10)
     fig.subplots_adjust(left=0.08, right=0.97, bottom=0.08, top=0.88)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
@@ -293,7 +293,7 @@ def plot_collaboration_map(result: Result, prefix: str | Path) -> list[Path]:
 
     path = Path(f"{_prefix(prefix)}_collab_map.png")
     fig, ax = plt.subplots(figsize=(8.5, 6))
-    xe, ye = _edges(es), _edges(Ns)
+    xe, ye = log_edges(es), log_edges(Ns)
     mesh = ax.pcolormesh(xe, ye, np.ma.masked_invalid(Z), cmap="viridis", shading="flat")
     for i, j in zip(*np.nonzero(G), strict=True):
         ax.add_patch(Rectangle((xe[j], ye[i]), xe[j + 1] - xe[j], ye[i + 1] - ye[i], fill=False,
@@ -316,7 +316,7 @@ def plot_collaboration_map(result: Result, prefix: str | Path) -> list[Path]:
         "hatched: E psi < psi(theta*_1) of owner 1 alone (owner 1 gains)"
         if has_iso else "psi_isolated not recorded: no gain marks"
     )
-    fig.suptitle(_title(result, f"E[{METRIC}] over (N, eps); {what}"), fontsize=10)
+    fig.suptitle(title(result, f"E[{METRIC}] over (N, eps); {what}"), fontsize=10)
     if has_iso:
         fig.text(0.01, 0.01, f"smallest N where owner 1 gains, by eps: {summary}", fontsize=7,
                  wrap=True)
@@ -406,7 +406,7 @@ def plot_facilities(result: Result, prefix: str | Path) -> list[Path]:
     what = "owners above a line gain by collaborating at that eps"
     if 0 < gaining.size <= MAX_LABELS:
         what += f" (numbers: 1-based owners gaining at eps = {eps:g})"
-    ax.set_title(_title(result, what), fontsize=10)
+    ax.set_title(title(result, what), fontsize=10)
     fig.subplots_adjust(left=0.1, right=0.97, bottom=0.1, top=0.88)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)

@@ -10,9 +10,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mpi_dp.analysis.figures import DPI, _title  # noqa: E402
 from mpi_dp.analysis.forecast import BoundFit, ForecastError, fit_bound, regressors  # noqa: E402
 from mpi_dp.analysis.load import Result  # noqa: E402
+from mpi_dp.analysis.style import DPI, title  # noqa: E402
 
 MAX_CURVES = 8
 
@@ -84,7 +84,7 @@ def _plot_along(result: Result, fit: BoundFit, path: Path, along: str, metric: s
     axis = "eps" if along == "eps" else "n"
     what = (f"E[{metric}] vs {axis} (open circles: not fitted, y < 3 SE or E > {fit.max_psi:g})"
             f"\n{form}")
-    ax.set_title(_title(result, what), fontsize=9)
+    ax.set_title(title(result, what), fontsize=9)
     fig.subplots_adjust(left=0.11, right=0.97, bottom=0.1, top=0.86)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
@@ -119,7 +119,7 @@ def _plot_parity(result: Result, fit: BoundFit, path: Path, metric: str) -> Path
     ax.legend(fontsize=8)
     loo = ", ".join(f"{k} median {fit.loo_factor_median[k]:.3g} max {fit.loo_factor_max[k]:.3g}"
                     for k in ("nnls", "log"))
-    ax.set_title(_title(result, f"fitted vs observed\nleave-one-out factor: {loo}"), fontsize=9)
+    ax.set_title(title(result, f"fitted vs observed\nleave-one-out factor: {loo}"), fontsize=9)
     fig.subplots_adjust(left=0.13, right=0.97, bottom=0.1, top=0.86)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)

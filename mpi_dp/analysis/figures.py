@@ -20,15 +20,9 @@ from mpi_dp.analysis.fit import (  # noqa: E402
     loglog_slope,
 )
 from mpi_dp.analysis.load import ConfigView, Result  # noqa: E402
+from mpi_dp.analysis.style import DPI, log_edges, title  # noqa: E402
 
-DPI = 120
 MAX_BANDS = 10
-
-
-def _title(result: Result, what: str) -> str:
-    alg = result.algorithm + (f"/{result.variant}" if result.variant else "")
-    status = "" if result.status == "complete" else f" [{result.status}]"
-    return f"{alg} — {result.job_name}{status}\n{what}"
 
 
 def _pick_band_configs(result: Result) -> tuple[list[ConfigView], str]:
@@ -72,14 +66,14 @@ def plot_bands(result: Result, path: Path, metric: str = "psi") -> Path:
     ax.set_xlabel("iteration k")
     ax.set_ylabel(metric)
     ax.grid(True, which="both", alpha=0.3)
-    ax.set_title(_title(result, f"{metric} over runs" + (f"; {note}" if note else "")), fontsize=10)
+    ax.set_title(title(result, f"{metric} over runs" + (f"; {note}" if note else "")), fontsize=10)
     fig.subplots_adjust(left=0.11, right=0.97, bottom=0.1, top=0.88)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
 
 
-def _plot_vs(
+def plot_vs(
     result: Result,
     fm: FinalMeans,
     path: Path,
@@ -131,7 +125,7 @@ def _plot_vs(
     ax.set_ylabel(f"E[{metric}] at final k (± SE)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(_title(result, what), fontsize=10)
+    ax.set_title(title(result, what), fontsize=10)
     fig.subplots_adjust(left=0.11, right=0.97, bottom=0.1, top=0.88)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
@@ -152,14 +146,6 @@ def _scenario_groups(fm: FinalMeans) -> list[np.ndarray]:
         if np.unique(fm.n[ok, 0]).size >= 2 and np.unique(fm.eps[ok, 0]).size >= 2:
             out.append(ok)
     return out
-
-
-def _edges(v: np.ndarray) -> np.ndarray:
-    lv = np.log10(v)
-    if lv.size == 1:
-        return 10 ** np.array([lv[0] - 0.5, lv[0] + 0.5])
-    mid = (lv[1:] + lv[:-1]) / 2
-    return 10 ** np.concatenate([[2 * lv[0] - mid[0]], mid, [2 * lv[-1] - mid[-1]]])
 
 
 def plot_map(
@@ -190,7 +176,7 @@ def plot_map(
                 Z[i, j] = np.log10(fm.mean[r])
                 D[i, j] = Z[i, j] - np.log10(iso[r]) if np.isfinite(iso[r]) else np.nan
         mesh = ax.pcolormesh(
-            _edges(es), _edges(ns.astype(float)), np.ma.masked_invalid(Z), cmap="viridis",
+            log_edges(es), log_edges(ns.astype(float)), np.ma.masked_invalid(Z), cmap="viridis",
             vmin=vmin, vmax=vmax, shading="flat",
         )
         if ns.size >= 2 and es.size >= 2 and np.isfinite(D).any():
@@ -216,7 +202,7 @@ def plot_map(
     if mesh is not None:
         fig.colorbar(mesh, ax=axes.ravel().tolist(), label=f"log10 E[{metric}] at final k")
     fig.suptitle(
-        _title(
+        title(
             result,
             f"hatched: E[{metric}] < psi(theta*_1) of owner 1 alone (collaboration pays); "
             "white line: equal",
@@ -238,17 +224,11 @@ def plot_result(result: Result, out_prefix: str | Path, metric: str = "psi") -> 
     """
     prefix = Path(out_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    if result.algorithm == "async_star":
-        return _plot_async(result, prefix, metric)
-    if result.algorithm == "admm":
-        from mpi_dp.analysis.admm_figures import plot_admm
-
-        return plot_admm(result, prefix)
     written = [plot_bands(result, Path(f"{prefix}_bands.png"), metric)]
     fm, _, keep = _final_data(result, metric)
     if fm.mean.size >= 2 and fm.eps.shape[1] > 0:
         for along in ("eps", "n"):
-            p = _plot_vs(result, fm, Path(f"{prefix}_vs_{along}.png"), metric, along)
+            p = plot_vs(result, fm, Path(f"{prefix}_vs_{along}.png"), metric, along)
             if p is not None:
                 written.append(p)
         iso = np.array(
@@ -262,24 +242,3 @@ def plot_result(result: Result, out_prefix: str | Path, metric: str = "psi") -> 
             written.append(p)
     return written
 
-
-def _plot_async(result: Result, prefix: Path, metric: str) -> list[Path]:
-    """async_star: bands, E[psi] vs eps / n (slopes; when all configurations have the same N),
-    the fitted cost-of-privacy bound, the schedule (Figs 3/9), the (N, eps) collaboration map
-    (Fig 6) and the per-owner isolated optima against E[psi] (Fig 7)."""
-    from mpi_dp.analysis import async_figures, bound_figures
-
-    written = [plot_bands(result, Path(f"{prefix}_bands.png"), metric)]
-    fm, _, _ = _final_data(result, metric)
-    widths = {c.eps.size for c in result.configs}
-    if fm.mean.size >= 2 and len(widths) == 1:
-        for along in ("eps", "n"):
-            p = _plot_vs(result, fm, Path(f"{prefix}_vs_{along}.png"), metric, along)
-            if p is not None:
-                written.append(p)
-    if metric == "psi":
-        written += bound_figures.plot_bound(result, prefix, metric)
-    written += async_figures.plot_schedule(result, prefix)
-    written += async_figures.plot_collaboration_map(result, prefix)
-    written += async_figures.plot_facilities(result, prefix)
-    return written

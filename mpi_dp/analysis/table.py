@@ -10,6 +10,7 @@ import numpy as np
 
 from mpi_dp.analysis.fit import fit_slopes
 from mpi_dp.analysis.load import Result
+from mpi_dp.analysis.style import cell
 
 COLUMNS = [
     "index",
@@ -77,24 +78,11 @@ def summarize(result: Result, metric: str = "psi") -> list[dict[str, Any]]:
     return rows
 
 
-def _cell(value: Any, digits: int = 3) -> str:
-    """A table cell: '-' for None, integers as they are, floats to `digits` significant digits."""
-    if value is None:
-        return "-"
-    if isinstance(value, (bool, np.bool_)):
-        return str(value)
-    if isinstance(value, (int, np.integer)):
-        return str(int(value))
-    if isinstance(value, (float, np.floating)):
-        return f"{value:.{digits}g}"
-    return str(value)
-
-
 def format_table(rows: list[dict[str, Any]]) -> str:
     """Fixed-width text table of `summarize` rows (numbers in %.3g, label last)."""
     cols = [c for c in _TEXT_ORDER if any(c in r for r in rows)] if rows else _TEXT_ORDER
     headers = [_TEXT_HEADERS.get(c, c) for c in cols]
-    cells = [[_cell(r.get(c)) for c in cols] for r in rows]
+    cells = [[cell(r.get(c)) for c in cols] for r in rows]
     widths = [max([len(h)] + [len(row[j]) for row in cells]) for j, h in enumerate(headers)]
 
     def line(items: list[str]) -> str:

@@ -60,6 +60,10 @@ class Star:
         self.comm.Reduce(send, recv, op=MPI.SUM, root=ROOT)
         return recv
 
+    def all_true(self, flag: bool) -> bool:
+        """Whether `flag` holds on every rank (the same answer everywhere)."""
+        return bool(self.comm.allreduce(int(bool(flag)), op=MPI.MIN))
+
     def gather_objects(self, obj):
         """Small control messages only (pickled)."""
         return self.comm.gather(obj, root=ROOT)

@@ -1,30 +1,41 @@
-"""mpi_dp.privacy: DP mechanisms (noise, clipping) and the per-owner privacy ledger.
+"""mpi_dp.privacy: DP mechanisms returning events, the owner's ledger, and accountants.
 
-Pure NumPy, never imports mpi4py.
+Pure NumPy, never imports mpi4py. `accountants` (dp-accounting) is imported on demand, at the
+end of a configuration: `from mpi_dp.privacy import accountants`.
 """
 
-from mpi_dp.privacy.ledger import LEDGER_DTYPE, PrivacyLedger, Release, RunLedger, ledgers_to_array
+from mpi_dp.privacy.events import Event, GaussianEvent, LaplaceEvent
+from mpi_dp.privacy.ledger import Ledger
 from mpi_dp.privacy.mechanisms import (
+    GAUSSIAN_CALIBRATIONS,
     clip_factors_l1,
     clip_l1,
+    gaussian_mechanism,
     gaussian_noise,
+    gaussian_perturbation,
     gaussian_sigma,
     l1_sensitivity_mean,
     lap_scale,
+    laplace_mechanism,
     laplace_noise,
+    laplace_perturbation,
 )
 
 __all__ = [
-    "LEDGER_DTYPE",
-    "PrivacyLedger",
-    "Release",
-    "RunLedger",
+    "GAUSSIAN_CALIBRATIONS",
+    "Event",
+    "GaussianEvent",
+    "LaplaceEvent",
+    "Ledger",
     "clip_factors_l1",
     "clip_l1",
+    "gaussian_mechanism",
     "gaussian_noise",
+    "gaussian_perturbation",
     "gaussian_sigma",
     "l1_sensitivity_mean",
     "lap_scale",
+    "laplace_mechanism",
     "laplace_noise",
-    "ledgers_to_array",
+    "laplace_perturbation",
 ]

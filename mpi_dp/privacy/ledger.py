@@ -1,44 +1,26 @@
-"""Per-owner privacy ledger: immutable release records and one narrow charging interface.
+"""The data owner's privacy ledger: mechanism events charged before every release, over R runs.
 
-Shaped like dp-accounting (small frozen events, an accountant that only composes them). The data
-owner holds its own ledger and charges it *before* each release; a release that would exceed the
-budget is refused with BudgetExceededError, so DP is enforced where the data lives. Composition is
-basic (sequential): spent eps and delta are the sums over releases.
+One class for every method. The owner holds its own ledger and charges the event of a release
+*before* making it; a release that would take a run past its budget is refused with
+BudgetExceededError and nothing is recorded, so DP is enforced where the data lives. The ledger is
+vectorised over the R Monte-Carlo runs (each run is its own DP execution with its own budget): a
+charge names the runs that release (all by default). The budget is checked under basic
+(sequential) composition with running totals: O(1) per charge, never a re-sum of the history. The
+history is kept as counts per distinct event, which is all the accountants (privacy.accountants:
+basic, advanced, PLD, RDP) need.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
 
 import numpy as np
 
 from mpi_dp.errors import BudgetExceededError
+from mpi_dp.privacy.events import Event
 
 #: Relative slack on the budget, so T releases of eps/T fit despite rounding in eps/T.
 REL_TOL = 1e-9
-
-#: One row per ledger, for HDF5 (`privacy/ledger`).
-LEDGER_DTYPE = np.dtype(
-    [
-        ("agent", "i8"),
-        ("budget_eps", "f8"),
-        ("spent_eps", "f8"),
-        ("budget_delta", "f8"),
-        ("spent_delta", "f8"),
-        ("releases", "i8"),
-    ]
-)
-
-
-@dataclass(frozen=True)
-class Release:
-    """One (eps, delta)-DP release made by an owner; `note` says what was released."""
-
-    eps: float
-    delta: float = 0.0
-    note: str = ""
 
 
 def _check_amount(name: str, value: float) -> float:
@@ -48,163 +30,139 @@ def _check_amount(name: str, value: float) -> float:
     return value
 
 
-def _exceeds(total: float, budget: float) -> bool:
-    """True if `total` exceeds `budget` by more than the relative tolerance."""
-    if math.isinf(budget):
-        return False
-    return total > budget * (1 + REL_TOL)
+class Ledger:
+    """Owner `agent`'s releases over `runs` runs, against its budget (budget_eps, budget_delta).
 
-
-class PrivacyLedger:
-    """Owner `agent`'s ledger of releases against its budget (budget_eps, budget_delta)."""
-
-    def __init__(self, agent: int, budget_eps: float, budget_delta: float = 0.0) -> None:
-        if agent < 0:
-            raise ValueError(f"agent must be >= 0, got {agent}")
-        self.agent = int(agent)
-        self._budget_eps = _check_amount("budget_eps", budget_eps)
-        self._budget_delta = _check_amount("budget_delta", budget_delta)
-        self._history: list[Release] = []
-
-    @property
-    def budget_eps(self) -> float:
-        return self._budget_eps
-
-    @property
-    def budget_delta(self) -> float:
-        return self._budget_delta
-
-    @property
-    def history(self) -> tuple[Release, ...]:
-        return tuple(self._history)
-
-    @property
-    def releases(self) -> int:
-        return len(self._history)
-
-    @property
-    def spent_eps(self) -> float:
-        return math.fsum(r.eps for r in self._history)
-
-    @property
-    def spent_delta(self) -> float:
-        return math.fsum(r.delta for r in self._history)
-
-    @property
-    def remaining_eps(self) -> float:
-        """Budget left (never negative; inf for an infinite budget)."""
-        if math.isinf(self._budget_eps):
-            return math.inf
-        return max(0.0, self._budget_eps - self.spent_eps)
-
-    def _new_totals(self, eps: float, delta: float) -> tuple[float, float]:
-        eps = _check_amount("eps", eps)
-        delta = _check_amount("delta", delta)
-        return (
-            math.fsum([*(r.eps for r in self._history), eps]),
-            math.fsum([*(r.delta for r in self._history), delta]),
-        )
-
-    def can_charge(self, eps: float, delta: float = 0.0) -> bool:
-        """Whether a release of (eps, delta) would fit in the budget."""
-        new_eps, new_delta = self._new_totals(eps, delta)
-        return not (_exceeds(new_eps, self._budget_eps) or _exceeds(new_delta, self._budget_delta))
-
-    def charge(self, eps: float, delta: float = 0.0, note: str = "") -> Release:
-        """Record a release of (eps, delta); raise BudgetExceededError (recording nothing) if it
-        would exceed the budget."""
-        new_eps, new_delta = self._new_totals(eps, delta)
-        n = len(self._history)
-        what = f" ({note})" if note else ""
-        if _exceeds(new_eps, self._budget_eps):
-            raise BudgetExceededError(
-                f"owner {self.agent} refuses release {n + 1}{what}: it would spend "
-                f"eps={new_eps:.6g} of its budget eps={self._budget_eps:g} "
-                f"({self._made(n, 'eps')} already made)"
-            )
-        if _exceeds(new_delta, self._budget_delta):
-            raise BudgetExceededError(
-                f"owner {self.agent} refuses release {n + 1}{what}: it would spend "
-                f"delta={new_delta:.6g} of its budget delta={self._budget_delta:g} "
-                f"({self._made(n, 'delta')} already made)"
-            )
-        release = Release(float(eps), float(delta), note)
-        self._history.append(release)
-        return release
-
-    def _made(self, n: int, field: str) -> str:
-        """'100 releases of 0.01' (all equal) or '3 releases totalling 0.5'."""
-        if n == 0:
-            return "no releases"
-        values = {getattr(r, field) for r in self._history}
-        if len(values) == 1:
-            return f"{n} release{'s' if n != 1 else ''} of {field}={values.pop():.6g}"
-        total = self.spent_eps if field == "eps" else self.spent_delta
-        return f"{n} releases totalling {field}={total:.6g}"
-
-    def to_record(self) -> dict:
-        """The ledger's summary as plain Python values (for results files and logs)."""
-        return {
-            "agent": self.agent,
-            "budget_eps": self._budget_eps,
-            "spent_eps": self.spent_eps,
-            "budget_delta": self._budget_delta,
-            "spent_delta": self.spent_delta,
-            "releases": self.releases,
-        }
-
-    def __repr__(self) -> str:
-        return (
-            f"PrivacyLedger(agent={self.agent}, spent_eps={self.spent_eps:.6g}/"
-            f"{self._budget_eps:g}, releases={self.releases})"
-        )
-
-
-def ledgers_to_array(ledgers: Iterable[PrivacyLedger]) -> np.ndarray:
-    """The ledgers' records as a structured array of LEDGER_DTYPE, in the given order."""
-    rows = [tuple(led.to_record()[name] for name in LEDGER_DTYPE.names) for led in ledgers]
-    return np.array(rows, dtype=LEDGER_DTYPE)
-
-
-class RunLedger:
-    """One owner's ledgers for R independent runs that each release eps_i / cap per answer.
-
-    Vectorised over runs (each run is its own DP execution with its own budget eps_i): a release
-    that would exceed a run's budget, i.e. more than `cap` answers, is refused.
-    Spent eps is releases x (eps_i / cap): exact, no running sums.
+    The budget check uses running sums per run (plain float sums: after 10^6 releases they are
+    off by far less than REL_TOL); the reported spend (`spent_eps`, `spent_delta`) is recomputed
+    from the counts of each distinct event, so it is exact to rounding whatever the history length.
     """
 
-    def __init__(self, agent: int, budget_eps: float, cap: int, runs: int) -> None:
-        if cap < 1:
-            raise ValueError(f"cap must be >= 1, got {cap}")
+    def __init__(self, agent: int, budget_eps: float = math.inf, budget_delta: float = 0.0,
+                 runs: int = 1) -> None:
+        if agent < 0:
+            raise ValueError(f"agent must be >= 0, got {agent}")
+        if runs < 1:
+            raise ValueError(f"runs must be >= 1, got {runs}")
         self.agent = int(agent)
         self.budget_eps = _check_amount("budget_eps", budget_eps)
-        self.cap = int(cap)
-        self.per_release = self.budget_eps / self.cap
+        self.budget_delta = _check_amount("budget_delta", budget_delta)
+        self.runs = int(runs)
+        self._run_eps = np.zeros(runs)  # running sums for the budget check
+        self._run_delta = np.zeros(runs)
+        self._limit_eps = self.budget_eps * (1 + REL_TOL)
+        self._limit_delta = self.budget_delta * (1 + REL_TOL)
         self.releases = np.zeros(runs, dtype=np.int64)
+        #: event key -> [representative event, releases per run]
+        self._counts: dict[tuple, list] = {}
 
-    def remaining(self, runs: np.ndarray) -> np.ndarray:
-        """Answers each of `runs` may still give."""
-        return self.cap - self.releases[runs]
-
-    def charge(self, runs: np.ndarray) -> None:
-        """Record one release in each of `runs` (BudgetExceededError if any run is at its cap)."""
-        runs = np.asarray(runs, dtype=np.int64)
-        over = runs[self.releases[runs] >= self.cap]
-        if over.size:
-            raise BudgetExceededError(
-                f"owner {self.agent} refuses release {self.cap + 1} in run position "
-                f"{int(over[0])}: {self.cap} releases of eps={self.per_release:.6g} already spend "
-                f"its budget eps={self.budget_eps:g}")
-        self.releases[runs] += 1
+    # -- totals ---------------------------------------------------------------------------
+    def _total(self, field: str) -> np.ndarray:
+        total = np.zeros(self.runs)
+        for ev, counts in self._counts.values():
+            x = getattr(ev, field)
+            if x:
+                with np.errstate(invalid="ignore"):  # 0 releases of an eps = inf event
+                    total = total + np.where(counts > 0, counts * x, 0.0)
+        return total
 
     @property
     def spent_eps(self) -> np.ndarray:
-        """(runs,) eps spent in each run."""
-        return self.releases * self.per_release
+        """(runs,) eps spent in each run (basic composition)."""
+        return self._total("eps")
 
-    def to_records(self) -> np.ndarray:
-        """Summary row of LEDGER_DTYPE (the largest spend over runs)."""
-        k = int(self.releases.max()) if self.releases.size else 0
-        return np.array([(self.agent, self.budget_eps, k * self.per_release, 0.0, 0.0, k)],
-                        dtype=LEDGER_DTYPE)
+    @property
+    def spent_delta(self) -> np.ndarray:
+        return self._total("delta")
+
+    @property
+    def remaining_eps(self) -> np.ndarray:
+        """(runs,) budget left (never negative; inf for an infinite budget)."""
+        if math.isinf(self.budget_eps):
+            return np.full(self.runs, math.inf)
+        return np.maximum(0.0, self.budget_eps - self.spent_eps)
+
+    def event_counts(self) -> list[tuple[Event, np.ndarray]]:
+        """Each distinct event made and how many times in each run, in order of first use."""
+        return [(ev, counts.copy()) for ev, counts in self._counts.values()]
+
+    def worst_counts(self) -> list[tuple[Event, int]]:
+        """Each distinct event with its largest count over runs: composing these bounds every run
+        (accountants are monotone in the number of releases)."""
+        return [(ev, int(c.max())) for ev, c in self._counts.values() if c.max() > 0]
+
+    # -- charging -------------------------------------------------------------------------
+    def _idx(self, runs: np.ndarray | None) -> np.ndarray | slice:
+        if runs is None:
+            return slice(None)
+        idx = np.asarray(runs, dtype=np.int64)
+        if idx.ndim != 1 or (idx.size and (idx.min() < 0 or idx.max() >= self.runs)):
+            raise ValueError(f"run positions must be a 1-D array in 0..{self.runs - 1}")
+        return idx
+
+    def _fits(self, eps: float, delta: float, idx: np.ndarray | slice) -> np.ndarray | bool:
+        ok: np.ndarray | bool = True
+        if math.isfinite(self.budget_eps) and eps:
+            ok = self._run_eps[idx] + eps <= self._limit_eps
+        if delta and math.isfinite(self.budget_delta):
+            ok = ok & (self._run_delta[idx] + delta <= self._limit_delta)
+        return ok
+
+    def fits(self, event: Event, runs: np.ndarray | None = None) -> np.ndarray:
+        """Per run in `runs`: would one more release of `event` stay within the budget?"""
+        idx = self._idx(runs)
+        n = self.runs if isinstance(idx, slice) else idx.size
+        return np.broadcast_to(self._fits(event.eps, event.delta, idx), (n,)).copy()
+
+    def can_charge(self, event: Event, runs: np.ndarray | None = None) -> bool:
+        return bool(np.all(self._fits(event.eps, event.delta, self._idx(runs))))
+
+    def charge(self, event: Event, runs: np.ndarray | None = None, note: str = "") -> None:
+        """Record one release of `event` in each of `runs` (all runs by default); raise
+        BudgetExceededError, recording nothing, if any of them would exceed its budget."""
+        idx = self._idx(runs)
+        eps, delta = event.eps, event.delta
+        ok = self._fits(eps, delta, idx)
+        if ok is not True and not np.all(ok):
+            r = np.arange(self.runs)[idx][np.flatnonzero(~np.asarray(ok))[0]]
+            raise BudgetExceededError(self._refusal(event, int(r), note))
+        if eps:
+            self._run_eps[idx] += eps
+        if delta:
+            self._run_delta[idx] += delta
+        self.releases[idx] += 1
+        key = event.key()
+        entry = self._counts.get(key)
+        if entry is None:
+            entry = self._counts[key] = [event, np.zeros(self.runs, dtype=np.int64)]
+        entry[1][idx] += 1
+
+    def _refusal(self, event: Event, r: int, note: str) -> str:
+        n = int(self.releases[r])
+        what = f" ({note})" if note else ""
+        where = f" in run position {r}" if self.runs > 1 else ""
+        eps_new = float(self.spent_eps[r]) + event.eps
+        if eps_new > self._limit_eps:
+            field, new, budget = "eps", eps_new, self.budget_eps
+        else:
+            field = "delta"
+            new = float(self.spent_delta[r]) + event.delta
+            budget = self.budget_delta
+        return (f"owner {self.agent} refuses release {n + 1}{what}{where}: it would spend "
+                f"{field}={new:.6g} of its budget {field}={budget:g} ({self._made(r, n, field)} "
+                "already made)")
+
+    def _made(self, r: int, n: int, field: str) -> str:
+        """'100 releases of eps=0.01' (all alike) or '3 releases totalling eps=0.5'."""
+        if n == 0:
+            return "no releases"
+        used = [ev for ev, c in self._counts.values() if c[r] > 0]
+        values = {getattr(ev, field) for ev in used}
+        if len(values) == 1:
+            return f"{n} release{'s' if n != 1 else ''} of {field}={values.pop():.6g}"
+        total = (self.spent_eps if field == "eps" else self.spent_delta)[r]
+        return f"{n} releases totalling {field}={total:.6g}"
+
+    def __repr__(self) -> str:
+        return (f"Ledger(agent={self.agent}, runs={self.runs}, spent_eps<={self.spent_eps.max():.6g}"
+                f"/{self.budget_eps:g}, releases<={int(self.releases.max())})")

@@ -1,4 +1,4 @@
-"""DP mechanisms: noise calibration, Laplace / Gaussian samplers and L1 clipping.
+"""DP mechanisms: noise calibration, Laplace / Gaussian samplers, releases with events, L1 clipping.
 
 Pure NumPy, no MPI. Noise is drawn *standardised* (unit scale) from the caller's generators and then
 multiplied by the scale, so a run's draws are the same whatever eps is (common random numbers across
@@ -12,6 +12,8 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+
+from mpi_dp.privacy.events import GaussianEvent, LaplaceEvent
 
 
 def _check_number(name: str, value: float) -> float:
@@ -54,17 +56,29 @@ def l1_sensitivity_mean(xi: float, n_i: int) -> float:
     return 2 * xi / n_i
 
 
-def gaussian_sigma(
-    l2_sensitivity: float, eps: float, delta: float, *, allow_large_eps: bool = False
-) -> float:
-    """Classical Gaussian-mechanism std sqrt(2 ln(1.25/delta)) * Delta2 / eps for (eps, delta)-DP.
+#: Gaussian calibrations: classical (Dwork & Roth Thm A.1, eps < 1 only), analytic (Balle & Wang
+#: 2018, exact for any eps) and auto (classical where its proof holds, analytic from eps = 1 on).
+GAUSSIAN_CALIBRATIONS = ("classical", "analytic", "auto")
 
-    The classical proof (Dwork & Roth, Thm A.1) holds only for eps < 1, so eps >= 1 raises unless
-    ``allow_large_eps=True`` (the formula is then a heuristic, not a guarantee). eps = inf gives 0.
+
+def gaussian_sigma(
+    l2_sensitivity: float, eps: float, delta: float, *, calibration: str = "classical",
+    allow_large_eps: bool = False,
+) -> float:
+    """Gaussian-mechanism std for (eps, delta)-DP of a value of L2 sensitivity Delta2.
+
+    'classical': sqrt(2 ln(1.25/delta)) * Delta2 / eps. Its proof (Dwork & Roth, Thm A.1) holds only
+    for eps < 1, so eps >= 1 raises unless ``allow_large_eps=True`` (the formula is then a heuristic,
+    not a guarantee). 'analytic': the smallest sigma with exactly (eps, delta)-DP (Balle & Wang 2018,
+    through dp-accounting), valid for every eps. 'auto': classical below eps = 1, analytic from 1 on.
+    eps = inf gives 0.
     """
     l2 = _check_number("l2_sensitivity", l2_sensitivity)
     eps = _check_number("eps", eps)
     delta = _check_number("delta", delta)
+    if calibration not in GAUSSIAN_CALIBRATIONS:
+        raise ValueError(f"unknown Gaussian calibration {calibration!r}; expected one of "
+                         f"{', '.join(GAUSSIAN_CALIBRATIONS)}")
     if l2 < 0:
         raise ValueError(f"l2_sensitivity must be >= 0, got {l2}")
     if eps <= 0:
@@ -73,10 +87,14 @@ def gaussian_sigma(
         raise ValueError(f"delta must be in (0, 1), got {delta}")
     if math.isinf(eps):
         return 0.0
+    if calibration == "analytic" or (calibration == "auto" and eps >= 1):
+        from dp_accounting import gaussian_mechanism
+
+        return float(gaussian_mechanism.get_sigma_gaussian(eps, delta)) * l2
     if eps >= 1 and not allow_large_eps:
         raise ValueError(
-            f"the classical Gaussian calibration is valid only for eps < 1, got eps={eps}; "
-            "pass allow_large_eps=True to use it anyway"
+            f"the classical Gaussian calibration is valid only for eps < 1, got eps={eps}; use the "
+            "analytic Gaussian mechanism (calibration 'analytic' or 'auto') for eps >= 1"
         )
     return math.sqrt(2 * math.log(1.25 / delta)) * l2 / eps
 
@@ -125,6 +143,79 @@ def gaussian_noise(
     """I.i.d. N(0, sigma^2) noise, shape (len(gens), size); row r is
     ``gens[r].standard_normal(size) * sigma[r]``. Rows of sigma 0 are zeros and draw nothing."""
     return _scaled_noise(gens, sigma, size, lambda g, k: g.standard_normal(k))
+
+
+def _event_run(sens: float | np.ndarray, scale: float | np.ndarray) -> tuple[float, float]:
+    """(sensitivity, scale) of the run whose release is least private (largest sens / scale)."""
+    sens_a, scale_a = np.broadcast_arrays(np.asarray(sens, dtype=np.float64),
+                                          np.asarray(scale, dtype=np.float64))
+    if sens_a.ndim == 0:
+        return float(sens_a), float(scale_a)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(sens_a == 0, 0.0, np.where(scale_a == 0, np.inf, sens_a / scale_a))
+    r = int(np.argmax(ratio))
+    return float(sens_a.flat[r]), float(scale_a.flat[r])
+
+
+def laplace_perturbation(
+    gens: Sequence[np.random.Generator], scale: float | np.ndarray, size: int,
+    l1_sensitivity: float | np.ndarray, ledger=None, runs: np.ndarray | None = None, *,
+    data_dependent: bool = False, certified: bool = True, scalar: bool = False,
+) -> tuple[np.ndarray, LaplaceEvent]:
+    """The noise of one Laplace release and its event; `ledger` (the owner's) is charged first.
+
+    Rows as `laplace_noise` (one per generator, scale per row allowed). For objective
+    perturbation the caller puts the noise inside its objective; `laplace_mechanism` adds it to a
+    value. With per-row sensitivities (a data-dependent calibration) the event describes the row
+    with the largest eps. `scalar=True` draws ONE value per row and adds it to every coordinate
+    (the [ASYNC] authors' code): not DP, so the event is recorded uncertified.
+    """
+    sens, sc = _event_run(l1_sensitivity, scale)
+    event = LaplaceEvent(sens, sc, data_dependent=data_dependent,
+                         certified=certified and not scalar)
+    if ledger is not None:
+        ledger.charge(event, runs)
+    if scalar:
+        return laplace_noise(gens, scale, 1) * np.ones((1, int(size))), event
+    return laplace_noise(gens, scale, size), event
+
+
+def laplace_mechanism(
+    value: np.ndarray, gens: Sequence[np.random.Generator], scale: float | np.ndarray,
+    l1_sensitivity: float | np.ndarray, ledger=None, runs: np.ndarray | None = None, *,
+    data_dependent: bool = False, certified: bool = True, scalar: bool = False,
+) -> tuple[np.ndarray, LaplaceEvent]:
+    """value (rows, d) + i.i.d. Laplace noise, and the release's event (the ledger charged first)."""
+    noise, event = laplace_perturbation(gens, scale, value.shape[-1], l1_sensitivity, ledger,
+                                        runs, data_dependent=data_dependent,
+                                        certified=certified, scalar=scalar)
+    return value + noise, event
+
+
+def gaussian_perturbation(
+    gens: Sequence[np.random.Generator], sigma: float | np.ndarray, size: int,
+    l2_sensitivity: float | np.ndarray, delta: float, ledger=None,
+    runs: np.ndarray | None = None, *, data_dependent: bool = False, certified: bool = True,
+) -> tuple[np.ndarray, GaussianEvent]:
+    """The noise of one Gaussian release (per-release guarantee stated at `delta`) and its event;
+    `ledger` is charged before anything is drawn."""
+    sens, sd = _event_run(l2_sensitivity, sigma)
+    event = GaussianEvent(sens, sd, delta, data_dependent=data_dependent, certified=certified)
+    if ledger is not None:
+        ledger.charge(event, runs)
+    return gaussian_noise(gens, sigma, size), event
+
+
+def gaussian_mechanism(
+    value: np.ndarray, gens: Sequence[np.random.Generator], sigma: float | np.ndarray,
+    l2_sensitivity: float | np.ndarray, delta: float, ledger=None,
+    runs: np.ndarray | None = None, *, data_dependent: bool = False, certified: bool = True,
+) -> tuple[np.ndarray, GaussianEvent]:
+    """value (rows, d) + i.i.d. N(0, sigma^2) noise, and the release's event."""
+    noise, event = gaussian_perturbation(gens, sigma, value.shape[-1], l2_sensitivity, delta,
+                                         ledger, runs, data_dependent=data_dependent,
+                                         certified=certified)
+    return value + noise, event
 
 
 def clip_factors_l1(norms: np.ndarray, xi: float) -> np.ndarray:

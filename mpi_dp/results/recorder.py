@@ -12,7 +12,9 @@ Schema (format "mpi_dp.results", version 1) -- a contract analysis code relies o
                           scalars such as step_size
   G/models/<name>         final models (runs, p)
   G/reference/...         theta_star, f_star, theta_isolated, psi_isolated (evaluation-only)
-  G/privacy/ledger        per-owner ledger (agent, budget_eps, spent_eps, ..., releases)
+  G/privacy/ledger        per-agent ledger (privacy.accountants.LEDGER_DTYPE: mechanism, releases,
+                          per-release eps, budget, spend, totals by the basic, advanced, PLD and
+                          RDP accountants at attrs `delta`; attrs `guarantee`), every method
 Metrics are appended and flushed record by record, so a run killed after k iterations leaves a
 readable file holding those k records (status stays 'running' or becomes 'interrupted').
 """

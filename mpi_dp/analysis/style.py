@@ -1,0 +1,47 @@
+"""Shared style of the analysis output: figure resolution and titles, log-scale cell edges, table cells.
+
+Every figure and table module takes these from here, never from one another. This module does not
+import matplotlib, so the text tables (and `mpi_dp.analysis` itself) stay free of it; figure modules
+select the Agg backend themselves before importing pyplot.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mpi_dp.analysis.load import Result
+
+#: Resolution of every PNG written by the analysis.
+DPI = 120
+
+
+def title(result: Result, what: str) -> str:
+    """Figure title: 'algorithm[/variant] — job name [status]' and, on a second line, `what`."""
+    alg = result.algorithm + (f"/{result.variant}" if result.variant else "")
+    status = "" if result.status == "complete" else f" [{result.status}]"
+    return f"{alg} — {result.job_name}{status}\n{what}"
+
+
+def log_edges(v: np.ndarray) -> np.ndarray:
+    """Cell edges for positive, sorted centres `v` on a log axis (midpoints in log10; one cell a
+    decade wide when there is a single centre)."""
+    lv = np.log10(v)
+    if lv.size == 1:
+        return 10 ** np.array([lv[0] - 0.5, lv[0] + 0.5])
+    mid = (lv[1:] + lv[:-1]) / 2
+    return 10 ** np.concatenate([[2 * lv[0] - mid[0]], mid, [2 * lv[-1] - mid[-1]]])
+
+
+def cell(value: Any, digits: int = 3) -> str:
+    """A table cell: '-' for None, integers as they are, floats to `digits` significant digits."""
+    if value is None:
+        return "-"
+    if isinstance(value, (bool, np.bool_)):
+        return str(value)
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        return f"{value:.{digits}g}"
+    return str(value)

@@ -1,0 +1,36 @@
+"""Agreement on user errors across ranks: every rank raises the same error, nobody waits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from mpi4py import MPI
+
+from ..errors import MpiDpError
+
+T_ = TypeVar("T_")
+
+
+class AgreedError(MpiDpError):
+    """A user error that every rank raises together (no rank is left waiting)."""
+
+
+def collective(comm: MPI.Comm, fn: Callable[[], T_]) -> T_:
+    """Run fn on every rank; if it raises a user error on any rank, raise it on all ranks.
+
+    User errors are MpiDpError and the OSError / ValueError / KeyError of bad input; anything
+    else is a bug and propagates (the CLI then aborts the MPI job).
+    """
+    result, err = None, None
+    try:
+        result = fn()
+    except MpiDpError as e:
+        err = str(e)
+    except (OSError, ValueError, KeyError) as e:
+        err = f"{type(e).__name__}: {e}"
+    errors = comm.allgather(err)
+    first = next((e for e in errors if e), None)
+    if first:
+        raise AgreedError(first)
+    return result  # type: ignore[return-value]

@@ -1,0 +1,574 @@
+"""TOML job file -> validated, immutable Job; every error names the key and the file.
+
+This module is a leaf: it knows the keys every job has and the keys several methods share, but
+not the methods themselves. Each method (mpi_dp.methods) declares which shared keys it reads and
+owns its own sections; the loader in mpi_dp.job hands the registry's methods to `validate` here.
+A key that the job's method does not read is an error naming the key.
+
+Sweeps (``[sweep] eps = [...]``, ``n = [...]``, ``variant = [...]``) expand into configurations
+run one after the other within one job and stored side by side in one result file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import itertools
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import tomllib
+
+from .errors import JobError
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """One job key: its type(s), default and a one-line description (shown by `mpi-dp run --help`)."""
+
+    types: tuple[type, ...]
+    default: Any
+    help: str
+    choices: tuple[Any, ...] | None = None
+
+
+_NUM = (int, float)
+
+#: Keys every job has, whatever its method.
+GENERIC: dict[str, Key] = {
+    "name": Key((str,), None, "job name (defaults to the file's stem)"),
+    "algorithm": Key((str,), None, "method to run (see the methods below)"),
+    "variant": Key((str,), None, "the method's variant (each method lists its own; default: the "
+                   "method's first)"),
+    "data": Key((str,), None, "HDF5 shard file (mpi-dp data synth / prepare), relative to the "
+                "working directory"),
+    "output": Key((str,), None, "result HDF5 file (default results/<name>.h5)"),
+    "seed": Key((int,), 0, "base seed of every random stream"),
+    "runs": Key((int,), 1, "Monte-Carlo runs, vectorised along a leading axis"),
+    "first_run": Key((int,), 0, "index of the first run (run r of an R-run job equals the "
+                     "1-run job with first_run = r)"),
+    "T": Key((int,), None, "horizon (iterations; each method says what it counts)"),
+    "eps": Key(_NUM + (list,), math.inf, "privacy budget of each owner (scalar or one per "
+               "owner; inf: no noise); each method says what it covers"),
+    "n": Key((int, str, list), "all", "records each owner uses: 'all', a number or one per owner "
+             "(its first n records)"),
+    "n_beyond_shard": Key((str,), "error", "when n asks for more records than an owner holds: "
+                          "'error', or 'cap' (use all it holds; recorded as n, with n_requested; "
+                          "for small real shards, e.g. the 2,433-row lending sample)",
+                          ("error", "cap")),
+    "record_every": Key((int,), 1, "record metrics every k iterations (and always at T)"),
+}
+GENERIC_SECTIONS: dict[str, dict[str, Key]] = {
+    "sweep": {
+        "eps": Key((list,), None, "eps values (each a scalar or a per-owner list); "
+                   "configurations are the product variant x owners x n x eps"),
+        "n": Key((list,), None, "n values (each a scalar or a per-owner list)"),
+        "variant": Key((list,), None, "variants of the method side by side"),
+    },
+    "privacy": {
+        "delta": Key(_NUM, 1e-5, "target delta of the composed totals in privacy/ledger "
+                     "(advanced composition, PLD and RDP accountants)"),
+    },
+}
+
+#: Keys several methods share; a method lists the ones it reads (`Method.reads`).
+SHARED: dict[str, Key] = {
+    "loss": Key((str,), "squared", "per-record loss", ("squared", "hinge", "logistic")),
+    "lam": Key(_NUM, 1e-5, "L2 regularisation lambda of g(theta) = lam/2 ||theta||^2"),
+    "theta_max": Key(_NUM, 1e5, "box Theta = {||theta||_inf <= theta_max} (inf: no box)"),
+    "theta0": Key(_NUM, 0.0, "initial model, every coordinate"),
+    "owners": Key((int, str), "all", "owners taking part: 'all' or a number N (the first N owners "
+                  "of the shard file; psi is scored on the participants' records)"),
+    "xi": Key(_NUM + (str,), "auto", "L1 clipping bound Xi of a per-record gradient; 'auto': "
+              "xi_quantile of the norms on public records at the public optimum"),
+    "xi_quantile": Key(_NUM, 0.99, "quantile used by xi = 'auto'"),
+    "clip": Key((bool,), True, "clip per-record gradients to L1 norm xi (needed for DP)"),
+}
+SHARED_SECTIONS: dict[str, dict[str, Key]] = {
+    "step": {
+        "alpha": Key(_NUM, 1.0, "step constant c = alpha / L (alg2: mu_k = c/sqrt(k); "
+                     "alg1: mu_k = c/k)"),
+        "L": Key(_NUM + (str,), "public", "smoothness constant: 'public' (largest eigenvalue of "
+                 "the Hessian on public records) or a number"),
+        "schedule": Key((str,), "decreasing", "step decay: 'decreasing' (the spec's 1/k or "
+                        "1/sqrt(k)) or 'constant' (eps = inf only)", ("decreasing", "constant")),
+        "rho": Key(_NUM + (str,), "auto", "the paper's rho: alg1 mu_k = rho/(k T^2), alg2 "
+                   "mu_k = rho/(T sqrt(k)), async_star a_own = N rho/(T^2 lam); 'auto' derives it "
+                   "from alpha (sync) or async.gamma (async) and L"),
+    },
+    "reference": {
+        "solver": Key((str,), "auto", "theta* solver", ("auto", "closed", "scipy", "petsc")),
+    },
+    "comm": {
+        "aggregate": Key((str,), "gather", "how answers reach the learner: gather (each answer "
+                         "individually, fixed order: bitwise reproducible) or reduce",
+                         ("gather", "reduce")),
+    },
+    "sweep": {
+        "owners": Key((list,), None, "numbers of participating owners N (configurations are the "
+                      "product variant x owners x n x eps)"),
+    },
+}
+
+
+class MethodSpec(Protocol):
+    """What the job loader needs of a method (mpi_dp.methods.base.Method provides it)."""
+
+    name: str
+    summary: str
+    variants: tuple[str, ...]
+    variant_help: str
+    reads: tuple[str, ...]
+    sections: Mapping[str, Mapping[str, Key]]
+    legacy_keys: Mapping[str, str]
+    variant_aliases: Mapping[str, str]
+    label_variant: bool
+    key_help: Mapping[str, str]
+
+    def validate(self, values: dict[str, Any], path: str) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One configuration of a job: per-owner budgets and sizes (resolved once N is known)."""
+
+    index: int
+    eps: Any  # scalar or per-owner list, as written
+    n: Any  # 'all', scalar or per-owner list, as written
+    owners: Any = "all"  # 'all' or the number of participating owners
+    variant: str = ""  # the method's variant of this configuration
+    show_variant: bool = False  # name the variant in the label
+
+    def label(self, eps: Any = None, n: Any = None) -> str:
+        """'eps=1, n=1000' ('N=8, eps=...' with owners); pass resolved values to show numbers."""
+        head = "" if self.owners == "all" else f"N={self.owners}, "
+        head = (f"{self.variant}, " if self.show_variant and self.variant else "") + head
+        return (f"{head}eps={_compact(self.eps if eps is None else eps)}, "
+                f"n={_compact(self.n if n is None else n)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """A validated job. `values` maps every key its method reads (dotted for sections) to a value."""
+
+    path: str
+    text: str
+    values: Mapping[str, Any]
+    overrides: tuple[str, ...] = ()
+    label_variant: bool = False
+    notes: tuple[str, ...] = ()  # e.g. old key names that were read under their new names
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    @property
+    def name(self) -> str:
+        return self.values["name"]
+
+    @property
+    def algorithm(self) -> str:
+        return self.values["algorithm"]
+
+    @property
+    def output(self) -> Path:
+        return Path(self.values["output"])
+
+    @property
+    def record_text(self) -> str:
+        """The TOML text plus the --set overrides, as stored in the result file."""
+        if not self.overrides:
+            return self.text
+        extra = "\n".join(f"# --set {o}" for o in self.overrides)
+        return f"{self.text.rstrip()}\n\n# overrides given on the command line:\n{extra}\n"
+
+    def sweep(self) -> dict[str, Any]:
+        """The sweep axes that are set, e.g. {'eps': [1, 10]}."""
+        return {k.split(".", 1)[1]: v for k, v in self.values.items()
+                if k.startswith("sweep.") and v}
+
+    def configs(self) -> list[Config]:
+        eps_list = self.values["sweep.eps"] or [self.values["eps"]]
+        n_list = self.values["sweep.n"] or [self.values["n"]]
+        own_list = self.values.get("sweep.owners") or [self.values.get("owners", "all")]
+        var_list = self.values["sweep.variant"] or [self.values["variant"]]
+        show = self.label_variant or bool(self.values["sweep.variant"])
+        return [Config(i, e, n, o, v, show) for i, (v, o, n, e)
+                in enumerate(itertools.product(var_list, own_list, n_list, eps_list))]
+
+    @property
+    def is_sweep(self) -> bool:
+        return bool(self.sweep())
+
+    def to_json(self) -> str:
+        return json.dumps(dict(self.values), default=str, sort_keys=True)
+
+
+def _compact(v: Any) -> str:
+    if isinstance(v, list):
+        if len(set(map(str, v))) == 1:
+            return _compact(v[0])
+        if len(v) > 8 and all(isinstance(x, int | float) for x in v):  # e.g. 105 writers' sizes
+            return f"[{len(v)} values, {_compact(min(v))}..{_compact(max(v))}]"
+        return "[" + ",".join(_compact(x) for x in v) + "]"
+    if isinstance(v, float):
+        return "inf" if math.isinf(v) else f"{v:g}"
+    return str(v)
+
+
+def err(path: str, key: str, msg: str) -> JobError:
+    """JobError naming the file and the key."""
+    return JobError(f"job file {path}: key '{key}': {msg}")
+
+
+def _type_name(types: tuple[type, ...]) -> str:
+    names = {int: "integer", float: "number", str: "string", list: "list", bool: "true/false"}
+    return " or ".join(dict.fromkeys(names[t] for t in types))
+
+
+def check_type(path: str, key: str, spec: Key, value: Any) -> Any:
+    """The value if it has one of the key's types (ints widened to float for number keys)."""
+    ok = isinstance(value, spec.types) and not (isinstance(value, bool) and bool not in spec.types)
+    if not ok:
+        raise err(path, key, f"expected {_type_name(spec.types)}, got {type(value).__name__} "
+                  f"{value!r}")
+    if float in spec.types and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value) if int not in spec.types else value
+    if spec.choices and value not in spec.choices:
+        raise err(path, key, f"{value!r} is not one of {', '.join(map(repr, spec.choices))}")
+    return value
+
+
+def _unknown(path: str, key: str, known: Sequence[str]) -> JobError:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return JobError(f"job file {path}: unknown key '{key}'{hint}; known keys: {', '.join(known)}")
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`key=value` with a TOML value (strings may be written bare): ('step.alpha', 0.5)."""
+    if "=" not in item:
+        raise JobError(f"--set {item!r}: expected key=value, e.g. --set eps=1.0")
+    key, raw = (s.strip() for s in item.split("=", 1))
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key, value
+
+
+def _apply_override(raw: dict[str, Any], key: str, value: Any, path: str) -> None:
+    parts = key.split(".")
+    if len(parts) == 1:
+        raw[key] = value
+    elif len(parts) == 2:
+        sec = raw.setdefault(parts[0], {})
+        if not isinstance(sec, dict):
+            raise JobError(f"--set {key}: '{parts[0]}' is not a section in {path}")
+        sec[parts[1]] = value
+    else:
+        raise JobError(f"--set {key}: keys have at most one dot (section.key)")
+
+
+def check_per_owner(path: str, key: str, v: Any, kind: str) -> None:
+    """Budgets (kind 'eps') or record counts ('n'): a scalar or a non-empty per-owner list."""
+    items = v if isinstance(v, list) else [v]
+    if isinstance(v, list) and not v:
+        raise err(path, key, "empty list")
+    for x in items:
+        if kind == "eps":
+            if isinstance(x, bool) or not isinstance(x, int | float) or math.isnan(x) or x <= 0:
+                raise err(path, key, f"budgets must be positive numbers or inf, got {x!r}")
+        else:
+            if x == "all" and not isinstance(v, list):
+                continue
+            if isinstance(x, bool) or not isinstance(x, int) or x <= 0:
+                raise err(path, key, f"record counts must be positive integers or 'all', "
+                          f"got {x!r}")
+
+
+def _check_owners(path: str, key: str, v: Any) -> None:
+    if v == "all":
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise err(path, key, f"expected 'all' or a positive number of owners, got {v!r}")
+
+
+def _flatten(raw: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """{'step': {'alpha': 1}} -> {'step.alpha': 1}; a section must be a table."""
+    flat: dict[str, Any] = {}
+    for key, value in raw.items():
+        if isinstance(value, dict):
+            for sk, sv in value.items():
+                flat[f"{key}.{sk}"] = sv
+        else:
+            flat[key] = value
+    return flat
+
+
+def _catalogue(methods: Mapping[str, MethodSpec]) -> dict[str, tuple[Key, str | None]]:
+    """Every key any method may read -> (Key, owning method or None for generic/shared)."""
+    out: dict[str, tuple[Key, str | None]] = {}
+    for k, spec in GENERIC.items():
+        out[k] = (spec, None)
+    for table in (GENERIC_SECTIONS, SHARED_SECTIONS):
+        for sec, keys in table.items():
+            for k, spec in keys.items():
+                out[f"{sec}.{k}"] = (spec, None)
+    for k, spec in SHARED.items():
+        out[k] = (spec, None)
+    for m in methods.values():
+        for sec, keys in m.sections.items():
+            for k, spec in keys.items():
+                out[f"{sec}.{k}"] = (spec, m.name)
+    return out
+
+
+def method_keys(m: MethodSpec) -> dict[str, Key]:
+    """Every key a job of method `m` may hold, dotted, with its spec (`m.reads` resolved)."""
+    keys: dict[str, Key] = dict(GENERIC)
+    for sec, table in GENERIC_SECTIONS.items():
+        keys.update({f"{sec}.{k}": s for k, s in table.items()})
+    shared = dict(SHARED)
+    for sec, table in SHARED_SECTIONS.items():
+        shared.update({f"{sec}.{k}": s for k, s in table.items()})
+    for name in m.reads:
+        if name.endswith(".*"):
+            sec = name[:-2]
+            keys.update({f"{sec}.{k}": s for k, s in SHARED_SECTIONS[sec].items()})
+        else:
+            keys[name] = shared[name]
+    for sec, table in m.sections.items():
+        keys.update({f"{sec}.{k}": s for k, s in table.items()})
+    return keys
+
+
+def _migrate(flat: dict[str, Any], m: MethodSpec, path: str) -> list[str]:
+    """Old key names and variant aliases of method `m` -> today's; returns notes for the user."""
+    notes = []
+    for old, new in m.legacy_keys.items():
+        if old in flat:
+            if new in flat:
+                raise err(path, old, f"is the old name of '{new}'; give only '{new}'")
+            flat[new] = flat.pop(old)
+            notes.append(f"key '{old}' is the old name of '{new}' (read as '{new}')")
+    v = flat.get("variant")
+    if isinstance(v, str) and v in m.variant_aliases:
+        flat["variant"] = m.variant_aliases[v]
+        if flat["variant"] is None:
+            del flat["variant"]
+        notes.append(f"variant {v!r} is an old name; the variant is now "
+                     f"{flat.get('variant', m.variants[0])!r}")
+    return notes
+
+
+#: Range checks of generic and shared keys, applied when the job's method reads the key.
+def _positive_int(path: str, values: dict, key: str) -> None:
+    if values[key] < 1:
+        raise err(path, key, f"must be at least 1, got {values[key]}")
+
+
+def _check_xi(path: str, values: dict, key: str) -> None:
+    xi = values[key]
+    if isinstance(xi, str) and xi != "auto":
+        raise err(path, key, f"expected a number or 'auto', got {xi!r}")
+    if not isinstance(xi, str) and not xi > 0:
+        raise err(path, key, "must be > 0")
+
+
+def _check_word_or_positive(word: str) -> Callable[[str, dict, str], None]:
+    def check(path: str, values: dict, key: str) -> None:
+        v = values[key]
+        if isinstance(v, str) and v != word:
+            raise err(path, key, f"expected a number or '{word}', got {v!r}")
+        if not isinstance(v, str) and not v > 0:
+            raise err(path, key, "must be > 0")
+    return check
+
+
+def _check_range(lo: float, hi: float, lo_open: bool, hi_open: bool, what: str):
+    def check(path: str, values: dict, key: str) -> None:
+        v = values[key]
+        ok = (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+        if (isinstance(v, float) and math.isnan(v)) or not ok:
+            raise err(path, key, what)
+    return check
+
+
+CHECKS: dict[str, Callable[[str, dict, str], None]] = {
+    "T": _positive_int,
+    "runs": _positive_int,
+    "record_every": _positive_int,
+    "seed": _check_range(0, math.inf, False, True, "must be non-negative"),
+    "first_run": _check_range(0, math.inf, False, True, "must be non-negative"),
+    "lam": _check_range(0, math.inf, False, False, "must be >= 0"),
+    "theta_max": _check_range(0, math.inf, True, False, "must be > 0 (inf for no box)"),
+    "xi": _check_xi,
+    "xi_quantile": _check_range(0, 1, True, False, "must be in (0, 1]"),
+    "step.L": _check_word_or_positive("public"),
+    "step.rho": _check_word_or_positive("auto"),
+    "step.alpha": _check_range(0, math.inf, True, True, "must be > 0"),
+    "privacy.delta": _check_range(0, 1, True, True, "must be in (0, 1)"),
+}
+
+
+def validate(raw: Mapping[str, Any], path: str, methods: Mapping[str, MethodSpec],
+             text: str = "", overrides: tuple[str, ...] = (), stem: str = "job") -> Job:
+    """Check a parsed job against its method's keys; fill defaults. Raises JobError."""
+    known_sections = set(GENERIC_SECTIONS) | set(SHARED_SECTIONS) | {
+        s for m in methods.values() for s in m.sections}
+    for key, value in raw.items():
+        if key in known_sections and not isinstance(value, dict):
+            raise err(path, key, "expected a [section] table")
+    alg = raw.get("algorithm")
+    if alg is None:
+        raise err(path, "algorithm", f"required but missing (one of {', '.join(methods)})")
+    alg = check_type(path, "algorithm", GENERIC["algorithm"], alg)
+    if alg not in methods:
+        raise err(path, "algorithm", f"{alg!r} is not one of {', '.join(map(repr, methods))}")
+    m = methods[alg]
+    flat = _flatten(raw, path)
+    notes = _migrate(flat, m, path)
+    allowed = method_keys(m)
+    catalogue = _catalogue(methods)
+    values: dict[str, Any] = {}
+    for key, value in flat.items():
+        if key not in allowed:
+            if key in catalogue:
+                owner = catalogue[key][1]
+                sec = key.split(".", 1)[0]
+                if owner is not None and "." in key and all(
+                        f"{sec}.{k}" not in allowed for k in methods[owner].sections.get(sec, {})):
+                    raise err(path, sec, f"the [{sec}] section belongs to algorithm '{owner}', "
+                              f"not '{alg}'")
+                readers = [n for n, o in methods.items() if key in method_keys(o)]
+                whose = ", ".join(readers) or "no method"
+                raise err(path, key, f"is not read by algorithm '{alg}' (only {whose} "
+                          f"read{'s' if len(readers) == 1 else ''} it); remove it")
+            raise _unknown(path, key, sorted(allowed))
+        values[key] = check_type(path, key, allowed[key], value)
+    for key, spec in allowed.items():
+        values.setdefault(key, spec.default)
+
+    for req in ("data", "T"):
+        if values[req] is None:
+            raise err(path, req, "required but missing")
+    values["variant"] = check_type(path, "variant", Key((str,), None, "", m.variants),
+                                   values["variant"] or m.variants[0])
+    values["name"] = values["name"] or stem
+    values["output"] = values["output"] or f"results/{values['name']}.h5"
+    for key, check in CHECKS.items():
+        if key in values:
+            check(path, values, key)
+    if "owners" in values:
+        _check_owners(path, "owners", values["owners"])
+    if values.get("sweep.owners") is not None:
+        if not values["sweep.owners"]:
+            raise err(path, "sweep.owners", "empty list")
+        for i, v in enumerate(values["sweep.owners"]):
+            _check_owners(path, f"sweep.owners[{i}]", v)
+    check_per_owner(path, "eps", values["eps"], "eps")
+    check_per_owner(path, "n", values["n"], "n")
+    for kind in ("eps", "n"):
+        sweep = values[f"sweep.{kind}"]
+        if sweep is not None:
+            if not sweep:
+                raise err(path, f"sweep.{kind}", "empty list")
+            for i, v in enumerate(sweep):
+                check_per_owner(path, f"sweep.{kind}[{i}]", v, kind)
+    if values["sweep.variant"] is not None:
+        if not values["sweep.variant"]:
+            raise err(path, "sweep.variant", "empty list")
+        variants = []
+        for i, v in enumerate(values["sweep.variant"]):
+            name = m.variant_aliases.get(v, v) if isinstance(v, str) else v
+            if name not in m.variants:
+                raise err(path, f"sweep.variant[{i}]", f"{v!r} is not one of "
+                          f"{', '.join(map(repr, m.variants))}")
+            variants.append(name)
+        values["sweep.variant"] = variants
+    m.validate(values, path)
+    return Job(path=path, text=text, values=values, overrides=overrides,
+               label_variant=m.label_variant, notes=tuple(notes))
+
+
+def read(path: str | Path, overrides: Sequence[str], methods: Mapping[str, MethodSpec]) -> Job:
+    """Read, override and validate a job file. Raises JobError naming the key and the file."""
+    p = Path(path)
+    spath = str(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise JobError(f"job file {spath} not found") from None
+    except OSError as e:
+        raise JobError(f"job file {spath}: cannot read: {e.strerror}") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise JobError(f"job file {spath}: not valid TOML: {e}") from None
+    for item in overrides:
+        key, value = parse_override(item)
+        _apply_override(raw, key, value, spath)
+    return validate(raw, spath, methods, text, tuple(overrides), stem=p.stem)
+
+
+def resolve_per_owner(job: Job, key: str, value: Any, n_owners: int,
+                      n_file: int | None = None) -> list[Any]:
+    """A scalar or per-owner list -> a list of length n_owners (JobError on a length mismatch).
+
+    With `n_file` (the shard file's owners, when only the first n_owners take part) a list may
+    also give one value per owner of the file; the first n_owners are used.
+    """
+    if isinstance(value, list):
+        if len(value) == n_owners:
+            return list(value)
+        if n_file is not None and len(value) == n_file:
+            return list(value[:n_owners])
+        taking = f" ({n_owners} of them take part)" if n_file not in (None, n_owners) else ""
+        raise JobError(f"job file {job.path}: key '{key}': {len(value)} values given but the "
+                       f"shard file {job['data']} has {n_file or n_owners} owners{taking}")
+    return [value] * n_owners
+
+
+def _key_lines(keys: Mapping[str, Key], indent: str, overrides: Mapping[str, str] = {}) -> list[str]:
+    lines: list[str] = []
+    section = None
+    for k, s in keys.items():
+        sec, _, short = k.rpartition(".")
+        if sec != section and sec:
+            lines.append(f"{indent}[{sec}]")
+        section = sec
+        pad = indent + ("  " if sec else "")
+        default = "" if s.default is None else f" [default: {_compact(s.default)}]"
+        lines.append(f"{pad}{short:<16} {overrides.get(k, s.help)}{default}")
+    return lines
+
+
+def describe_keys(methods: Mapping[str, MethodSpec]) -> str:
+    """Every job key with its default and help, generic first, then per method (`run --help`)."""
+    generic: dict[str, Key] = dict(GENERIC)
+    for sec, table in GENERIC_SECTIONS.items():
+        generic.update({f"{sec}.{k}": s for k, s in table.items()})
+    shared: dict[str, Key] = dict(SHARED)
+    for sec, table in SHARED_SECTIONS.items():
+        shared.update({f"{sec}.{k}": s for k, s in table.items()})
+    lines = ["Keys of every job:"] + _key_lines(generic, "  ")
+    lines += ["", "Keys some methods read (each method lists its own below):"]
+    lines += _key_lines(shared, "  ")
+    for m in methods.values():
+        lines += ["", f"algorithm = \"{m.name}\": {m.summary}",
+                  f"  variant: {m.variant_help}"]
+        if m.reads:
+            lines.append(f"  also reads: {', '.join(m.reads)}")
+        for k, h in m.key_help.items():
+            lines.append(f"  {k}: {h}")
+        own: dict[str, Key] = {}
+        for sec, table in m.sections.items():
+            own.update({f"{sec}.{k}": s for k, s in table.items()})
+        lines += _key_lines(own, "  ")
+    return "\n".join(lines)

@@ -1,0 +1,220 @@
+"""Method entry of DP inexact ADMM (seed 002): job keys, set-up, outputs.
+
+The server (rank 0) evaluates the test error of the global model on the shard file's global test
+set, or on the union of the agents' own test sets (FEMNIST); test data are not private.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ..algorithms import admm
+from ..comm.star import Star
+from ..data import ShardFile
+from ..errors import JobError
+from ..jobspec import Key, err
+from ..privacy import GAUSSIAN_CALIBRATIONS
+from .base import Context, Method, Outcome, Resolved, default_of, settings_attrs
+
+_S = admm.Settings
+_NUM = (int, float)
+EVALUATION_ONLY = ("metrics train_cost, consensus, noise_mag, lap_scale and z_change are "
+                   "evaluation-only (computed from un-noised agent data or states); test_error "
+                   "uses the public test set")
+
+
+def _d(field: str) -> Any:
+    return default_of(_S, field)
+
+
+SECTION = {
+    "gamma": Key(_NUM, _d("gamma"), "regularisation weight: F(w) = loss + gamma ||w||_F^2"),
+    "rho": Key((str,) + _NUM, _d("rho_mode"), "penalty: dynamic_1 = min(1e9, c1 "
+               "1.2^floor((t+1)/T_c) + c2/eps) (21), dynamic_2 = (21)/100, or a constant"),
+    "rho_c1": Key(_NUM, _d("rho_c1"), "c1 of (21) (MNIST 2, FEMNIST 0.005)"),
+    "rho_c2": Key(_NUM, _d("rho_c2"), "c2 of (21) (MNIST 5, FEMNIST 0.05)"),
+    "rho_tc": Key((int,), _d("rho_tc"), "T_c of (21) (MNIST 10000, FEMNIST 2000)"),
+    "prox_scale": Key(_NUM, _d("prox_scale"), "a: eta^t = a/sqrt(t+1) (ObjP), delta^t (ObjT), "
+                      "OutP's eta"),
+    "tr_schedule": Key((str,), _d("tr_schedule"), "ObjT trust radius: const (delta = a, the "
+                       "released code) or inv_sq (a/(t+1)^2, the paper's prose)",
+                       ("const", "inv_sq")),
+    "sens_mode": Key((str,), _d("sens_mode"), "l1 sensitivity: local_max (the code: max over the "
+                     "agent's records at z_p / I; reads private data to set the noise, recorded "
+                     "as a data-dependent calibration), local_max_x2 (replace-one) or global "
+                     "(4 J / I: strict, data-independent)", ("local_max", "local_max_x2", "global")),
+    "outp_noise_std": Key((str,), _d("outp_noise_std"), "OutP noise std: sigma (Huang et al., "
+                          "the fair baseline) or sigma_sq (the authors' code; less noise than "
+                          "calibrated: recorded uncertified)", ("sigma", "sigma_sq")),
+    "outp_calibration": Key((str,), _d("outp_calibration"), "OutP Gaussian calibration: auto "
+                            "(classical sqrt(2 ln(1.25/delta))/eps below eps = 1, where its proof "
+                            "holds, analytic (Balle & Wang) from eps = 1 on), classical (refuses "
+                            "eps >= 1), analytic (every eps), paper (classical at every eps, as "
+                            "the authors: not DP for eps >= 1, recorded uncertified)",
+                            (*GAUSSIAN_CALIBRATIONS, "paper")),
+    "reg_grad": Key((str,), _d("reg_grad"), "regulariser gradient in ObjT/ObjP: consistent "
+                    "(2 gamma/P z_p) or code (2 gamma w)", ("consistent", "code")),
+    "w_bound": Key(_NUM, _d("w_bound"), "box W = [-B, B]^(J x K) (inf: unconstrained, the final "
+                   "code; 1.0: the April 2021 code)"),
+    "dp_delta": Key(_NUM, _d("dp_delta"), "delta of OutP's (eps, delta)-DP per iteration"),
+    "budget_eps": Key(_NUM, _d("budget_eps"), "each agent's total budget over all iterations "
+                      "(basic composition): a release beyond it is refused and the run ends "
+                      "there (inf: no cap, the paper's per-iteration guarantee)"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    local: dict  # agent -> (X, y), every hosted agent's records read once
+    test: tuple | None  # (X, y) on the server
+    K: int
+
+
+def n_classes(star: Star, local: dict, test: tuple | None) -> int:
+    """K = 1 + the largest label over every agent and the test set (collective)."""
+    top = max([int(y.max()) for _, y in local.values() if y.size] + [0])
+    if test is not None:
+        top = max(top, int(test[1].max()))
+    return int(star.comm.allreduce(top, op=MPI.MAX)) + 1
+
+
+def test_set(shard: ShardFile) -> tuple[np.ndarray, np.ndarray] | None:
+    """The global test set, else the union of the agents' test sets, else None."""
+    if shard.has_global_test:
+        X, y = shard.read_test()
+        return np.asarray(X, dtype=np.float64), np.asarray(y).astype(np.int64)
+    parts = [shard.read_agent_test(i) for i in range(shard.n_agents) if shard.has_test(i)]
+    if not parts:
+        return None
+    return (np.concatenate([np.asarray(X, dtype=np.float64) for X, _ in parts]),
+            np.concatenate([np.asarray(y) for _, y in parts]).astype(np.int64))
+
+
+class Admm(Method):
+    name = "admm"
+    summary = ("DP inexact ADMM (seed 002): a server (rank 0) and P agents train a multiclass "
+               "logistic regression by consensus ADMM; agents perturb their subproblems (ObjT, "
+               "ObjP) or their outputs (OutP)")
+    variants = admm.METHODS
+    variant_help = ("objt (trust region, inf-norm; default) or objp (proximal): objective "
+                    "perturbation with Laplace noise; outp: the DP-ADMM baseline (Gaussian output "
+                    "perturbation, decreasing variance)")
+    reads = ("comm.aggregate",)
+    sections = {"admm": SECTION}
+    legacy_keys = {"admm.method": "variant", "sweep.method": "sweep.variant"}
+    variant_aliases = {"iadmm": None}
+    label_variant = True
+    key_help = {"T": "iterations", "eps": "eps_bar: every agent's budget PER ITERATION (one "
+                "value for all agents); totals over the iterations are in privacy/ledger"}
+    default_metric = "test_error"
+
+    def validate(self, values: dict[str, Any], path: str) -> None:
+        rho = values["admm.rho"]
+        if isinstance(rho, str) and rho not in ("dynamic_1", "dynamic_2"):
+            raise err(path, "admm.rho", f"expected dynamic_1, dynamic_2 or a number, got {rho!r}")
+        if not isinstance(rho, str) and not 0 < rho < math.inf:
+            raise err(path, "admm.rho", "a constant penalty must be a positive number")
+        for key in ("admm.gamma", "admm.rho_c1", "admm.rho_c2"):
+            if not 0 <= values[key] < math.inf:
+                raise err(path, key, "must be a finite number >= 0")
+        if values["admm.rho_tc"] < 1:
+            raise err(path, "admm.rho_tc", "must be at least 1")
+        for key in ("admm.prox_scale", "admm.w_bound", "admm.budget_eps"):
+            if not values[key] > 0:
+                raise err(path, key, "must be > 0")
+        if not 0 < values["admm.dp_delta"] < 1:
+            raise err(path, "admm.dp_delta", "must be in (0, 1)")
+        if values["admm.outp_calibration"] == "classical":
+            variants = values["sweep.variant"] or [values["variant"]]
+            budgets = values["sweep.eps"] or [values["eps"]]
+            flat = [e for b in budgets for e in (b if isinstance(b, list) else [b])]
+            if "outp" in variants and any(1 <= e < math.inf for e in flat):
+                raise err(path, "admm.outp_calibration", "the classical Gaussian calibration "
+                          "holds only for eps < 1, and OutP runs at eps >= 1 here; use 'auto' or "
+                          "'analytic' (Balle & Wang 2018), or 'paper' to reproduce the authors' "
+                          "(uncertified) noise")
+
+    def prepare(self, ctx: Context) -> Prepared:
+        shard, star = ctx.shard, ctx.star
+        if shard.is_sparse:
+            raise JobError(f"job file {ctx.job.path}: admm needs dense features; {shard.path} is "
+                           "CSR")
+        local = ctx.agree(lambda: {i: shard.read_agent(i) for i in star.local_agents})
+        test = ctx.agree(lambda: test_set(shard) if star.is_learner else None)
+        return Prepared(local, test, n_classes(star, local, test))
+
+    def header(self, ctx: Context, prep: Prepared) -> str:
+        return f"J={ctx.shard.n_features}, K={prep.K}"
+
+    def settings(self, ctx: Context, prep: Prepared, rc: Resolved) -> _S:
+        job = ctx.job
+        if len(set(rc.eps)) != 1:
+            raise JobError(f"job file {job.path}: key 'eps': admm uses one per-iteration budget "
+                           f"eps_bar for every agent, got {rc.eps}")
+        rho = job["admm.rho"]
+        return _S(
+            method=rc.variant, T=job["T"], eps_bar=float(rc.eps[0]), n=tuple(rc.n),
+            J=ctx.shard.n_features, K=prep.K, gamma=float(job["admm.gamma"]),
+            rho_mode=rho if isinstance(rho, str) else "static",
+            rho_static=(float(rho) if not isinstance(rho, str) else 1.0),
+            rho_c1=float(job["admm.rho_c1"]), rho_c2=float(job["admm.rho_c2"]),
+            rho_tc=int(job["admm.rho_tc"]), prox_scale=float(job["admm.prox_scale"]),
+            tr_schedule=job["admm.tr_schedule"], sens_mode=job["admm.sens_mode"],
+            outp_noise_std=job["admm.outp_noise_std"],
+            outp_calibration=job["admm.outp_calibration"], reg_grad=job["admm.reg_grad"],
+            w_bound=float(job["admm.w_bound"]), dp_delta=float(job["admm.dp_delta"]),
+            budget_eps=float(job["admm.budget_eps"]), seed=job["seed"], run_ids=ctx.run_ids,
+            record_every=job["record_every"], aggregate=job["comm.aggregate"])
+
+    def record_attrs(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S) -> dict[str, Any]:
+        return {**settings_attrs(s), "n_test": 0 if prep.test is None else len(prep.test[1]),
+                "dp_strict": s.sens_mode == "global" or s.method == "outp",
+                "privacy": ("(eps_bar, delta)-DP per iteration (Gaussian)" if s.method == "outp"
+                            else "eps_bar-DP per iteration (Laplace objective perturbation)"),
+                "evaluation_only": EVALUATION_ONLY}
+
+    def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S, recorder: Any,
+                   label: str) -> Outcome | None:
+        agents = ctx.agree(lambda: [admm.Agent(i, X[: rc.n[i]], y[: rc.n[i]], s)
+                                    for i, (X, y) in prep.local.items()])
+        out = admm.run_config(ctx.star, agents, s, prep.test, recorder, label=label,
+                              progress=ctx.progress)
+        if out is None:
+            return None
+        res = Outcome(out["ledgers"], guarantee=(
+            "per iteration: each released z_p is eps_bar-DP (ObjT/ObjP, Laplace) or (eps_bar, "
+            "dp_delta)-DP (OutP, Gaussian) for agent p's data, the paper's statement; it composes "
+            "nothing across iterations, the totals here compose all of an agent's releases"))
+        res.add("models/final", out["models/final"])
+        res.attrs.update(eps_total_basic=float(np.max(out["eps_total_basic"])),
+                         seconds=round(out["seconds"], 3), ended_at=out["ended_at"],
+                         end_reason=out["end_reason"])
+        return res
+
+    def analyze(self, result: Any, metric: str | None = None) -> str:
+        from ..analysis import admm_figures, table
+
+        if metric in (None, self.default_metric):
+            return admm_figures.admm_table_text(result)
+        return table.analyze_text(result, metric=metric)
+
+    def table_rows(self, result: Any, metric: str | None = None) -> list[dict[str, Any]]:
+        from ..analysis import admm_figures, table
+
+        if metric in (None, self.default_metric):
+            return admm_figures.admm_table(result)
+        return table.summarize(result, metric=metric)
+
+    def figures(self, result: Any, prefix: Path, metric: str | None = None) -> list[Path]:
+        from ..analysis import admm_figures
+
+        return admm_figures.plot_admm(result, prefix)
+
+
+METHOD = Admm()

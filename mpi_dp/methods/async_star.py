@@ -1,0 +1,256 @@
+"""Method entry of asynchronous DP learning on a star (seed 000): job keys, set-up, outputs.
+
+Owners beyond a configuration's N (owners, sweep.owners) hold no records in it, so reference
+quantities and psi are computed on the participants only (spec §5).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import scipy.sparse as sp
+
+from ..algorithms import async_star
+from ..algorithms.common import LocalShard, cached_reference
+from ..comm.p2p_star import P2PStar
+from ..errors import JobError
+from ..jobspec import Job, Key, err, resolve_per_owner
+from .base import Context, Method, Outcome, Resolved, default_of, settings_attrs
+from .star_common import STAR_READS, PublicConstants, agreed_public_constants, star_header
+
+_S = async_star.Settings
+EVALUATION_ONLY = ("metrics psi, objective, dist_sq, privacy/clip_fraction and reference/* are "
+                   "evaluation-only (oracle=True): computed from un-noised owner data, never part "
+                   "of the private protocol")
+
+SECTION = {
+    "mode": Key((str,), default_of(_S, "mode"), "replay: a seeded schedule decides who is served "
+                "(bitwise reproducible); live: owners' Poisson clocks tick in wall time",
+                ("replay", "live")),
+    "scheduler": Key((str,), default_of(_S, "scheduler"), "replay schedule: poisson (independent "
+                     "clocks of rate async.rates, t_1 = 0) or uniform (i_k ~ U, t_k = k - 1)",
+                     ("poisson", "uniform")),
+    "rates": Key((int, float, list), 1.0, "Poisson clock rate lambda_j of each owner (scalar or "
+                 "one per owner; unequal rates leave the paper's 1/N law)"),
+    "schedule_from": Key((str,), "", "replay the schedule logged in this result file (e.g. of "
+                         "a live run): same configuration index, run 0's schedule for all runs"),
+    "protocol": Key((str,), "owner_request", "live mode: owner_request (an owner asks when its "
+                    "clock ticks) or learner_broadcast (the learner polls; the first owner to "
+                    "claim is served)", ("owner_request", "learner_broadcast")),
+    "clock_unit_s": Key((int, float), default_of(_S, "clock_unit_s"), "live mode: seconds per "
+                        "unit of clock time (ticks are Exp(lambda) x clock_unit_s apart; when "
+                        "owners tick faster than the learner serves, requests queue and service "
+                        "is near round-robin)"),
+    "poll_interval_s": Key((int, float), default_of(_S, "poll_interval_s"), "live "
+                           "learner_broadcast: seconds between polls when no owner claimed"),
+    "per_owner_cap": Key((int, list), 0, "answers each owner gives before it declines: 0 = T "
+                         "(the spec's default, b_i = 2 xi T/(n_i eps_i)); m_i > 0 gives "
+                         "b_i = 2 xi m_i/(n_i eps_i) (scalar or one per owner)"),
+    "gamma": Key((int, float), 0.1, "rho = 'auto': local gain gamma = a_own (n_i/n) L, so "
+                 "rho = gamma T^2 lam / L_public (spec: keep gamma in [0.02, 0.3])"),
+    "init": Key((str,), "const", "initial models: const (theta0 everywhere) or uniform "
+                "(U[0,1)^p per run, the authors' lending setting)", ("const", "uniform")),
+    "preset": Key((str,), "dp", "dp (clipping, i.i.d. noise; dp_valid = true) or paper_code "
+                  "(the authors' code: xi = p/2, no clipping; dp_valid = false)",
+                  ("dp", "paper_code")),
+    "noise_shape": Key((str,), default_of(_S, "noise_shape"), "iid (DP) or scalar (one Laplace "
+                       "value added to every coordinate, as in the authors' code: NOT DP, "
+                       "paper_code only)", ("iid", "scalar")),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    public: PublicConstants
+    rho: float
+    link: P2PStar
+    refs: dict
+
+
+def _empty_shard(agent: int, p: int, sparse: bool) -> LocalShard:
+    X = sp.csr_matrix((0, p)) if sparse else np.zeros((0, p))
+    return LocalShard(agent, X, np.zeros(0))
+
+
+def _caps(job: Job, N: int, n_file: int) -> list[int]:
+    caps = resolve_per_owner(job, "async.per_owner_cap", job["async.per_owner_cap"], N, n_file)
+    return [job["T"] if int(c) == 0 else int(c) for c in caps]
+
+
+def _rates(job: Job, N: int, n_file: int) -> tuple[float, ...]:
+    return tuple(float(r) for r in resolve_per_owner(job, "async.rates", job["async.rates"], N,
+                                                      n_file))
+
+
+def load_logged_schedule(job: Job, index: int) -> tuple[np.ndarray, np.ndarray]:
+    """(owner (k,), time (k,)) served in run 0 of configuration `index` of async.schedule_from."""
+    path = job["async.schedule_from"]
+    try:
+        with h5py.File(path, "r", locking=False) as f:
+            g = f[f"configs/{index:03d}"] if "configs" in f else f
+            if "schedule/owner" not in g:
+                raise JobError(f"job file {job.path}: key 'async.schedule_from': {path} has no "
+                               f"logged schedule for configuration {index} (is it an async_star "
+                               "result?)")
+            owner = np.asarray(g["schedule/owner"][0], dtype=np.int64)
+            t = np.asarray(g["schedule/time"][0], dtype=np.float64)
+    except OSError as e:
+        raise JobError(f"job file {job.path}: key 'async.schedule_from': cannot read {path}: "
+                       f"{e}") from None
+    keep = owner >= 0
+    return owner[keep], t[keep]
+
+
+def settings_for(job: Job, eps: list[float], n: list[int], n_file: int, xi: float, rho: float,
+                 p: int, run_ids: tuple[int, ...], variant: str | None = None) -> _S:
+    """The algorithm's settings of one configuration (variant: the job's unless given)."""
+    N = len(n)
+    paper = job["async.preset"] == "paper_code"
+    mode = job["async.mode"]
+    return _S(
+        T=job["T"], loss=job["loss"], lam=float(job["lam"]), theta_max=float(job["theta_max"]),
+        theta0=float(job["theta0"]), init=job["async.init"],
+        xi=(p / 2 if paper else xi), clip=(False if paper else job["clip"]), rho=rho,
+        central_step=variant or job["variant"], eps=tuple(eps), n=tuple(n),
+        caps=tuple(_caps(job, N, n_file)), p=p, seed=job["seed"], run_ids=run_ids,
+        record_every=job["record_every"], mode=mode, scheduler=job["async.scheduler"],
+        rates=_rates(job, N, n_file),
+        protocol=(job["async.protocol"] if mode == "live" else "virtual"),
+        clock_unit_s=float(job["async.clock_unit_s"]),
+        poll_interval_s=float(job["async.poll_interval_s"]),
+        noise_shape=job["async.noise_shape"], dp_valid=not paper)
+
+
+class AsyncStar(Method):
+    name = "async_star"
+    summary = ("asynchronous DP learning on a star (seed 000): the learner (rank 0) serves one "
+               "owner per iteration, which answers with a clipped, Laplace-noised mean gradient")
+    variants = ("proof", "printed")
+    variant_help = ("the central step c_L of (7): proof (rho/(2 T^2 lam), the proof and the "
+                    "authors' code; default) or printed ((N-1) rho/(N T^2 lam))")
+    reads = STAR_READS + ("owners", "sweep.owners")
+    sections = {"async": SECTION}
+    key_help = {"T": "learner updates over all owners", "eps": "each owner's total budget for "
+                "its m_i answers (b_i = 2 xi m_i / (n_i eps_i))"}
+
+    def validate(self, values: dict[str, Any], path: str) -> None:
+        rates = values["async.rates"]
+        for r in rates if isinstance(rates, list) else [rates]:
+            if isinstance(r, bool) or not isinstance(r, int | float) or not 0 < r < math.inf:
+                raise err(path, "async.rates", f"rates must be positive finite numbers, got {r!r}")
+        for key in ("async.clock_unit_s", "async.poll_interval_s"):
+            if not 0 < values[key] < math.inf:
+                raise err(path, key, f"must be a positive number of seconds, got {values[key]!r}")
+        cap = values["async.per_owner_cap"]
+        for c in cap if isinstance(cap, list) else [cap]:
+            if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+                raise err(path, "async.per_owner_cap", f"caps must be integers >= 0 (0 = T), got "
+                          f"{c!r}")
+        if not 0 < values["async.gamma"] < math.inf:
+            raise err(path, "async.gamma", "must be > 0")
+        if values["async.noise_shape"] == "scalar" and values["async.preset"] != "paper_code":
+            raise err(path, "async.noise_shape", "'scalar' noise (one Laplace value on every "
+                      "coordinate) is not DP: allowed only with async.preset = 'paper_code'")
+        if values["async.mode"] == "live" and values["async.schedule_from"]:
+            raise err(path, "async.schedule_from", "a logged schedule is replayed in mode "
+                      "'replay', not 'live'")
+
+    def prepare(self, ctx: Context) -> Prepared:
+        job = ctx.job
+        pc = agreed_public_constants(ctx)
+        if job["step.rho"] != "auto":
+            rho = float(job["step.rho"])
+        else:
+            rho = async_star.default_rho(job["async.gamma"], job["T"], float(job["lam"]), pc.L)
+        link = P2PStar(ctx.comm, ctx.star.layout, ctx.shard.n_features)
+        return Prepared(pc, rho, link, {})
+
+    def header(self, ctx: Context, prep: Prepared) -> str:
+        return star_header(ctx, prep.public, prep.rho)
+
+    def settings(self, ctx: Context, prep: Prepared, rc: Resolved) -> _S:
+        s = settings_for(ctx.job, rc.eps, rc.n, ctx.shard.n_agents, prep.public.xi, prep.rho,
+                         ctx.shard.n_features, ctx.run_ids, variant=rc.variant)
+        async_star.check_settings(s, ctx.job.path, ctx.comm.Get_size())
+        return s
+
+    def record_attrs(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S) -> dict[str, Any]:
+        job = ctx.job
+        return {**settings_attrs(s), "owners": s.N, "L": prep.public.L, "a_own": s.a_own,
+                "a_ctr": s.a_ctr, "lap_scale": s.lap_scales(), "preset": job["async.preset"],
+                "scheduler": "logged" if job["async.schedule_from"] else s.scheduler,
+                "schedule_from": job["async.schedule_from"],
+                "public_clip_fraction": prep.public.public_clip_fraction, "oracle": True,
+                "step_rule": "a_own = N rho/(T^2 lam); a_ctr = " + (
+                    "rho/(2 T^2 lam) [proof]" if s.central_step == "proof"
+                    else "(N-1) rho/(N T^2 lam) [printed]"),
+                "evaluation_only": EVALUATION_ONLY}
+
+    def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S, recorder: Any,
+                   label: str) -> Outcome | None:
+        star, job, N, n = ctx.star, ctx.job, s.N, rc.n
+        logged = None
+        if job["async.schedule_from"]:
+            logged = ctx.agree(lambda: load_logged_schedule(job, rc.index)
+                               if star.is_learner else None)
+        shards = [LocalShard(i, *ctx.shard.read_agent(i, n[i])) if i < N
+                  else _empty_shard(i, s.p, ctx.shard.is_sparse) for i in star.local_agents]
+        ref = cached_reference(prep.refs, star, shards, s.loss, s.lam, n, s.p, s.theta_max,
+                               job["reference.solver"])
+        out = async_star.run_config(star, prep.link, shards, s, ref, recorder, label=label,
+                                    progress=ctx.progress, logged=logged)
+        if out is None:
+            return None
+        return _outcome(out, ref, s)
+
+    def figures(self, result: Any, prefix: Path, metric: str | None = None) -> list[Path]:
+        from ..analysis import async_report
+
+        return async_report.plot_async(result, prefix, metric or self.default_metric)
+
+
+def _outcome(out: dict, ref, s: _S) -> Outcome:
+    N = s.N
+    tr: async_star.Trace = out["trace"]
+    res = Outcome(out["ledgers"], guarantee=(
+        "each owner's m_i answers together are eps_i-DP (basic composition of m_i releases of "
+        "eps_i / m_i, Laplace, replace-one sensitivity 2 xi / n_i); an owner answers at most m_i "
+        "times" + ("" if s.dp_valid else "; preset paper_code: NOT DP (dp_valid = false)")))
+    res.add("models/final", out["models/final"])
+    res.add("models/local", out["models/local"])
+    res.add("schedule/owner", tr.owner, what="i_k (0-based owner) of iteration k = 1..T; -1 "
+            "after a run ended")
+    res.add("schedule/time", tr.time, what="t_k: virtual time (replay) or wall seconds since "
+            "the start (live)")
+    res.add("schedule/response_norm", tr.resp_norm, what="||r_k||_2 of the DP answer")
+    res.add("schedule/ended_at", tr.ended_at, reason=tr.end_reason or "reached T")
+    res.add("schedule/declines", tr.decline_array(),
+            reasons={str(k): v for k, v in async_star.REASONS.items()})
+    if s.mode == "live":
+        res.add("schedule/rtt_s", tr.rtt, what="learner's query-to-answer seconds")
+        res.add("schedule/dropped_ticks", out["dropped_ticks"],
+                what="clock ticks dropped per host while a request was outstanding")
+    f_star = out["f_star"] if out["f_star"] is not None else ref.f_star
+    if not math.isfinite(f_star):
+        raise JobError("the reference objective is not finite")
+    res.add("reference/theta_star", ref.theta_star, evaluation_only=True, solver=ref.solver)
+    res.add("reference/f_star", f_star, evaluation_only=True)
+    res.add("reference/theta_isolated", ref.theta_isolated[:N], evaluation_only=True)
+    res.add("reference/psi_isolated", out["psi_isolated"], evaluation_only=True)
+    res.add("privacy/answered", out["answered"])
+    res.add("privacy/spent_eps", out["spent_eps"], composition="basic (sequential): the owner's "
+            "ledger, per run and owner (inf: eps = inf, no noise)")
+    res.add("privacy/clip_fraction", out["clip_fraction"], evaluation_only=True,
+            what="mean share of an owner's records clipped per answer")
+    res.add("privacy/lap_scale", s.lap_scales(),
+            formula="b_i = 2 xi m_i / (n_i eps_i), m_i = answers allowed (T by default)"
+            + ("" if s.noise_shape == "iid" else "; scalar noise: NOT DP"))
+    return res
+
+
+METHOD = AsyncStar()

@@ -1,0 +1,197 @@
+"""The method seam: what one method provides so that the job loader, the runner and the CLI need
+nothing else. A method is one module under mpi_dp/methods defining a `Method` subclass and
+`METHOD = ThatClass()`, plus one line in the registry (mpi_dp/methods/__init__.py).
+
+The runner calls, for a job of the method:
+
+    prepare(ctx)                                  once, collective (public constants, test sets...)
+    header(ctx, prepared)                         progress line on rank 0
+    per configuration:
+        settings(ctx, prepared, rc)               resolved knobs; errors agreed by every rank
+        record_attrs(ctx, prepared, rc, s)        attributes of the configuration's HDF5 group
+        run_config(ctx, prepared, rc, s, rec, label) -> Outcome on rank 0 (None elsewhere)
+
+and writes the outcome: its arrays, `privacy/ledger` (every agent's ledger through the
+accountants, at the job's privacy.delta) and its attributes. `mpi-dp analyze` and `mpi-dp plot`
+call `analyze`, `table_rows` and `figures` of the method named in the result file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..comm.agree import collective
+from ..comm.star import Star
+from ..data import ShardFile
+from ..jobspec import Config, Job, Key
+from ..privacy import Ledger
+
+
+@dataclasses.dataclass
+class Context:
+    """What every method gets from the runner for one job (identical on every rank)."""
+
+    job: Job
+    shard: ShardFile
+    star: Star
+    run_ids: tuple[int, ...]
+    progress: bool = True
+
+    @property
+    def comm(self):
+        return self.star.comm
+
+    @property
+    def runs(self) -> int:
+        return len(self.run_ids)
+
+    def agree(self, fn):
+        """Run fn on every rank; a user error on any rank is raised on all of them."""
+        return collective(self.comm, fn)
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """A configuration with its per-owner budgets and sizes resolved against the shard file."""
+
+    config: Config
+    eps: list[float]  # one per participating owner
+    n: list[int]  # records each participating owner uses
+    n_requested: list[int] | None = None  # set when n_beyond_shard = 'cap' shortened a request
+
+    @property
+    def index(self) -> int:
+        return self.config.index
+
+    @property
+    def variant(self) -> str:
+        return self.config.variant
+
+    @property
+    def N(self) -> int:
+        return len(self.n)
+
+    @property
+    def label(self) -> str:
+        return self.config.label(self.eps, self.n)
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What a configuration leaves for the result file (on rank 0).
+
+    `ledgers`: every participating agent's privacy ledger, in agent order. `guarantee`: what one
+    release and the totals mean for this method (stored with privacy/ledger and printed by
+    analyze). `arrays`: (path, data, attrs) datasets. `attrs`: attributes of the group.
+    """
+
+    ledgers: list[Ledger]
+    guarantee: str
+    arrays: list[tuple[str, Any, dict[str, Any]]] = dataclasses.field(default_factory=list)
+    attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def add(self, path: str, data: Any, **attrs: Any) -> None:
+        self.arrays.append((path, data, attrs))
+
+
+def settings_attrs(settings: Any) -> dict[str, Any]:
+    """Settings (a dataclass or a mapping) as HDF5 attributes: its field names, tuples and lists
+    as arrays (one source of names: the attributes are called what the algorithm calls its knobs)."""
+    out: dict[str, Any] = {}
+    items = (settings.items() if isinstance(settings, Mapping) else
+             ((f.name, getattr(settings, f.name)) for f in dataclasses.fields(settings)))
+    for name, v in items:
+        if v is None:
+            continue
+        if isinstance(v, tuple | list):
+            v = np.asarray(v, dtype=np.int64 if all(isinstance(x, int) for x in v) and v
+                           else np.float64)
+        out[name] = v
+    return out
+
+
+def default_of(settings_cls: type, field: str) -> Any:
+    """The default of a settings field: job keys take their defaults from the algorithm, so each
+    knob has exactly one default."""
+    for f in dataclasses.fields(settings_cls):
+        if f.name == field:
+            if f.default is dataclasses.MISSING:
+                raise ValueError(f"{settings_cls.__name__}.{field} has no default")
+            return f.default
+    raise ValueError(f"{settings_cls.__name__} has no field {field!r}")
+
+
+class Method:
+    """One method of the program. Subclasses set the class attributes and override the hooks."""
+
+    name: str = ""
+    summary: str = ""
+    #: variants, the default first; `variant_help` explains them in `mpi-dp run --help`
+    variants: tuple[str, ...] = ("default",)
+    variant_help: str = ""
+    #: shared keys it reads besides the generic ones (jobspec.SHARED / SHARED_SECTIONS; 'step.*'
+    #: for a whole shared section)
+    reads: tuple[str, ...] = ()
+    #: sections it owns: {section: {key: Key}}
+    sections: Mapping[str, Mapping[str, Key]] = {}
+    #: old key names still accepted, {old: new}, and old variant names, {old: new or None}
+    legacy_keys: Mapping[str, str] = {}
+    variant_aliases: Mapping[str, str | None] = {}
+    #: name the variant in every configuration label (also without a variant sweep)
+    label_variant: bool = False
+    #: what generic keys mean for this method, shown in `mpi-dp run --help`
+    key_help: Mapping[str, str] = {}
+    #: the metric `analyze` and `plot` summarise by default
+    default_metric: str = "psi"
+
+    # -- job ---------------------------------------------------------------------------------
+    def validate(self, values: dict[str, Any], path: str) -> None:
+        """Range checks of its own keys (types and choices are checked already)."""
+
+    # -- run ---------------------------------------------------------------------------------
+    def prepare(self, ctx: Context) -> Any:
+        """Collective set-up shared by the configurations (e.g. public constants)."""
+        return None
+
+    def header(self, ctx: Context, prepared: Any) -> str:
+        """Method-specific part of the progress line printed when the job starts."""
+        return ""
+
+    def settings(self, ctx: Context, prepared: Any, rc: Resolved) -> Any:
+        raise NotImplementedError
+
+    def record_attrs(self, ctx: Context, prepared: Any, rc: Resolved, s: Any) -> dict[str, Any]:
+        """Attributes of the configuration's group (default: the settings' fields)."""
+        return settings_attrs(s)
+
+    def expected_records(self, ctx: Context, s: Any) -> int:
+        """Records a configuration writes (sizes the HDF5 chunks)."""
+        return ctx.job["T"] // ctx.job["record_every"] + 2
+
+    def run_config(self, ctx: Context, prepared: Any, rc: Resolved, s: Any, recorder: Any,
+                   label: str) -> Outcome | None:
+        raise NotImplementedError
+
+    # -- analysis ----------------------------------------------------------------------------
+    def analyze(self, result: Any, metric: str | None = None) -> str:
+        """What `mpi-dp analyze` prints for a result of this method (before the privacy block)."""
+        from ..analysis import table
+
+        return table.analyze_text(result, metric=metric or self.default_metric)
+
+    def table_rows(self, result: Any, metric: str | None = None) -> list[dict[str, Any]]:
+        """The rows `mpi-dp analyze --csv` writes."""
+        from ..analysis import table
+
+        return table.summarize(result, metric=metric or self.default_metric)
+
+    def figures(self, result: Any, prefix: Path, metric: str | None = None) -> list[Path]:
+        """Write this method's figures; returns the PNG paths."""
+        from ..analysis import figures
+
+        return figures.plot_result(result, prefix, metric=metric or self.default_metric)

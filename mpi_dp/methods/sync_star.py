@@ -1,0 +1,113 @@
+"""Method entry of synchronous DP gradient descent on a star (seed 001): job keys, set-up, outputs."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from ..algorithms import sync_star
+from ..algorithms.common import LocalShard, cached_reference
+from ..jobspec import Key
+from ..privacy import lap_scale
+from .base import Context, Method, Outcome, Resolved, settings_attrs
+from .star_common import STAR_READS, PublicConstants, agreed_public_constants, star_header
+
+EVALUATION_ONLY = ("metrics psi, psi_iterate, objective, clip_fraction and group reference are "
+                   "evaluation-only (oracle=True): computed from un-noised owner data, never part "
+                   "of the private protocol")
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    public: PublicConstants
+    rho: float
+    refs: dict  # reference optima per n vector, shared by the configurations
+
+
+class SyncStar(Method):
+    name = "sync_star"
+    summary = ("synchronous DP gradient descent on a star (seed 001): every owner answers every "
+               "query of the learner (rank 0) with a clipped, Laplace-noised mean gradient")
+    variants = ("alg2", "alg1")
+    variant_help = ("alg2 (sub-gradient steps mu_k = rho/(T sqrt(k)) with polynomial-decay "
+                    "averaging; default) or alg1 (mu_k = rho/(k T^2), smooth f)")
+    reads = STAR_READS + ("comm.aggregate",)
+    sections = {
+        "average": {
+            "kind": Key((str,), "polynomial", "averaging of alg2", ("polynomial", "stepweighted")),
+            "eta": Key((int, float), 3.0, "polynomial-decay parameter (0: uniform running mean)"),
+        },
+    }
+    key_help = {"T": "queries each owner answers", "eps": "each owner's total budget for its T "
+                "answers (b_i = 2 xi T / (n_i eps_i), eps_i / T per answer)"}
+
+    def validate(self, values: dict[str, Any], path: str) -> None:
+        from ..jobspec import err
+
+        if values["average.eta"] < 0:
+            raise err(path, "average.eta", "must be >= 0")
+
+    def prepare(self, ctx: Context) -> Prepared:
+        job = ctx.job
+        pc = agreed_public_constants(ctx)
+        rho = (float(job["step.rho"]) if job["step.rho"] != "auto" else
+               sync_star.default_rho(job["variant"], job["step.alpha"], pc.L, job["T"]))
+        return Prepared(pc, rho, {})
+
+    def header(self, ctx: Context, prep: Prepared) -> str:
+        return star_header(ctx, prep.public, prep.rho)
+
+    def _rho(self, ctx: Context, prep: Prepared, variant: str) -> float:
+        job = ctx.job
+        if job["step.rho"] != "auto" or variant == job["variant"]:
+            return prep.rho
+        return sync_star.default_rho(variant, job["step.alpha"], prep.public.L, job["T"])
+
+    def settings(self, ctx: Context, prep: Prepared, rc: Resolved) -> sync_star.Settings:
+        job = ctx.job
+        s = sync_star.Settings(
+            variant=rc.variant, T=job["T"], loss=job["loss"], lam=float(job["lam"]),
+            theta_max=float(job["theta_max"]), theta0=float(job["theta0"]), xi=prep.public.xi,
+            clip=job["clip"], rho=self._rho(ctx, prep, rc.variant), L=prep.public.L,
+            avg_kind=job["average.kind"], eta=float(job["average.eta"]), seed=job["seed"],
+            run_ids=ctx.run_ids, record_every=job["record_every"],
+            aggregate=job["comm.aggregate"], eps=tuple(rc.eps), n=tuple(rc.n),
+            p=ctx.shard.n_features, schedule=job["step.schedule"])
+        sync_star.check_settings(s, job.path)
+        return s
+
+    def record_attrs(self, ctx: Context, prep: Prepared, rc: Resolved,
+                     s: sync_star.Settings) -> dict[str, Any]:
+        return {**settings_attrs(s), "public_clip_fraction": prep.public.public_clip_fraction,
+                "step_rule": ("mu_k = rho/(k T^2)" if s.variant == "alg1"
+                              else "mu_k = rho/(T sqrt(k))"),
+                "evaluation_only": EVALUATION_ONLY}
+
+    def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: sync_star.Settings,
+                   recorder: Any, label: str) -> Outcome | None:
+        star, n = ctx.star, rc.n
+        shards = [LocalShard(i, *ctx.shard.read_agent(i, n[i])) for i in star.local_agents]
+        ref = cached_reference(prep.refs, star, shards, s.loss, s.lam, n, s.p, s.theta_max,
+                               ctx.job["reference.solver"])
+        final = sync_star.run_config(star, shards, s, ref, recorder, label=label,
+                                     progress=ctx.progress)
+        if final is None:
+            return None
+        out = Outcome(final["ledgers"], guarantee=(
+            "each owner's T answers together are eps_i-DP (basic composition of T releases of "
+            "eps_i / T, Laplace, replace-one sensitivity 2 xi / n_i); the totals compose them"))
+        out.add("models/final", final["models/final"])
+        out.add("models/final_iterate", final["models/final_iterate"])
+        out.add("reference/theta_star", ref.theta_star, evaluation_only=True, solver=ref.solver)
+        out.add("reference/f_star", ref.f_star, evaluation_only=True)
+        out.add("reference/theta_isolated", ref.theta_isolated, evaluation_only=True)
+        out.add("reference/psi_isolated", ref.psi_isolated, evaluation_only=True)
+        out.add("privacy/lap_scale", np.array([lap_scale(s.xi, s.T, n[i], s.eps[i])
+                                               for i in range(len(n))]),
+                formula="b_i = 2 xi T / (n_i eps_i), i.i.d. per coordinate")
+        return out
+
+
+METHOD = SyncStar()

@@ -1,0 +1,145 @@
+"""Mechanism events: small frozen records of one DP release, in the shape of dp-accounting's dp_event.
+
+A mechanism returns the noised value together with the event that names it and its parameters;
+the owner's ledger charges events and the accountants turn a ledger's events into (eps, delta).
+An event knows its own per-release guarantee (`eps`, `delta`) and how to describe itself to
+dp-accounting (`to_dp_event`). Two flags say when the guarantee does not hold as calibrated:
+
+- `data_dependent`: the noise scale was set from private data (e.g. admm's `local_max`
+  sensitivity), so the release is not DP as stated even if the arithmetic below is right;
+- `certified = False`: the mechanism is not the one the calibration assumes (no clipping, one
+  scalar draw on every coordinate, a standard deviation other than the calibrated one, ...).
+
+Pure Python/NumPy; dp-accounting is imported only to describe or evaluate Gaussian events.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+def _check(name: str, value: float) -> float:
+    value = float(value)
+    if math.isnan(value) or value < 0:
+        raise ValueError(f"{name} must be a non-negative number, got {value}")
+    return value
+
+
+def _round12(x: float) -> float:
+    """x to 12 significant digits: equal calibrations computed along different float paths
+    (e.g. sigma/Delta recomputed every iteration) share one accounting key."""
+    return float(f"{x:.12g}") if math.isfinite(x) else x
+
+
+@dataclass(frozen=True)
+class LaplaceEvent:
+    """I.i.d. Laplace(0, scale) noise on every coordinate of a value of L1 sensitivity
+    `l1_sensitivity` (neighbouring datasets move the value by at most that in L1 norm).
+
+    Per release: (l1_sensitivity / scale, 0)-DP. scale = 0 (no noise) with a positive sensitivity
+    is not private (eps = inf); a zero sensitivity releases nothing about the data (eps = 0).
+    """
+
+    l1_sensitivity: float
+    scale: float
+    data_dependent: bool = False
+    certified: bool = True
+
+    mechanism: ClassVar[str] = "laplace"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "l1_sensitivity", _check("l1_sensitivity", self.l1_sensitivity))
+        object.__setattr__(self, "scale", _check("scale", self.scale))
+
+    @property
+    def eps(self) -> float:
+        if self.l1_sensitivity == 0.0:
+            return 0.0
+        if self.scale == 0.0:
+            return math.inf
+        return self.l1_sensitivity / self.scale
+
+    @property
+    def delta(self) -> float:
+        return 0.0
+
+    def key(self) -> tuple:
+        """What accounting depends on: releases with equal keys compose alike."""
+        return ("laplace", _round12(self.eps), self.data_dependent, self.certified)
+
+    def to_dp_event(self) -> Any:
+        """dp-accounting's LaplaceDpEvent with noise_multiplier = scale / sensitivity (use with
+        NeighboringRelation.ADD_OR_REMOVE_ONE: sensitivity 1 in those units)."""
+        from dp_accounting import dp_event
+
+        if self.l1_sensitivity == 0.0:
+            return dp_event.NoOpDpEvent()
+        if self.scale == 0.0:
+            return dp_event.NonPrivateDpEvent()
+        return dp_event.LaplaceDpEvent(noise_multiplier=self.scale / self.l1_sensitivity)
+
+
+@functools.lru_cache(maxsize=4096)
+def gaussian_eps(noise_multiplier: float, delta: float) -> float:
+    """Exact eps of one Gaussian release with sigma / Delta_2 = noise_multiplier at `delta`
+    (Balle & Wang 2018, through dp-accounting)."""
+    if noise_multiplier == 0.0:
+        return math.inf
+    if math.isinf(noise_multiplier):
+        return 0.0
+    from dp_accounting import gaussian_mechanism
+
+    return float(gaussian_mechanism.get_epsilon_gaussian(noise_multiplier, delta))
+
+
+@dataclass(frozen=True)
+class GaussianEvent:
+    """I.i.d. N(0, sigma^2) noise on every coordinate of a value of L2 sensitivity `l2_sensitivity`.
+
+    Its per-release guarantee is stated at `delta`: eps is the exact (analytic) eps of this
+    sigma / Delta_2 at that delta, whatever formula chose sigma, so a conservative calibration
+    shows a smaller eps and an under-noised one (e.g. the authors' sigma^2 as the std) a larger one.
+    """
+
+    l2_sensitivity: float
+    sigma: float
+    delta: float
+    data_dependent: bool = False
+    certified: bool = True
+
+    mechanism: ClassVar[str] = "gaussian"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "l2_sensitivity", _check("l2_sensitivity", self.l2_sensitivity))
+        object.__setattr__(self, "sigma", _check("sigma", self.sigma))
+        if not 0.0 < float(self.delta) < 1.0:
+            raise ValueError(f"delta must be in (0, 1), got {self.delta}")
+
+    @property
+    def noise_multiplier(self) -> float:
+        if self.l2_sensitivity == 0.0:
+            return math.inf
+        return self.sigma / self.l2_sensitivity
+
+    @property
+    def eps(self) -> float:
+        return gaussian_eps(_round12(self.noise_multiplier), float(self.delta))
+
+    def key(self) -> tuple:
+        return ("gaussian", _round12(self.noise_multiplier), float(self.delta),
+                self.data_dependent, self.certified)
+
+    def to_dp_event(self) -> Any:
+        from dp_accounting import dp_event
+
+        if self.l2_sensitivity == 0.0:
+            return dp_event.NoOpDpEvent()
+        if self.sigma == 0.0:
+            return dp_event.NonPrivateDpEvent()
+        return dp_event.GaussianDpEvent(noise_multiplier=self.noise_multiplier)
+
+
+Event = LaplaceEvent | GaussianEvent

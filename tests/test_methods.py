@@ -1,0 +1,262 @@
+"""The method seam: registry-driven job keys, one default per knob, every method's privacy ledger,
+admm's budget and OutP's Gaussian calibration."""
+
+from __future__ import annotations
+
+import glob
+import math
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from helpers import assert_rank_invariant, write_job
+from mpi4py import MPI
+
+from mpi_dp import jobspec
+from mpi_dp.algorithms import admm, async_star, sync_star
+from mpi_dp.algorithms import admm_steps as steps
+from mpi_dp.comm.star import Star
+from mpi_dp.data.synth import synth_multiclass, write_synth
+from mpi_dp.errors import BudgetExceededError, JobError
+from mpi_dp.job import load_job
+from mpi_dp.methods import REGISTRY
+from mpi_dp.methods import admm as admm_entry
+from mpi_dp.methods import async_star as async_entry
+from mpi_dp.privacy import accountants, gaussian_sigma
+from mpi_dp.runner import run_job
+
+JOBS = sorted(glob.glob(str(Path(__file__).resolve().parent.parent / "jobs" / "*.toml")))
+
+
+@pytest.fixture(scope="module")
+def multiclass(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("mc") / "mc.h5"
+    return write_synth(path, "multiclass", 4, 200, 6, 0.35, 5, public=300, classes=3)
+
+
+def _ledger(path, group="/"):
+    with h5py.File(path, "r") as f:
+        d = f[group]["privacy/ledger"]
+        return d[()], dict(d.attrs), dict(f[group].attrs)
+
+
+# --- job keys come from the registry -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm, keys, message", [
+    ("admm", {"xi": 1.0}, "key 'xi': is not read by algorithm 'admm' (only sync_star, "
+     "async_star read it)"),
+    ("admm", {"step": {"alpha": 0.5}}, "key 'step.alpha': is not read by algorithm 'admm'"),
+    ("sync_star", {"admm": {"gamma": 0.1}}, "key 'admm': the [admm] section belongs to algorithm "
+     "'admm', not 'sync_star'"),
+    ("async_star", {"comm": {"aggregate": "reduce"}}, "key 'comm.aggregate': is not read by "
+     "algorithm 'async_star' (only sync_star, admm read it)"),
+    ("sync_star", {"owners": 2}, "key 'owners': is not read by algorithm 'sync_star'"),
+    ("admm", {"average": {"eta": 1.0}}, "the [average] section belongs to algorithm 'sync_star'"),
+])
+def test_a_key_of_another_method_is_an_error_naming_it(tmp_path, small_shards, algorithm, keys,
+                                                       message):
+    variant = REGISTRY.get(algorithm).variants[0]
+    p = write_job(tmp_path / "j.toml", small_shards, algorithm=algorithm, variant=variant, **keys)
+    with pytest.raises(JobError) as e:
+        load_job(p)
+    assert message in str(e.value) and str(p) in str(e.value)
+
+
+def test_unknown_algorithm_lists_the_registered_ones(tmp_path, small_shards):
+    p = write_job(tmp_path / "j.toml", small_shards, algorithm="sync")
+    with pytest.raises(JobError, match="'sync' is not one of 'sync_star', 'async_star', 'admm'"):
+        load_job(p)
+
+
+def test_variants_sweep_alike_for_every_method(tmp_path, small_shards):
+    p = write_job(tmp_path / "s.toml", small_shards, sweep={"variant": ["alg1", "alg2"],
+                                                            "eps": [1.0, 2.0]})
+    cfgs = load_job(p).configs()
+    assert [(c.variant, c.eps) for c in cfgs] == [("alg1", 1.0), ("alg1", 2.0), ("alg2", 1.0),
+                                                  ("alg2", 2.0)]
+    assert cfgs[0].label() == "alg1, eps=1, n=all"
+    bad = write_job(tmp_path / "b.toml", small_shards, sweep={"variant": ["alg1", "proof"]})
+    with pytest.raises(JobError, match=r"key 'sweep.variant\[1\]': 'proof' is not one of"):
+        load_job(bad)
+
+
+def test_old_admm_keys_still_load_and_say_so(tmp_path, multiclass):
+    p = write_job(tmp_path / "a.toml", multiclass, algorithm="admm", variant="iadmm",
+                  sweep={"method": ["objp", "outp"]}, admm={"gamma": 1e-4})
+    job = load_job(p)
+    assert job["variant"] == "objt" and job["sweep.variant"] == ["objp", "outp"]
+    assert [c.variant for c in job.configs()] == ["objp", "outp"]
+    assert any("sweep.method" in n for n in job.notes)
+    q = write_job(tmp_path / "b.toml", multiclass, algorithm="admm", variant="objp",
+                  admm={"method": "outp"})
+    with pytest.raises(JobError, match="key 'admm.method': is the old name of 'variant'"):
+        load_job(q)
+
+
+@pytest.mark.parametrize("path", JOBS, ids=[Path(p).stem for p in JOBS])
+def test_every_shipped_job_validates_without_old_names(path):
+    job = load_job(path)
+    assert job.configs() and not job.notes
+
+
+def test_one_default_per_knob():
+    """A knob's default is its algorithm settings' default; the job key reads it from there."""
+    pairs = [(admm_entry.SECTION, admm.Settings, {k: k for k in admm_entry.SECTION} | {
+        "rho": "rho_mode"}),
+        (async_entry.SECTION, async_star.Settings, {k: k for k in (
+            "mode", "scheduler", "clock_unit_s", "poll_interval_s", "noise_shape")})]
+    for section, settings, fields in pairs:
+        for key, field in fields.items():
+            assert section[key].default == settings.__dataclass_fields__[field].default, key
+    assert jobspec.SHARED_SECTIONS["step"]["schedule"].default == \
+        sync_star.Settings.__dataclass_fields__["schedule"].default
+    s = admm.Settings(method="outp", T=1, eps_bar=0.1, n=(10,), J=2, K=2, record_every=1)
+    assert s.outp_noise_std == "sigma" and s.outp_calibration == "auto"
+
+
+# --- every method writes privacy/ledger ----------------------------------------------------------
+
+
+def test_sync_star_ledger(tmp_path, small_shards):
+    out = run_job(write_job(tmp_path / "s.toml", small_shards, eps=[0.5, 2.0, math.inf], T=40),
+                  comm=MPI.COMM_SELF, progress=False)
+    rows, attrs, _ = _ledger(out)
+    assert rows["mechanism"].tolist() == [b"laplace"] * 3 and np.all(rows["releases"] == 40)
+    np.testing.assert_allclose(rows["eps_per_release"][:2], [0.5 / 40, 2.0 / 40], rtol=1e-12)
+    np.testing.assert_allclose(rows["eps_basic"][:2], [0.5, 2.0], rtol=1e-12)
+    for i, eps in enumerate((0.5, 2.0)):
+        e = eps / 40
+        adv = math.sqrt(2 * 40 * math.log(1e5)) * e + 40 * e * math.expm1(e)
+        assert rows["eps_advanced"][i] == pytest.approx(adv, rel=1e-9)
+        assert e < rows["eps_pld"][i] < min(eps, adv)
+    assert rows["eps_pld"][2] == math.inf and rows["certified"].all()
+    assert attrs["delta"] == 1e-5 and "T answers" in attrs["guarantee"]
+
+
+def test_async_star_ledger_matches_the_answers(tmp_path, small_shards):
+    p = write_job(tmp_path / "a.toml", small_shards, algorithm="async_star", variant="proof",
+                  lam=1e-5, T=120, runs=3, eps=2.0, privacy={"delta": 1e-6},
+                  **{"async": {"per_owner_cap": [20, 0, 0]}})
+    out = run_job(p, comm=MPI.COMM_SELF, progress=False)
+    rows, attrs, _ = _ledger(out)
+    with h5py.File(out, "r") as f:
+        answered = f["privacy/answered"][()]
+        spent = f["privacy/spent_eps"][()]
+    assert rows["releases"].tolist() == answered.max(axis=0).tolist()
+    assert rows["releases"][0] == 20  # owner 0's cap: its budget spent, then it declines
+    np.testing.assert_allclose(spent[:, 0], 2.0, rtol=1e-12)
+    np.testing.assert_allclose(rows["eps_per_release"], [2.0 / 20, 2.0 / 120, 2.0 / 120],
+                               rtol=1e-12)
+    assert np.all(rows["delta"] == 1e-6) and attrs["delta"] == 1e-6
+    assert np.all(rows["eps_pld"] < rows["eps_basic"])
+
+
+def test_admm_ledger_flags_data_dependent_and_uncertified_noise(tmp_path, multiclass):
+    def run(name, variant="objt", **admm_keys):
+        p = write_job(tmp_path / f"{name}.toml", multiclass, algorithm="admm", variant=variant,
+                      runs=2, T=15, eps=0.5, record_every=5, admm=admm_keys)
+        return _ledger(run_job(p, comm=MPI.COMM_SELF, progress=False))
+
+    rows, attrs, _ = run("local")  # default sens_mode local_max reads private data
+    assert np.all(rows["releases"] == 15) and np.all(rows["data_dependent"] == 15)
+    assert not rows["certified"].any() and "per iteration" in attrs["guarantee"]
+    np.testing.assert_allclose(rows["eps_per_release"], 0.5, rtol=1e-9)
+    rows, _, _ = run("global", sens_mode="global")
+    assert rows["certified"].all() and np.all(rows["data_dependent"] == 0)
+    np.testing.assert_allclose(rows["eps_basic"], 7.5, rtol=1e-9)
+    sigma, _, _ = run("outp", "outp", outp_noise_std="sigma")
+    sq, _, _ = run("outp_sq", "outp", outp_noise_std="sigma_sq")
+    assert sigma["certified"].all() and not sq["certified"].any()
+    assert np.all(sq["eps_per_release"] > sigma["eps_per_release"])  # sigma^2 < sigma: less noise
+
+
+def test_outp_ledger_of_a_job(tmp_path, multiclass):
+    p = write_job(tmp_path / "o.toml", multiclass, algorithm="admm", variant="outp", runs=2,
+                  T=10, eps=0.5, record_every=5)
+    rows, _, _ = _ledger(run_job(p, comm=MPI.COMM_SELF, progress=False))
+    assert rows["mechanism"].tolist() == [b"gaussian"] * 4
+    # classical sigma at eps = 0.5 is conservative: the exact per-release eps is below 0.5
+    assert np.all(rows["eps_per_release"] < 0.5) and np.all(rows["eps_per_release"] > 0.3)
+    assert np.all(rows["delta_per_release"] == 1e-6)
+    np.testing.assert_allclose(rows["spent_delta"], 10e-6)
+
+
+# --- admm: a budget that refuses, a Gaussian calibration that holds ------------------------------
+
+
+def _agents(T, eps, budget, runs=1, method="objt"):
+    d = synth_multiclass(3, 100, 5, 0.35, 1, classes=3)
+    s = admm.Settings(method=method, T=T, eps_bar=eps, n=tuple(len(y) for _, y in d["agents"]),
+                      J=5, K=3, record_every=T, budget_eps=budget, sens_mode="global",
+                      run_ids=tuple(range(runs)))
+    return s, [admm.Agent(i, X, y, s) for i, (X, y) in enumerate(d["agents"])]
+
+
+def test_an_admm_agent_refuses_a_release_past_its_budget():
+    s, agents = _agents(T=10, eps=0.5, budget=1.0)
+    a = agents[0]
+    w = np.zeros((1, s.J, s.K))
+    for t in range(2):
+        a.step_objective(w, t, s.rho(t))
+    np.testing.assert_allclose(a.ledger.spent_eps, 1.0)
+    z = a.z.copy()
+    with pytest.raises(BudgetExceededError, match="owner 0 refuses release 3"):
+        a.step_objective(w, 2, s.rho(2))
+    np.testing.assert_array_equal(a.z, z)  # nothing released
+
+
+def test_an_admm_run_ends_when_the_budget_is_spent():
+    s, agents = _agents(T=10, eps=0.5, budget=1.6, runs=2)
+    out = admm.run_config(Star(MPI.COMM_SELF, 3), agents, s, None, None, progress=False)
+    assert out["ended_at"] == 3 and "budget eps=1.6" in out["end_reason"]
+    assert out["iterations"].tolist() == [3, 3, 3]
+    rows = accountants.ledger_rows(out["ledgers"], 1e-5)
+    assert rows["releases"].tolist() == [3, 3, 3] and np.all(rows["spent_eps"] <= 1.6)
+
+
+def test_admm_budget_in_a_job(tmp_path, multiclass):
+    p = write_job(tmp_path / "b.toml", multiclass, algorithm="admm", variant="objp", T=20,
+                  eps=0.25, record_every=4, admm={"budget_eps": 1.0, "sens_mode": "global"})
+    out = run_job(p, comm=MPI.COMM_SELF, progress=False)
+    rows, _, gattrs = _ledger(out)
+    assert np.all(rows["releases"] == 4) and gattrs["ended_at"] == 4
+    with h5py.File(out, "r") as f:
+        assert f["metrics/iteration"][-1] == 4 and f.attrs["status"] == "complete"
+
+
+def test_a_budget_ending_a_run_is_rank_invariant(tmp_path, multiclass):
+    """The agents agree collectively when a budget ends the run: same records, models and
+    ledgers on 1, 2 and 4 ranks (real mpiexec)."""
+    p = write_job(tmp_path / "r.toml", multiclass, algorithm="admm", variant="objt", T=12, runs=2,
+                  eps=0.3, record_every=5, sweep={"variant": ["objt", "outp"]},
+                  admm={"budget_eps": 2.0})
+    r = assert_rank_invariant(p, tmp_path)[0]
+    assert r["configs/000/metrics/iteration"].tolist() == [0, 5, 6]  # 6 releases of 0.3 fit
+    assert np.all(r["configs/000/privacy/ledger"]["releases"] == 6)
+    outp = r["configs/001/privacy/ledger"]  # OutP's exact per-release eps is below 0.3
+    assert np.all(outp["releases"] == np.floor(2.0 / outp["eps_per_release"])) and np.all(
+        outp["releases"] > 6)
+
+
+def test_outp_gaussian_calibration_options(tmp_path, multiclass):
+    rho, inv_eta, delta = 102.0, 1649.87, 1e-6
+    sens = steps.outp_l2_sensitivity(rho, inv_eta)
+    assert steps.outp_sigma(rho, inv_eta, 0.05, delta) == gaussian_sigma(sens, 0.05, delta)
+    assert steps.outp_sigma(rho, inv_eta, 4.0, delta, "auto") == pytest.approx(
+        gaussian_sigma(sens, 4.0, delta, calibration="analytic"))
+    with pytest.raises(ValueError, match="eps < 1"):
+        steps.outp_sigma(rho, inv_eta, 4.0, delta, "classical")
+    paper = steps.outp_sigma(rho, inv_eta, 4.0, delta, "paper")
+    assert paper == pytest.approx(2 * math.sqrt(2 * math.log(1.25 / delta)) / (4.0 * (rho + inv_eta)))
+    # a job asking for the classical bound at eps >= 1 stops before anything runs
+    p = write_job(tmp_path / "c.toml", multiclass, algorithm="admm", variant="outp",
+                  sweep={"eps": [0.5, 1.0]}, admm={"outp_calibration": "classical"})
+    with pytest.raises(JobError, match="key 'admm.outp_calibration': the classical Gaussian"):
+        load_job(p)
+    s, agents = _agents(T=3, eps=4.0, budget=math.inf, method="outp")
+    s_paper = admm.Settings(**{**s.__dict__, "outp_calibration": "paper"})
+    assert not admm.Agent(0, *synth_multiclass(3, 100, 5, 0.35, 1, classes=3)["agents"][0],
+                          s_paper).next_event(0, 1.0).certified
+    assert agents[0].next_event(0, 1.0).certified
