@@ -88,7 +88,7 @@ def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = N
         for note in job.notes:
             print(f"mpi-dp: note: job file {job.path}: {note}", file=sys.stderr, flush=True)
         detail = method.header(ctx, prepared)
-        print(f"mpi-dp: job '{job.name}' ({job.algorithm}/{job['variant']}): {len(configs)} "
+        print(f"mpi-dp: job '{job.name}' ({job.algorithm}/{_variants(job)}): {len(configs)} "
               f"configuration(s) x {len(run_ids)} runs x T={job['T']} on {comm.Get_size()} "
               f"rank(s), {shard.n_agents} owners{'; ' + detail if detail else ''}\n"
               f"  writing {job.output}", file=sys.stderr, flush=True)
@@ -143,17 +143,21 @@ def write_outcome(rec: ConfigRecorder, outcome: Outcome, delta: float) -> None:
     rec.set_attrs(**outcome.attrs)
 
 
+def _variants(job: Job) -> str:
+    """The job's variant, or the swept variants joined by commas."""
+    return ",".join(job["sweep.variant"]) if job["sweep.variant"] else job["variant"]
+
+
 def collective_open(job: Job | None, n_configs: int, comm: MPI.Comm,
                     hosts: list[str] | None) -> ResultFile | None:
     """Rank 0 creates the result file; a failure (e.g. unwritable path) stops every rank."""
     def make() -> ResultFile | None:
         if job is None:
             return None
-        variant = ",".join(job["sweep.variant"]) if job["sweep.variant"] else job["variant"]
         try:
             return ResultFile(
                 job.output, job_text=job.record_text, job_json=job.to_json(),
-                algorithm=job.algorithm, variant=variant, n_configs=n_configs,
+                algorithm=job.algorithm, variant=_variants(job), n_configs=n_configs,
                 sweep=job.sweep(), provenance=provenance.collect(comm.Get_size(), hosts or [],
                                                                  job["seed"]))
         except OSError as e:
