@@ -111,7 +111,7 @@ class Agent:
         self.z = np.zeros(shape)
         self.lam = np.zeros(shape)
         self.gens = run_streams(s.seed, "noise", agent, s.run_ids)
-        self.ledger = Ledger(agent, s.budget_eps, budget_delta=1.0, runs=s.runs)
+        self.ledger = Ledger(agent, s.budget_eps, budget_delta=math.inf, runs=s.runs)
         # evaluation-only logs of the last iteration, per run
         self.noise_mag = np.zeros(s.runs)
         self.scale = np.zeros(s.runs)
