@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mpi_dp.analysis.load import ConfigView, Result, ResultFileError  # noqa: E402
-from mpi_dp.analysis.style import DPI, cell, title  # noqa: E402
+from mpi_dp.analysis.style import DPI, aligned, cell, title  # noqa: E402
 
 ALGORITHM = "admm"
 METHOD_NAMES = {"objt": "ObjT", "objp": "ObjP", "outp": "OutP"}
@@ -242,17 +242,6 @@ def _fmt(value: Any) -> str:
     return cell(value, 4)
 
 
-def _aligned(headers: list[str], cells: list[list[str]], left: set[int]) -> list[str]:
-    widths = [max([len(h)] + [len(r[j]) for r in cells]) for j, h in enumerate(headers)]
-
-    def line(items: list[str]) -> str:
-        parts = [it.ljust(w) if j in left else it.rjust(w)
-                 for j, (it, w) in enumerate(zip(items, widths, strict=True))]
-        return "  ".join(parts).rstrip()
-
-    return [line(headers), line(["-" * w for w in widths])] + [line(r) for r in cells]
-
-
 def _pct(x: float | None) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{100 * x:.1f}%"
 
@@ -273,7 +262,7 @@ def admm_table_text(result: Result) -> str:
     keys = ["index", "method", "eps_bar", "runs", "t", "mean", "p5", "p95", "consensus", "noise_mag",
             "eps_total_basic", "label"]
     cells = [[_fmt(r[k]) for k in keys] for r in order]
-    parts = [head, ""] + _aligned(headers, cells, left={1, 11})
+    parts = [head, ""] + aligned(headers, cells, left={1, 11})
     reds = comp["reductions"]
     if reds:
         parts += ["", "relative reduction of the test error against OutP, (E_OutP - E) / E_OutP:"]

@@ -18,6 +18,7 @@ import h5py
 import numpy as np
 
 from mpi_dp.analysis.load import ConfigView, Result
+from mpi_dp.analysis.style import aligned
 
 #: The four accountants' totals: (column heading, ledger field).
 TOTALS = (("basic", "eps_basic"), ("advanced", "eps_advanced"), ("PLD", "eps_pld"),
@@ -208,7 +209,6 @@ def ledger_text(result: Result) -> str:
     certified' / 'data-dependent calibration (N releases)'; then the ledgers' `guarantee` text once
     per distinct text (naming the configurations when it varies). Columns the file has no data for
     are left out. Files without any ledger give 'no privacy ledger recorded'.
-    Files without any ledger give 'no privacy ledger recorded'.
     """
     configs = [_Config(c) for c in result.configs]
     recorded = [c for c in configs if c.groups]
@@ -253,20 +253,16 @@ def ledger_text(result: Result) -> str:
                     cells.append(fn(row))
             rows.append(cells)
     table = [r for r in rows if isinstance(r, list)]
-    widths = [max([len(h)] + [len(r[k]) for r in table]) for k, h in enumerate(headers)]
-
-    def line(items: list[str]) -> str:
-        parts = [it.ljust(w) if h in _LEFT else it.rjust(w)
-                 for it, w, h in zip(items, widths, headers, strict=True)]
-        return "  ".join(parts).rstrip()
-
-    out = [head, line(headers)]
+    lines = iter(aligned(headers, table, {k for k, h in enumerate(headers) if h in _LEFT},
+                         rule=False))
+    width0 = max([len(headers[0])] + [len(r[0]) for r in table])
+    out = [head, next(lines)]
     for r in rows:
         if isinstance(r, tuple):
             index, problem, label = r
-            out.append(f"{index.rjust(widths[0])}  {problem}  {label}".rstrip())
+            out.append(f"{index.rjust(width0)}  {problem}  {label}".rstrip())
         else:
-            out.append(line(r))
+            out.append(next(lines))
     out += _notes(recorded, "guarantee", "guarantee")
     out += _notes(recorded, "composition", "composition", skip_if="guarantee")
     return "\n".join(out)

@@ -45,3 +45,18 @@ def cell(value: Any, digits: int = 3) -> str:
     if isinstance(value, (float, np.floating)):
         return f"{value:.{digits}g}"
     return str(value)
+
+
+def aligned(headers: list[str], cells: list[list[str]], left: set[int],
+            rule: bool = True) -> list[str]:
+    """Fixed-width lines of a text table: columns as wide as their widest cell, the columns in
+    `left` left-aligned and the others right-aligned, a dashed rule under the headers if `rule`."""
+    widths = [max([len(h)] + [len(r[j]) for r in cells]) for j, h in enumerate(headers)]
+
+    def line(items: list[str]) -> str:
+        parts = [it.ljust(w) if j in left else it.rjust(w)
+                 for j, (it, w) in enumerate(zip(items, widths, strict=True))]
+        return "  ".join(parts).rstrip()
+
+    return ([line(headers)] + ([line(["-" * w for w in widths])] if rule else [])
+            + [line(r) for r in cells])

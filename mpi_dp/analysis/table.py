@@ -10,7 +10,7 @@ import numpy as np
 
 from mpi_dp.analysis.fit import fit_slopes
 from mpi_dp.analysis.load import Result
-from mpi_dp.analysis.style import cell
+from mpi_dp.analysis.style import aligned, cell
 
 COLUMNS = [
     "index",
@@ -83,18 +83,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     cols = [c for c in _TEXT_ORDER if any(c in r for r in rows)] if rows else _TEXT_ORDER
     headers = [_TEXT_HEADERS.get(c, c) for c in cols]
     cells = [[cell(r.get(c)) for c in cols] for r in rows]
-    widths = [max([len(h)] + [len(row[j]) for row in cells]) for j, h in enumerate(headers)]
-
-    def line(items: list[str]) -> str:
-        parts = []
-        for j, (item, w) in enumerate(zip(items, widths, strict=True)):
-            left = cols[j] in ("label", "eps", "n")
-            parts.append(item.ljust(w) if left else item.rjust(w))
-        return "  ".join(parts).rstrip()
-
-    out = [line(headers), line(["-" * w for w in widths])]
-    out += [line(row) for row in cells]
-    return "\n".join(out)
+    left = {j for j, c in enumerate(cols) if c in ("label", "eps", "n")}
+    return "\n".join(aligned(headers, cells, left))
 
 
 def rows_to_csv(rows: list[dict[str, Any]], path: str | Path) -> Path:
