@@ -299,7 +299,7 @@ def _check_owners(path: str, key: str, v: Any) -> None:
         raise err(path, key, f"expected 'all' or a positive number of owners, got {v!r}")
 
 
-def _flatten(raw: Mapping[str, Any], path: str) -> dict[str, Any]:
+def _flatten(raw: Mapping[str, Any]) -> dict[str, Any]:
     """{'step': {'alpha': 1}} -> {'step.alpha': 1}; a section must be a table."""
     flat: dict[str, Any] = {}
     for key, value in raw.items():
@@ -432,7 +432,7 @@ def validate(raw: Mapping[str, Any], path: str, methods: Mapping[str, MethodSpec
     if alg not in methods:
         raise err(path, "algorithm", f"{alg!r} is not one of {', '.join(map(repr, methods))}")
     m = methods[alg]
-    flat = _flatten(raw, path)
+    flat = _flatten(raw)
     notes = _migrate(flat, m, path)
     allowed = method_keys(m)
     catalogue = _catalogue(methods)

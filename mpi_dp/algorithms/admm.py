@@ -126,18 +126,21 @@ class Agent:
         a data-dependent sensitivity moves the noise scale with it)."""
         s = self.s
         if s.method == "outp":
-            inv_eta = steps.outp_inv_eta(t, s.prox_scale, self.n, s.eps_bar, s.dp_delta)
-            sens = steps.outp_l2_sensitivity(rho, inv_eta)
-            sigma = steps.outp_sigma(rho, inv_eta, s.eps_bar, s.dp_delta, s.outp_calibration)
-            std = steps.outp_noise_std(sigma, s.outp_noise_std)
-            return GaussianEvent(sens, std, s.dp_delta, certified=self._outp_certified())
+            return self._outp_noise(t, rho)[1]
         scale = 0.0 if math.isinf(s.eps_bar) else 1.0 / s.eps_bar
         return LaplaceEvent(1.0, scale, data_dependent=s.sens_mode != "global")
 
-    def _outp_certified(self) -> bool:
+    def _outp_noise(self, t: int, rho: float) -> tuple[float, GaussianEvent]:
+        """OutP at iteration t: 1/eta_p^t and the event of the release (L2 sensitivity, the std
+        actually used, dp_delta; uncertified for the sigma^2 quirk or the paper's eps >= 1)."""
         s = self.s
-        return s.outp_noise_std == "sigma" and not (s.outp_calibration == "paper"
-                                                    and 1 <= s.eps_bar < math.inf)
+        inv_eta = steps.outp_inv_eta(t, s.prox_scale, self.n, s.eps_bar, s.dp_delta)
+        sigma = steps.outp_sigma(rho, inv_eta, s.eps_bar, s.dp_delta, s.outp_calibration)
+        certified = s.outp_noise_std == "sigma" and not (s.outp_calibration == "paper"
+                                                         and 1 <= s.eps_bar < math.inf)
+        return inv_eta, GaussianEvent(steps.outp_l2_sensitivity(rho, inv_eta),
+                                      steps.outp_noise_std(sigma, s.outp_noise_std), s.dp_delta,
+                                      certified=certified)
 
     def step_objective(self, w: np.ndarray, t: int, rho: float) -> None:
         """ObjT / ObjP agent update (lines 2-5 of iteration t) and the dual update."""
@@ -166,15 +169,12 @@ class Agent:
         s = self.s
         G = multinomial.grad_sum(self.X, self.y, self.z)
         g = steps.outp_gradient(G, self.n, s.gamma, w)  # local average, regulariser at w^t
-        inv_eta = steps.outp_inv_eta(t, s.prox_scale, self.n, s.eps_bar, s.dp_delta)
+        inv_eta, ev = self._outp_noise(t, rho)
         z_new = steps.outp_update(w, self.lam, g, self.z, rho, inv_eta)
-        sigma = steps.outp_sigma(rho, inv_eta, s.eps_bar, s.dp_delta, s.outp_calibration)
-        std = steps.outp_noise_std(sigma, s.outp_noise_std)
-        noise, _ = gaussian_perturbation(self.gens, std, s.J * s.K,
-                                         steps.outp_l2_sensitivity(rho, inv_eta), s.dp_delta,
-                                         self.ledger, certified=self._outp_certified())
+        noise, _ = gaussian_perturbation(self.gens, ev.sigma, s.J * s.K, ev.l2_sensitivity,
+                                         ev.delta, self.ledger, certified=ev.certified)
         noise = noise.reshape(self.z.shape)
-        self._finish(z_new + noise, noise, np.full(s.runs, std))
+        self._finish(z_new + noise, noise, np.full(s.runs, ev.sigma))
 
     def outp_dual(self, w: np.ndarray, rho: float) -> None:
         self.lam = steps.dual_update(self.lam, rho, w, self.z)

@@ -13,15 +13,13 @@ from typing import Any
 
 import h5py
 import numpy as np
-import scipy.sparse as sp
 
 from ..algorithms import async_star
-from ..algorithms.common import LocalShard, cached_reference
 from ..comm.p2p_star import P2PStar
 from ..errors import JobError
 from ..jobspec import Job, Key, err, resolve_per_owner
-from .base import Context, Method, Outcome, Resolved, default_of, settings_attrs
-from .star_common import STAR_READS, PublicConstants, agreed_public_constants, star_header
+from .base import Context, Outcome, Resolved, default_of, settings_attrs
+from .star_common import STAR_READS, StarMethod, StarPrepared, agreed_public_constants
 
 _S = async_star.Settings
 EVALUATION_ONLY = ("metrics psi, objective, dist_sq, privacy/clip_fraction and reference/* are "
@@ -65,16 +63,8 @@ SECTION = {
 
 
 @dataclasses.dataclass(frozen=True)
-class Prepared:
-    public: PublicConstants
-    rho: float
-    link: P2PStar
-    refs: dict
-
-
-def _empty_shard(agent: int, p: int, sparse: bool) -> LocalShard:
-    X = sp.csr_matrix((0, p)) if sparse else np.zeros((0, p))
-    return LocalShard(agent, X, np.zeros(0))
+class Prepared(StarPrepared):
+    link: P2PStar | None = None  # the learner's one-on-one messaging with the owners' hosts
 
 
 def _caps(job: Job, N: int, n_file: int) -> list[int]:
@@ -126,7 +116,7 @@ def settings_for(job: Job, eps: list[float], n: list[int], n_file: int, xi: floa
         noise_shape=job["async.noise_shape"], dp_valid=not paper)
 
 
-class AsyncStar(Method):
+class AsyncStar(StarMethod):
     name = "async_star"
     summary = ("asynchronous DP learning on a star (seed 000): the learner (rank 0) serves one "
                "owner per iteration, which answers with a clipped, Laplace-noised mean gradient")
@@ -168,10 +158,7 @@ class AsyncStar(Method):
         else:
             rho = async_star.default_rho(job["async.gamma"], job["T"], float(job["lam"]), pc.L)
         link = P2PStar(ctx.comm, ctx.star.layout, ctx.shard.n_features)
-        return Prepared(pc, rho, link, {})
-
-    def header(self, ctx: Context, prep: Prepared) -> str:
-        return star_header(ctx, prep.public, prep.rho)
+        return Prepared(pc, rho, link=link)
 
     def settings(self, ctx: Context, prep: Prepared, rc: Resolved) -> _S:
         s = settings_for(ctx.job, rc.eps, rc.n, ctx.shard.n_agents, prep.public.xi, prep.rho,
@@ -193,15 +180,12 @@ class AsyncStar(Method):
 
     def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S, recorder: Any,
                    label: str) -> Outcome | None:
-        star, job, N, n = ctx.star, ctx.job, s.N, rc.n
+        star, job = ctx.star, ctx.job
         logged = None
         if job["async.schedule_from"]:
             logged = ctx.agree(lambda: load_logged_schedule(job, rc.index)
                                if star.is_learner else None)
-        shards = [LocalShard(i, *ctx.shard.read_agent(i, n[i])) if i < N
-                  else _empty_shard(i, s.p, ctx.shard.is_sparse) for i in star.local_agents]
-        ref = cached_reference(prep.refs, star, shards, s.loss, s.lam, n, s.p, s.theta_max,
-                               job["reference.solver"])
+        shards, ref = self.shards_and_reference(ctx, prep, s, rc.n)
         out = async_star.run_config(star, prep.link, shards, s, ref, recorder, label=label,
                                     progress=ctx.progress, logged=logged)
         if out is None:

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
+from ..algorithms.common import LocalShard, Reference, cached_reference
 from ..data import ShardFile
 from ..errors import JobError
 from ..jobspec import Job
 from ..models import linear, reference
-from .base import Context
+from .base import Context, Method
 
 #: Hinge records whose public-optimum margin y x.theta is within this of 1 count as on the kink.
 HINGE_KINK_TOL = 1e-8
@@ -83,6 +86,34 @@ def agreed_public_constants(ctx: Context) -> PublicConstants:
     return ctx.comm.bcast(consts, root=0)
 
 
-def star_header(ctx: Context, pc: PublicConstants, rho: float) -> str:
-    sparse = " (CSR)" if ctx.shard.is_sparse else ""
-    return f"p={ctx.shard.n_features}{sparse}; xi={pc.xi:.4g}, L={pc.L:.4g}, rho={rho:.4g}"
+@dataclasses.dataclass(frozen=True)
+class StarPrepared:
+    """What a star job sets up once: public constants, the paper's rho, and the reference optima
+    per n vector, shared by the configurations."""
+
+    public: PublicConstants
+    rho: float
+    refs: dict = dataclasses.field(default_factory=dict)
+
+
+class StarMethod(Method):
+    """What the star methods share: the progress line and each configuration's local shards with
+    their reference optima."""
+
+    def header(self, ctx: Context, prep: StarPrepared) -> str:
+        pc = prep.public
+        sparse = " (CSR)" if ctx.shard.is_sparse else ""
+        return (f"p={ctx.shard.n_features}{sparse}; xi={pc.xi:.4g}, L={pc.L:.4g}, "
+                f"rho={prep.rho:.4g}")
+
+    def shards_and_reference(self, ctx: Context, prep: StarPrepared, s: Any,
+                             n: list[int]) -> tuple[list[LocalShard], Reference | None]:
+        """The first n[i] records of every hosted owner i that takes part (owners beyond len(n)
+        hold none) and the reference optima on the participants (collective, cached per n)."""
+        p, N = ctx.shard.n_features, len(n)
+        empty = sp.csr_matrix((0, p)) if ctx.shard.is_sparse else np.zeros((0, p))
+        shards = [LocalShard(i, *ctx.shard.read_agent(i, n[i])) if i < N
+                  else LocalShard(i, empty, np.zeros(0)) for i in ctx.star.local_agents]
+        ref = cached_reference(prep.refs, ctx.star, shards, s.loss, s.lam, n, p, s.theta_max,
+                               ctx.job["reference.solver"])
+        return shards, ref

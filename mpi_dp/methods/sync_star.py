@@ -2,31 +2,23 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
 
 from ..algorithms import sync_star
-from ..algorithms.common import LocalShard, cached_reference
-from ..jobspec import Key
+from ..jobspec import Key, err
 from ..privacy import lap_scale
-from .base import Context, Method, Outcome, Resolved, settings_attrs
-from .star_common import STAR_READS, PublicConstants, agreed_public_constants, star_header
+from .base import Context, Outcome, Resolved, settings_attrs
+from .star_common import STAR_READS, StarMethod, agreed_public_constants
+from .star_common import StarPrepared as Prepared
 
 EVALUATION_ONLY = ("metrics psi, psi_iterate, objective, clip_fraction and group reference are "
                    "evaluation-only (oracle=True): computed from un-noised owner data, never part "
                    "of the private protocol")
 
 
-@dataclasses.dataclass(frozen=True)
-class Prepared:
-    public: PublicConstants
-    rho: float
-    refs: dict  # reference optima per n vector, shared by the configurations
-
-
-class SyncStar(Method):
+class SyncStar(StarMethod):
     name = "sync_star"
     summary = ("synchronous DP gradient descent on a star (seed 001): every owner answers every "
                "query of the learner (rank 0) with a clipped, Laplace-noised mean gradient")
@@ -44,8 +36,6 @@ class SyncStar(Method):
                 "answers (b_i = 2 xi T / (n_i eps_i), eps_i / T per answer)"}
 
     def validate(self, values: dict[str, Any], path: str) -> None:
-        from ..jobspec import err
-
         if values["average.eta"] < 0:
             raise err(path, "average.eta", "must be >= 0")
 
@@ -54,10 +44,7 @@ class SyncStar(Method):
         pc = agreed_public_constants(ctx)
         rho = (float(job["step.rho"]) if job["step.rho"] != "auto" else
                sync_star.default_rho(job["variant"], job["step.alpha"], pc.L, job["T"]))
-        return Prepared(pc, rho, {})
-
-    def header(self, ctx: Context, prep: Prepared) -> str:
-        return star_header(ctx, prep.public, prep.rho)
+        return Prepared(pc, rho)
 
     def _rho(self, ctx: Context, prep: Prepared, variant: str) -> float:
         job = ctx.job
@@ -87,11 +74,9 @@ class SyncStar(Method):
 
     def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: sync_star.Settings,
                    recorder: Any, label: str) -> Outcome | None:
-        star, n = ctx.star, rc.n
-        shards = [LocalShard(i, *ctx.shard.read_agent(i, n[i])) for i in star.local_agents]
-        ref = cached_reference(prep.refs, star, shards, s.loss, s.lam, n, s.p, s.theta_max,
-                               ctx.job["reference.solver"])
-        final = sync_star.run_config(star, shards, s, ref, recorder, label=label,
+        n = rc.n
+        shards, ref = self.shards_and_reference(ctx, prep, s, n)
+        final = sync_star.run_config(ctx.star, shards, s, ref, recorder, label=label,
                                      progress=ctx.progress)
         if final is None:
             return None

@@ -81,11 +81,9 @@ def advanced(pairs: Sequence[tuple[Event, int]], delta: float) -> float:
     if not live:
         return 0.0
     slack = delta - math.fsum(c * ev.delta for ev, c in live)
-    if slack <= 0 or any(math.isinf(ev.eps) for ev, _ in live):
+    if slack <= 0 or any(ev.eps > 700 for ev, _ in live):  # e^eps overflows (inf included)
         return math.inf
     sq = math.fsum(c * ev.eps**2 for ev, c in live)
-    if any(ev.eps > 700 for ev, _ in live):
-        return math.inf
     drift = math.fsum(c * ev.eps * math.expm1(ev.eps) for ev, c in live)
     return math.sqrt(2 * math.log(1 / slack) * sq) + drift
 
