@@ -1,0 +1,376 @@
+"""Agent graphs and time-varying doubly stochastic mixing (seed 003, spec §3). Pure NumPy, no MPI.
+
+Every rank builds the same static base graph G from the shared seed; what varies per round is the
+active edge set E_t, decided by a counter-based hash of (seed, t, i, j) that both endpoints of an
+edge compute alike without a message, plus a forced refresh that makes an edge idle for N - 1
+rounds active in the next (so the union over any N consecutive rounds is G, connected:
+Assumption 2(4)). The weights of A_t are Metropolis-Hastings weights that each agent computes for
+its own row from public degrees; A_t is symmetric and row-stochastic, hence doubly stochastic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.sparse import csgraph
+from scipy.spatial import cKDTree
+
+from mpi_dp import rng
+from mpi_dp.errors import JobError
+
+#: mean degree of the random geometric graphs standing in for the paper's T1/T2/T3
+RGG_DEGREE = {"sparse": 4.0, "medium": 10.0, "dense": 24.0}
+KINDS = (*RGG_DEGREE, "geometric", "ring", "grid", "complete", "erdos_renyi", "from_file")
+ACTIVATIONS = ("hash", "fixed")
+WEIGHTS = ("mh_static", "mh_active", "max_degree")
+#: resampling attempts before a random graph kind gives up on connectivity
+MAX_ATTEMPTS = 200
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Graph:
+    """An undirected simple graph on agents 0..m-1; `edges` (E, 2) with i < j, sorted."""
+
+    m: int
+    edges: np.ndarray
+    kind: str
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    positions: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        e = np.asarray(self.edges, dtype=np.int64).reshape(-1, 2)
+        if e.size and (e.min() < 0 or e.max() >= self.m or np.any(e[:, 0] >= e[:, 1])):
+            raise ValueError("edges must be pairs i < j of agents in 0..m-1")
+        e = np.unique(e, axis=0) if e.size else e
+        object.__setattr__(self, "edges", e)
+
+    @functools.cached_property
+    def adjacency(self) -> sp.csr_matrix:
+        """Symmetric CSR adjacency with sorted column indices (neighbours by ascending id)."""
+        e = self.edges
+        rows = np.concatenate([e[:, 0], e[:, 1]])
+        cols = np.concatenate([e[:, 1], e[:, 0]])
+        a = sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(self.m, self.m))
+        a.sort_indices()
+        return a
+
+    @property
+    def degrees(self) -> np.ndarray:
+        return np.diff(self.adjacency.indptr).astype(np.int64)
+
+    def neighbours(self, i: int) -> np.ndarray:
+        a = self.adjacency
+        return a.indices[a.indptr[i]:a.indptr[i + 1]].astype(np.int64)
+
+    def edge_ids(self, i: int) -> np.ndarray:
+        """Index into `edges` of each edge of agent i, in the order of `neighbours(i)`."""
+        nb = self.neighbours(i)
+        lo, hi = np.minimum(nb, i), np.maximum(nb, i)
+        return self._edge_lookup(lo, hi)
+
+    def _edge_lookup(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        key = self.edges[:, 0] * self.m + self.edges[:, 1]
+        return np.searchsorted(key, lo * self.m + hi).astype(np.int64)
+
+    def is_connected(self) -> bool:
+        if self.m <= 1:
+            return True
+        n, _ = csgraph.connected_components(self.adjacency, directed=False)
+        return n == 1
+
+    @property
+    def mean_degree(self) -> float:
+        return 2.0 * len(self.edges) / self.m
+
+    def describe(self) -> dict[str, Any]:
+        """What the output records about the graph (with the edge list stored beside it)."""
+        d = self.degrees
+        return {"kind": self.kind, "m": self.m, "n_edges": int(len(self.edges)),
+                "mean_degree": float(self.mean_degree), "max_degree": int(d.max(initial=0)),
+                "min_degree": int(d.min()) if d.size else 0, **self.info}
+
+
+# -- generators --------------------------------------------------------------------------------
+def _pairs_within(points: np.ndarray, r: float) -> np.ndarray:
+    pairs = cKDTree(points).query_pairs(r, output_type="ndarray")
+    return np.sort(pairs.astype(np.int64), axis=1)
+
+
+def geometric(m: int, degree: float, seed: int, kind: str = "geometric") -> Graph:
+    """Random geometric graph in the unit square with the radius bisected so the mean degree is
+    the first >= `degree`; positions are resampled (attempt a = 0, 1, ...) until it is connected."""
+    if not 0 < degree <= m - 1:
+        raise JobError(f"graph: a mean degree of {degree:g} is impossible with {m} agents")
+    for attempt in range(MAX_ATTEMPTS):
+        pts = rng.stream(seed, "graph", 0, attempt).random((m, 2))
+        tree = cKDTree(pts)
+        lo, hi = 0.0, math.sqrt(2.0)
+        target = degree * m / 2.0  # edges
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            # count_neighbors counts ordered pairs including i == i
+            pairs = (tree.count_neighbors(tree, mid) - m) / 2
+            if pairs >= target:
+                hi = mid
+            else:
+                lo = mid
+        g = Graph(m, _pairs_within(pts, hi), kind, positions=pts,
+                  info={"seed": seed, "radius": hi, "target_degree": degree, "attempt": attempt})
+        if g.is_connected():
+            return g
+    raise JobError(f"graph: no connected random geometric graph with mean degree {degree:g} on "
+                   f"{m} agents in {MAX_ATTEMPTS} attempts (seed {seed}); raise the degree (e.g. "
+                   "kind 'medium' or 'dense')")
+
+
+def ring(m: int) -> Graph:
+    if m < 2:
+        return Graph(m, np.zeros((0, 2)), "ring")
+    i = np.arange(m)
+    e = np.sort(np.stack([i, (i + 1) % m], axis=1), axis=1)
+    return Graph(m, e, "ring")
+
+
+def grid(m: int) -> Graph:
+    """rows x cols = m lattice with 4-neighbours, rows the largest divisor of m <= sqrt(m)."""
+    rows = max(r for r in range(1, math.isqrt(m) + 1) if m % r == 0)
+    cols = m // rows
+    idx = np.arange(m).reshape(rows, cols)
+    e = np.concatenate([np.stack([idx[:, :-1].ravel(), idx[:, 1:].ravel()], axis=1),
+                        np.stack([idx[:-1, :].ravel(), idx[1:, :].ravel()], axis=1)])
+    return Graph(m, e, "grid", info={"rows": rows, "cols": cols})
+
+
+def complete(m: int) -> Graph:
+    i, j = np.triu_indices(m, k=1)
+    return Graph(m, np.stack([i, j], axis=1), "complete")
+
+
+def erdos_renyi(m: int, p: float, seed: int) -> Graph:
+    if not 0 < p <= 1:
+        raise JobError(f"graph: erdos_renyi needs an edge probability p in (0, 1], got {p}")
+    i, j = np.triu_indices(m, k=1)
+    for attempt in range(MAX_ATTEMPTS):
+        keep = rng.stream(seed, "graph", 0, attempt).random(i.size) < p
+        g = Graph(m, np.stack([i[keep], j[keep]], axis=1), "erdos_renyi",
+                  info={"seed": seed, "p": p, "attempt": attempt})
+        if g.is_connected():
+            return g
+    raise JobError(f"graph: no connected Erdos-Renyi graph G({m}, {p:g}) in {MAX_ATTEMPTS} "
+                   f"attempts (seed {seed}); raise p (connectivity needs p > ln(m)/m = "
+                   f"{math.log(max(m, 2)) / m:.3g})")
+
+
+def from_file(path: str | Path, m: int) -> Graph:
+    """Edge list 'i j' per line (agents 0..m-1, '#' comments; duplicates and both directions are
+    merged)."""
+    p = Path(path)
+    try:
+        lines = p.read_text().splitlines()
+    except OSError as e:
+        raise JobError(f"graph file {p}: cannot read: {e.strerror or e}") from None
+    pairs = []
+    for no, line in enumerate(lines, 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.replace(",", " ").split()
+        try:
+            i, j = int(parts[0]), int(parts[1])
+            if len(parts) != 2:
+                raise ValueError
+        except (ValueError, IndexError):
+            raise JobError(f"graph file {p}, line {no}: expected two agent ids 'i j', got "
+                           f"{line!r}") from None
+        if not (0 <= i < m and 0 <= j < m):
+            raise JobError(f"graph file {p}, line {no}: agent ids must be in 0..{m - 1} (the job "
+                           f"has {m} agents), got {i} {j}")
+        if i == j:
+            raise JobError(f"graph file {p}, line {no}: self-loop {i} {j}")
+        pairs.append((min(i, j), max(i, j)))
+    return Graph(m, np.array(pairs, dtype=np.int64).reshape(-1, 2), "from_file",
+                 info={"path": str(p)})
+
+
+def make_graph(kind: str, m: int, seed: int, *, degree: float | None = None,
+               p: float | None = None, path: str | None = None) -> Graph:
+    """The base graph of a job; raises JobError if it is not connected."""
+    if m < 1:
+        raise JobError("graph: need at least one agent")
+    if kind in RGG_DEGREE:
+        g = geometric(m, min(RGG_DEGREE[kind], m - 1), seed, kind) if m > 1 else ring(m)
+    elif kind == "geometric":
+        g = geometric(m, float(degree if degree is not None else 4.0), seed)
+    elif kind == "ring":
+        g = ring(m)
+    elif kind == "grid":
+        g = grid(m)
+    elif kind == "complete":
+        g = complete(m)
+    elif kind == "erdos_renyi":
+        g = erdos_renyi(m, float(p if p is not None else min(1.0, 2 * math.log(max(m, 2)) / m)),
+                        seed)
+    elif kind == "from_file":
+        if not path:
+            raise JobError("graph: kind 'from_file' needs a path to an edge list")
+        g = from_file(path, m)
+    else:
+        raise JobError(f"graph: unknown kind {kind!r}; known: {', '.join(KINDS)}")
+    if not g.is_connected():
+        n, labels = csgraph.connected_components(g.adjacency, directed=False)
+        alone = np.flatnonzero(labels != labels[0])[:5].tolist()
+        raise JobError(f"graph ({kind}, {m} agents) is not connected: {n} components (e.g. "
+                       f"agent(s) {alone} cannot reach agent 0); DOLA needs a connected graph "
+                       "(Assumption 2)")
+    return g
+
+
+# -- activation: which edges are on in round t --------------------------------------------------
+_M1 = np.uint64(0x9E3779B97F4A7C15)
+_M2 = np.uint64(0xBF58476D1CE4E5B9)
+_M3 = np.uint64(0x94D049BB133111EB)
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """The splitmix64 finaliser on uint64 arrays (wrapping arithmetic)."""
+    z = np.asarray(x, dtype=np.uint64) + _M1
+    z = (z ^ (z >> np.uint64(30))) * _M2
+    z = (z ^ (z >> np.uint64(27))) * _M3
+    return z ^ (z >> np.uint64(31))
+
+
+def edge_uniforms(seed: int, t: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """u(seed, t, i, j) in [0, 1) for edges {i, j} given as lo = min, hi = max."""
+    with np.errstate(over="ignore"):
+        h = splitmix64(np.full(np.shape(lo), np.uint64(seed) ^ splitmix64(np.uint64(t))))
+        h = splitmix64(h ^ np.asarray(lo, dtype=np.uint64))
+        h = splitmix64(h ^ (np.asarray(hi, dtype=np.uint64) << np.uint64(1)))
+    return (h >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
+
+
+class EdgeActivation:
+    """Active/idle state of a set of edges over rounds t = 0, 1, 2, ... (called in order).
+
+    `hash`: edge {i, j} is active at t iff u(seed, t, i, j) < p_act, or if it was idle for the
+    last N - 1 rounds (forced refresh). `fixed`: every edge every round. Both endpoints of an edge
+    (on any rank) hold the same state because it depends only on (seed, t, i, j) and the edge's
+    own history.
+    """
+
+    def __init__(self, edges: np.ndarray, mode: str = "hash", p_act: float = 0.5,
+                 window: int = 10, seed: int = 0) -> None:
+        if mode not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {mode!r}")
+        if not 0 < p_act <= 1 or window < 1:
+            raise ValueError("need 0 < p_act <= 1 and window N >= 1")
+        e = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+        self.lo, self.hi = e[:, 0].copy(), e[:, 1].copy()
+        self.mode, self.p_act, self.window, self.seed = mode, float(p_act), int(window), int(seed)
+        self.last = np.full(len(e), -1, dtype=np.int64)
+        self.t = 0
+
+    def step(self) -> np.ndarray:
+        """The active mask of round self.t, then advance to the next round."""
+        t = self.t
+        if self.mode == "fixed":
+            act = np.ones(self.lo.size, dtype=bool)
+        else:
+            act = edge_uniforms(self.seed, t, self.lo, self.hi) < self.p_act
+            act |= (t - self.last) >= self.window
+        self.last[act] = t
+        self.t = t + 1
+        return act
+
+
+# -- weights: each agent's own row of A_t -------------------------------------------------------
+class MixingRows:
+    """Rows of A_t for a set of agents `rows_of`, from their neighbours (ascending ids).
+
+    The block holds, per agent a of `agents`, its neighbours' positions in CSR (`indptr`,
+    `nbr`) and the index of each edge in the tracked edge set (`eid`). `weights(active)` returns
+    (a_self (k,), a_nbr (nnz,)) for the active mask of the tracked edges. For `mh_active` the
+    tracked edges must include every edge of every neighbour (2-hop); `deg_active` maps each
+    agent (global id) to the tracked edges incident to it.
+    """
+
+    def __init__(self, graph: Graph, agents: np.ndarray, tracked: np.ndarray, weights: str) -> None:
+        if weights not in WEIGHTS:
+            raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
+        self.weights = weights
+        self.agents = np.asarray(agents, dtype=np.int64)
+        a = graph.adjacency
+        deg = graph.degrees
+        self.indptr = np.concatenate([[0], np.cumsum(deg[self.agents])]).astype(np.int64)
+        self.nbr = np.concatenate([a.indices[a.indptr[i]:a.indptr[i + 1]] for i in self.agents]
+                                  ).astype(np.int64) if len(self.agents) else np.zeros(0, np.int64)
+        self.owner = np.repeat(np.arange(len(self.agents)), np.diff(self.indptr))
+        i = self.agents[self.owner]
+        tracked_key = tracked[:, 0] * graph.m + tracked[:, 1]
+        want = np.minimum(i, self.nbr) * graph.m + np.maximum(i, self.nbr)
+        self.eid = np.searchsorted(tracked_key, want).astype(np.int64)
+        if want.size and not np.array_equal(tracked_key[np.minimum(self.eid, len(tracked) - 1)],
+                                            want):
+            raise ValueError("tracked edges do not cover the agents' edges")
+        d_max = int(deg.max(initial=0))
+        if weights == "mh_static":
+            self.static = 1.0 / (1.0 + np.maximum(deg[i], deg[self.nbr]))
+        elif weights == "max_degree":
+            self.static = np.full(self.nbr.size, 1.0 / (1.0 + d_max))
+        else:
+            self.m = graph.m
+            self.tracked = tracked
+        self.eta = 1.0 / (1.0 + d_max)
+
+    def weights_for(self, active: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(a_self, a_nbr) of round t; a_self = 1 - the neighbour weights summed in ascending
+        neighbour order (the same float operations on every rank)."""
+        on = active[self.eid]
+        if self.weights == "mh_active":
+            d = np.bincount(self.tracked[active].ravel(), minlength=self.m)
+            i = self.agents[self.owner]
+            w = 1.0 / (1.0 + np.maximum(d[i], d[self.nbr]))
+        else:
+            w = self.static
+        a_nbr = np.where(on, w, 0.0)
+        a_self = np.ones(len(self.agents))
+        acc = np.zeros(len(self.agents))
+        deg = np.diff(self.indptr)
+        for k in range(int(deg.max(initial=0))):
+            rows = np.flatnonzero(deg > k)
+            acc[rows] += a_nbr[self.indptr[rows] + k]
+        a_self -= acc
+        return a_self, a_nbr
+
+
+def tracked_edges(graph: Graph, agents: np.ndarray, two_hop: bool) -> np.ndarray:
+    """The edges whose activation a holder of `agents` must track: theirs (and, for `mh_active`,
+    their neighbours'), as rows of graph.edges, sorted."""
+    nodes = np.asarray(agents, dtype=np.int64)
+    if two_hop and nodes.size:
+        a = graph.adjacency
+        nodes = np.union1d(nodes, np.concatenate([a.indices[a.indptr[i]:a.indptr[i + 1]]
+                                                  for i in nodes]))
+    mask = np.isin(graph.edges[:, 0], nodes) | np.isin(graph.edges[:, 1], nodes)
+    return graph.edges[mask]
+
+
+def mixing_constants(m: int, eta: float, window: int) -> dict[str, float]:
+    """Lemma 3: |Phi(k, s)_ij - 1/m| <= theta beta^(k - s)."""
+    q = 1.0 - eta / (4.0 * m * m)
+    return {"eta": eta, "N": window, "theta": q ** -2, "beta": q ** (1.0 / window)}
+
+
+def dense_matrix(graph: Graph, active: np.ndarray, weights: str) -> np.ndarray:
+    """The whole A_t (m x m) assembled from every agent's own row: for tests and small checks."""
+    rows = MixingRows(graph, np.arange(graph.m), graph.edges, weights)
+    a_self, a_nbr = rows.weights_for(active)
+    A = np.zeros((graph.m, graph.m))
+    A[rows.agents[rows.owner], rows.nbr] = a_nbr
+    A[np.arange(graph.m), np.arange(graph.m)] = a_self
+    return A
