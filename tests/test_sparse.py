@@ -121,9 +121,21 @@ def test_csr_prefix_reads_only_the_needed_entries(tmp_path, monkeypatch):
         monkeypatch.undo()
     nnz10 = int(np.count_nonzero(agents[2][0][:10]))
     reads = {name.rsplit("/", 1)[1]: key for name, key in calls if "/X/" in name}
-    assert reads["indptr"] == slice(None, 11)
+    assert reads["indptr"].indices(10**9) == (0, 11, 1)
     assert reads["data"] == slice(0, nnz10) and reads["indices"] == slice(0, nnz10)
     assert X.nnz == nnz10
+    # a range of rows (a chunk of a DOLA stream) reads only that range's entries
+    calls.clear()
+    with ShardFile(csr) as sc:
+        monkeypatch.setattr(h5py.Dataset, "__getitem__", spy)
+        X, _ = sc.read_agent_rows(2, 10, 15)
+        monkeypatch.undo()
+    reads = {name.rsplit("/", 1)[1]: key for name, key in calls if "/X/" in name}
+    lo = nnz10
+    hi = lo + int(np.count_nonzero(agents[2][0][10:15]))
+    assert reads["indptr"].indices(10**9) == (10, 16, 1)
+    assert reads["data"] == slice(lo, hi) and reads["indices"] == slice(lo, hi)
+    np.testing.assert_array_equal(X.toarray(), agents[2][0][10:15])
 
 
 def test_canonical_csr_from_duplicates_and_unsorted_input(tmp_path):

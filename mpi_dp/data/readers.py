@@ -700,6 +700,31 @@ def _junk(name: str) -> bool:
     return "__MACOSX" in parts or Path(name).name.startswith("._")
 
 
+def read_csv_strings(path: str | Path, member: str | None = None
+                     ) -> tuple[list[str], dict[str, np.ndarray], dict[str, Any]]:
+    """Header names and raw string columns of a CSV file, or of the archive member whose path ends
+    with `member` (read in memory, nothing extracted). No typing and no missing-value tokens: the
+    caller decides what is missing (UCI's '?', where 'None' is a real level)."""
+    path = Path(path)
+    _require_file(path)
+    if member is None:
+        raw, where = _read_bytes(path), str(path)
+    else:
+        if _archive_kind(path) is None:
+            raise DataError(f"{path}: not a .zip/.tar archive (looked for member {member!r})")
+        found = list(_iter_archive(path, lambda n: n.endswith(member) and not _junk(n)))
+        if len(found) != 1:
+            raise DataError(f"{path}: expected one member ending in {member!r}, found "
+                            f"{[n for n, _ in found] or 'none'}")
+        where, raw = f"{path}:{found[0][0]}", found[0][1]
+    text, encoding = _decode(raw)
+    names, cols, _, notes = _parse_csv(text, ",", Path(where))
+    columns = {n: np.asarray(c, dtype=str) for n, c in zip(names, cols, strict=True)}
+    info = {"reader": "csv_strings", "files": [_file_record(path)], "member": where,
+            "encoding": encoding, "n_rows": len(cols[0]), "n_columns": len(names), **notes}
+    return names, columns, info
+
+
 # ----------------------------------------------------------------------------------------------
 # LEAF (FEMNIST)
 

@@ -466,24 +466,24 @@ class ShardFile:
             raise self._fail(f"attribute {key!r} is not JSON") from None
 
     # -- matrices --
-    def _read_matrix(self, parent: h5py.Group, name: str, what: str, n: int | None = None
-                     ) -> Matrix:
-        """Dataset or CSR group `name` of `parent` (first n rows if n is given)."""
+    def _read_matrix(self, parent: h5py.Group, name: str, what: str, n: int | None = None,
+                     start: int = 0) -> Matrix:
+        """Dataset or CSR group `name` of `parent` (rows start:n if n is given, else start:)."""
         obj = parent.get(name)
         if obj is None:
             raise self._fail(f"{what}: dataset {name} missing")
         if isinstance(obj, h5py.Dataset):
-            return np.asarray(obj[()] if n is None else obj[:n], dtype=np.float64)
+            return np.asarray(obj[start:] if n is None else obj[start:n], dtype=np.float64)
         shape = self._csr_shape(obj, what, name)
-        rows = shape[0] if n is None else n
+        rows = (shape[0] if n is None else n) - start
         try:
-            indptr = np.asarray(obj["indptr"][: rows + 1], dtype=np.int64)
+            indptr = np.asarray(obj["indptr"][start: start + rows + 1], dtype=np.int64)
             if indptr.shape != (rows + 1,):
                 raise ValueError(f"indptr has {indptr.shape[0]} entries, expected {rows + 1}")
-            start, end = int(indptr[0]), int(indptr[-1])
-            data = np.asarray(obj["data"][start:end], dtype=np.float64)
-            indices = np.asarray(obj["indices"][start:end])
-            X = sp.csr_matrix((data, indices, indptr - start), shape=(rows, shape[1]))
+            lo, hi = int(indptr[0]), int(indptr[-1])
+            data = np.asarray(obj["data"][lo:hi], dtype=np.float64)
+            indices = np.asarray(obj["indices"][lo:hi])
+            X = sp.csr_matrix((data, indices, indptr - lo), shape=(rows, shape[1]))
         except (KeyError, ValueError) as exc:
             raise self._fail(f"{what}: CSR group {name} is inconsistent ({exc})") from None
         X.sum_duplicates()  # O(nnz) check only: the writer stores canonical CSR (sorted indices)
@@ -579,6 +579,15 @@ class ShardFile:
         if "y" not in g:
             raise self._fail(f"agent {i}: dataset y missing")
         return X, np.asarray(g["y"][:n], dtype=np.float64)
+
+    def read_agent_rows(self, i: int, start: int, stop: int) -> ArrayPair:
+        """Owner i's records start:stop (a chunk of a stream; CSR reads only those rows)."""
+        g = self._group(i)
+        stop = self._prefix(i, stop)
+        if not 0 <= start <= stop:
+            raise self._fail(f"agent {i}: bad record range {start}:{stop}")
+        X = self._read_matrix(g, "X", f"agent {i}", stop, start)
+        return X, np.asarray(g["y"][start:stop], dtype=np.float64)
 
     def has_test(self, i: int) -> bool:
         """Whether owner i has a held-out test set."""

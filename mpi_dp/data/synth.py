@@ -22,7 +22,7 @@ from mpi_dp import rng
 from mpi_dp.data.shards import write_shards
 from mpi_dp.errors import DataError
 
-SYNTH_TASKS = ("regression", "binary", "multiclass")
+SYNTH_TASKS = ("regression", "binary", "multiclass", "online")
 
 
 def _records_list(n_agents: int, records: int | Sequence[int]) -> list[int]:
@@ -176,6 +176,8 @@ def write_synth(
 
     `kw` is passed to the generator (`scale` for regression, `bias` for binary).
     """
+    if task == "online":
+        return _write_online(path, n_agents, records, dim, noise, seed, public)
     if task == "multiclass":
         return _write_multiclass(path, n_agents, records, dim, noise, seed, public, **kw)
     if task == "regression":
@@ -215,6 +217,48 @@ def write_synth(
         attrs={"synth": params},
         public_extra={"theta_true": data["theta_true"]},
     )
+
+
+def synth_online(n_agents: int, records: int | Sequence[int], dim: int, flip: float, seed: int,
+                 *, test: int = 2000, informative: int | None = None) -> dict[str, Any]:
+    """The DOLA validation stream (spec dp-distributed-online-learning §7): w_true ~ N(0, I)
+    normalised (only `informative` coordinates nonzero when given); owner i draws
+    x ~ N(c_i, I/dim) around its own shift c_i ~ N(0, I/dim), rows scaled to norm <= 1,
+    y = sign(<w_true, x>) with a fraction `flip` of labels flipped. The test set comes from the
+    shift-free distribution."""
+    sizes = _records_list(n_agents, records)
+    if not 0 <= flip < 0.5:
+        raise DataError(f"online: the label flip fraction must be in [0, 0.5), got {flip}")
+    g = rng.stream(seed, "data", rng.LEARNER, 1)
+    w = g.standard_normal(dim)
+    if informative is not None:
+        w[informative:] = 0.0
+    w /= np.linalg.norm(w)
+
+    def make(agent: int, n: int, shift: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        ga = rng.stream(seed, "data", agent, 1)
+        c = ga.standard_normal(dim) / np.sqrt(dim) if shift else np.zeros(dim)
+        X = c + ga.standard_normal((n, dim)) / np.sqrt(dim)
+        X /= np.maximum(1.0, np.linalg.norm(X, axis=1))[:, None]
+        y = np.where(X @ w >= 0, 1.0, -1.0)
+        y[ga.random(n) < flip] *= -1.0
+        return X, y
+
+    return {"agents": [make(i, n) for i, n in enumerate(sizes)],
+            "test": make(rng.LEARNER, test, shift=False) if test > 0 else None, "w_true": w}
+
+
+def _write_online(path, n_agents: int, records, dim: int, noise: float, seed: int,
+                  test: int) -> pathlib.Path:
+    data = synth_online(n_agents, records, dim, noise, seed, test=test)
+    params = {"n_agents": n_agents, "records": [X.shape[0] for X, _ in data["agents"]],
+              "dim": dim, "flip": float(noise), "seed": int(seed), "test": int(test)}
+    source = "mpi_dp.data.synth.synth_online(" + ", ".join(
+        f"{k}={v!r}" for k, v in params.items()) + ")"
+    return write_shards(path, data["agents"], task="binary",
+                        feature_names=[f"x{j}" for j in range(dim)], source=source,
+                        attrs={"synth": params}, test_global=data["test"],
+                        public_extra={"w_true": data["w_true"]})
 
 
 def _write_multiclass(path, n_agents: int, records, dim: int, noise: float, seed: int,
@@ -258,6 +302,8 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
         help="regression: y = X theta + noise*N(0,1); binary: y = sign(X theta + noise*N(0,1)) in "
         "{-1,+1}, with a constant bias column appended; multiclass: --classes centroids in "
         "[0,1]^dim, x = clip(centroid + noise*N(0,I), 0, 1), a global test set of --public "
+        "records; online: the DOLA stream (seed 003): owner-specific shifts, rows of norm <= 1, "
+        "labels sign(<w_true, x>) with a fraction --noise flipped, a test set of --public "
         "records (default: %(default)s)",
     )
     parser.add_argument("--classes", type=int, default=4, metavar="K",
