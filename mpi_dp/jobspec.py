@@ -127,6 +127,7 @@ class MethodSpec(Protocol):
     variant_aliases: Mapping[str, str]
     label_variant: bool
     key_help: Mapping[str, str]
+    sweeps: Mapping[str, str]
 
     def validate(self, values: dict[str, Any], path: str) -> None: ...
 
@@ -141,13 +142,19 @@ class Config:
     owners: Any = "all"  # 'all' or the number of participating owners
     variant: str = ""  # the method's variant of this configuration
     show_variant: bool = False  # name the variant in the label
+    params: tuple[tuple[str, Any], ...] = ()  # method sweep axes: (key, value), e.g. dola.rho
+
+    def param(self, key: str, default: Any) -> Any:
+        """The value of a method key in this configuration (swept, else the job's)."""
+        return dict(self.params).get(key, default)
 
     def label(self, eps: Any = None, n: Any = None) -> str:
         """'eps=1, n=1000' ('N=8, eps=...' with owners); pass resolved values to show numbers."""
         head = "" if self.owners == "all" else f"N={self.owners}, "
         head = (f"{self.variant}, " if self.show_variant and self.variant else "") + head
+        tail = "".join(f", {k.split('.')[-1]}={_compact(v)}" for k, v in self.params)
         return (f"{head}eps={_compact(self.eps if eps is None else eps)}, "
-                f"n={_compact(self.n if n is None else n)}")
+                f"n={_compact(self.n if n is None else n)}{tail}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +167,7 @@ class Job:
     overrides: tuple[str, ...] = ()
     label_variant: bool = False
     notes: tuple[str, ...] = ()  # e.g. old key names that were read under their new names
+    method_sweeps: tuple[str, ...] = ()  # method keys with a sweep axis (sweep.<last part>)
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
@@ -198,8 +206,11 @@ class Job:
         own_list = self.values.get("sweep.owners") or [self.values.get("owners", "all")]
         var_list = self.values["sweep.variant"] or [self.values["variant"]]
         show = self.label_variant or bool(self.values["sweep.variant"])
-        return [Config(i, e, n, o, v, show) for i, (v, o, n, e)
-                in enumerate(itertools.product(var_list, own_list, n_list, eps_list))]
+        extra = [(key, self.values[f"sweep.{key.split('.')[-1]}"]) for key in self.method_sweeps
+                 if self.values.get(f"sweep.{key.split('.')[-1]}")]
+        grids = [[(key, v) for v in vals] for key, vals in extra]
+        return [Config(i, e, n, o, v, show, tuple(ps)) for i, (v, o, n, e, *ps)
+                in enumerate(itertools.product(var_list, own_list, n_list, eps_list, *grids))]
 
     @property
     def is_sweep(self) -> bool:
@@ -345,6 +356,9 @@ def method_keys(m: MethodSpec) -> dict[str, Key]:
             keys[name] = shared[name]
     for sec, table in m.sections.items():
         keys.update({f"{sec}.{k}": s for k, s in table.items()})
+    for key in getattr(m, "sweeps", ()):
+        keys[f"sweep.{key.split('.')[-1]}"] = Key((list,), None, f"values of {key} (one "
+                                                  "configuration each)")
     return keys
 
 
@@ -492,9 +506,19 @@ def validate(raw: Mapping[str, Any], path: str, methods: Mapping[str, MethodSpec
                           f"{', '.join(map(repr, m.variants))}")
             variants.append(name)
         values["sweep.variant"] = variants
+    for key in getattr(m, "sweeps", ()):
+        skey = f"sweep.{key.split('.')[-1]}"
+        if values.get(skey) is not None:
+            if not values[skey]:
+                raise err(path, skey, "empty list")
+            values[skey] = [check_type(path, f"{skey}[{i}]", allowed[key], v)
+                            for i, v in enumerate(values[skey])]
+            for v in values[skey]:
+                m.validate({**values, key: v}, path)
     m.validate(values, path)
     return Job(path=path, text=text, values=values, overrides=overrides,
-               label_variant=m.label_variant, notes=tuple(notes))
+               label_variant=m.label_variant, notes=tuple(notes),
+               method_sweeps=tuple(getattr(m, "sweeps", ())))
 
 
 def read(path: str | Path, overrides: Sequence[str], methods: Mapping[str, MethodSpec]) -> Job:

@@ -148,6 +148,9 @@ class Method:
     key_help: Mapping[str, str] = {}
     #: the metric `analyze` and `plot` summarise by default
     default_metric: str = "psi"
+    #: its own keys that a job may sweep, e.g. ("dola.rho",) -> `[sweep] rho = [...]`; the
+    #: configuration's value is `rc.config.param(key, job[key])`
+    sweeps: tuple[str, ...] = ()
 
     # -- job ---------------------------------------------------------------------------------
     def validate(self, values: dict[str, Any], path: str) -> None:

@@ -35,6 +35,12 @@ class Registry:
         clash = taken & set(method.sections)
         if clash:
             raise ValueError(f"method {method.name!r}: section(s) {sorted(clash)} already exist")
+        fixed = set(GENERIC_SECTIONS.get("sweep", {})) | set(SHARED_SECTIONS.get("sweep", {}))
+        for key in method.sweeps:
+            sec, _, name = key.partition(".")
+            if sec not in method.sections or name not in method.sections[sec] or name in fixed:
+                raise ValueError(f"method {method.name!r}: sweep key {key!r} is not one of its "
+                                 "own keys or clashes with a generic sweep axis")
         self._methods[method.name] = method
         return method
 
