@@ -26,7 +26,7 @@ help:
 	@echo "make test    - set up .venv, run the serial tests and the MPI tests on 1, 2 and 4 ranks"
 	@echo "               (WITH_PETSC=1 make test also builds petsc4py and tests the PETSc path)"
 	@echo "make lint    - ruff"
-	@echo "make bench   - benchmarks/replicates.py and benchmarks/async_rate.py (mpiexec -n 3)"
+	@echo "make bench   - benchmarks/replicates.py, async_rate.py (mpiexec -n 3), dola_rounds.py (-n 2)"
 
 venv: $(STAMP) $(if $(filter 1,$(WITH_PETSC)),$(PETSC_STAMP))
 
@@ -81,6 +81,7 @@ lint: venv
 bench: venv
 	$(PY) benchmarks/replicates.py
 	$(MPIEXEC) -n 3 $(PY) benchmarks/async_rate.py
+	$(MPIEXEC) -n 2 $(PY) benchmarks/dola_rounds.py
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

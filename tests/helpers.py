@@ -35,6 +35,8 @@ def write_job(path: Path, data: Path, **keys) -> Path:
                 output=str(path.with_suffix(".h5")), seed=7, runs=3, T=30, eps=1.0)
     if keys.get("algorithm", "sync_star") in ("sync_star", "async_star"):
         base.update(STAR_KEYS)
+    else:
+        del base["variant"]  # the method's default variant unless given
     base.update(keys)
     lines, tables = [], []
     for k, v in base.items():

@@ -51,7 +51,7 @@ def test_valid_job_defaults_and_sweep(tmp_path, small_shards):
          "key 'owners': expected 'all' or a positive number of owners"),
         ({"algorithm": "async_star", "variant": "proof", "sweep": {"owners": [2, "x"]}},
          "key 'sweep.owners[1]': expected 'all' or a positive"),
-        ({"owners": 2}, "key 'owners': is not read by algorithm 'sync_star' (only async_star reads "
+        ({"owners": 2}, "key 'owners': is not read by algorithm 'sync_star' (only async_star, dola read "
          "it)"),
     ],
 )

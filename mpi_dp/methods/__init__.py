@@ -12,6 +12,7 @@ REGISTRY = Registry.from_modules(f"{__name__}.{m}" for m in (
     "sync_star",
     "async_star",
     "admm",
+    "dola",
 ))
 
 __all__ = ["REGISTRY", "Context", "Method", "Outcome", "Registry", "Resolved"]

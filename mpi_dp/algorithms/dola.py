@@ -1,0 +1,572 @@
+"""DP distributed online learning (DOLA, seed 003; spec dp-distributed-online-learning.md).
+
+Agents on a time-varying graph each stream their own records, mix the vectors their neighbours
+released, take a projected subgradient step on the hinge loss and release a noised vector:
+
+- `laplace` (Alg. 1): w_{t+1} = Pi_W(b_t - alpha g(b_t)), released w_{t+1} + Lap(S/eps)^n with
+  S = 2 alpha sqrt(n) L / h (Lemma 1 through the L2 route, spec §2.1);
+- `gaussian` (Alg. 2): released w_{t+1} = Pi_W(b_t - alpha (g + N(0, J^2))) (noise inside the step);
+- `sparse` (Alg. 3, reconstructed): mirror descent on duals, w_t = soft(p_t, alpha_t rho),
+  z_{t+1} = w_t - alpha_t g, released z + Lap(2 alpha_t sqrt(n) L / eps)^n (COMID);
+- `minibatch` (Alg. 4): `laplace` with h records per round and S / h.
+
+Invariant P (privacy-critical): what crosses rounds is only released vectors (own and the
+neighbours'); the mix never reads an agent's clean iterate. Each record enters exactly one release,
+so a single pass gives every record the per-release guarantee (spec §4 (b)).
+
+This module is pure NumPy: a `Block` of agents advances one round at a time and talks to the others
+only through a `net` object (comm.graph.GraphNet under MPI, `LocalNet` here for the single-process
+simulator of all agents). Every agent's arithmetic depends only on its own data, its noise streams
+(keyed by agent and run, never by rank) and the vectors it receives, and the mix sums self first,
+then neighbours by ascending id: the results are bitwise the same on any rank count and layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+import scipy.sparse as sp
+
+from .. import rng
+from ..comm import topology as tp
+from ..privacy import GaussianEvent, LaplaceEvent, Ledger, gaussian_sigma
+
+VARIANTS = ("laplace", "gaussian", "sparse", "minibatch")
+GAUSS_MODES = ("per_record", "total_T", "paper")
+SENS_MODES = ("sound", "paper")
+REG_POINTS = ("mixed", "clean")
+STEPS = ("auto", "strong", "convex")
+#: rounds of noise drawn per generator call (independent of the block size, so any layout draws
+#: the same numbers: Generator draws are chunk-invariant, checked in tests)
+NOISE_DOUBLES = 2**16
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything one configuration of DOLA needs (identical on every rank)."""
+
+    variant: str
+    T: int  # rounds
+    h: int  # records per round
+    n_features: int
+    m: int  # agents
+    eps: tuple[float, ...]  # per agent, per release
+    lam: float = 0.1
+    radius: float = math.inf  # r of W = {||w|| <= r}
+    step: str = "strong"  # strong: 1/(lam t); convex: 1/(2 sqrt t)
+    L_data: float = 1.0  # max ||x|| (rows are scaled to norm <= 1 by the data preparation)
+    sens_mode: str = "sound"
+    gauss_mode: str = "per_record"
+    gauss_calibration: str = "auto"
+    delta: float = 1e-4
+    rho: float = 0.0  # lasso weight (sparse)
+    reg_point: str = "mixed"  # minibatch regulariser at the mixed point (sound) or clean w (paper)
+    activation: str = "hash"
+    p_act: float = 0.5
+    window: int = 10
+    weights: str = "mh_static"
+    ref_agent: int = 0
+    exact_regret: bool = True
+    seed: int = 0
+    run_ids: tuple[int, ...] = (0,)
+    record_every: int = 1
+
+    @property
+    def runs(self) -> int:
+        return len(self.run_ids)
+
+    @property
+    def L(self) -> float:
+        """The subgradient bound the sensitivity uses: L_data (sound; the regulariser is data-
+        independent) or L_data + lam r (paper: the total bound)."""
+        if self.sens_mode == "paper":
+            return self.L_data + (self.lam * self.radius if math.isfinite(self.radius) else 0.0)
+        return self.L_data
+
+    @property
+    def certified(self) -> bool:
+        """False where the release is not shown to have the stated guarantee."""
+        if self.variant == "gaussian" and self.gauss_mode == "paper":
+            return False
+        return not (self.variant == "minibatch" and self.reg_point == "clean")
+
+    @property
+    def invariant_P(self) -> bool:
+        """The paper's Alg. 4 regulariser at the clean iterate breaks invariant P."""
+        return not (self.variant == "minibatch" and self.reg_point == "clean")
+
+
+# -- pure math -----------------------------------------------------------------------------------
+def step_size(t1: int, s: Settings) -> float:
+    """alpha_t for t = t1 >= 1: 1/(lam t) (strongly convex) or 1/(2 sqrt t) (convex)."""
+    if s.step == "strong":
+        return 1.0 / (s.lam * t1)
+    return 0.5 / math.sqrt(t1)
+
+
+def laplace_sensitivity(alpha: float, n: int, L: float, h: int = 1) -> float:
+    """S = 2 alpha sqrt(n) L / h: L1 sensitivity of one release (Lemma 1, Lemma 10)."""
+    return 2.0 * alpha * math.sqrt(n) * L / h
+
+
+@functools.lru_cache(maxsize=4096)
+def gauss_std(mode: str, delta2: float, eps: float, delta: float, T: int, *, alpha: float = 0.0,
+              n: int = 1, L: float = 1.0, calibration: str = "auto") -> float:
+    """J of Alg. 2 for the gradient's L2 sensitivity delta2 (spec §2.2)."""
+    if math.isinf(eps):
+        return 0.0
+    if mode == "per_record":
+        return gaussian_sigma(delta2, eps, delta, calibration=calibration)
+    if mode == "total_T":
+        lg = math.log(1.0 / delta)
+        rho_tot = (math.sqrt(lg + eps) - math.sqrt(lg)) ** 2
+        return delta2 * math.sqrt(T / (2.0 * rho_tot))
+    if mode == "paper":
+        return math.sqrt(4 * alpha**2 * n * L**2 * T * math.log(T / delta) * math.log(1 / delta)
+                         ) / eps
+    raise ValueError(f"unknown gauss_mode {mode!r}")
+
+
+def project_ball(V: np.ndarray, r: float) -> np.ndarray:
+    """Pi_W on the last axis, in place: v * min(1, r / ||v||)."""
+    if math.isinf(r):
+        return V
+    norms = np.linalg.norm(V, axis=-1, keepdims=True)
+    big = norms > r
+    if np.any(big):
+        np.multiply(V, np.where(big, r / np.where(big, norms, 1.0), 1.0), out=V)
+    return V
+
+
+def soft_threshold(P: np.ndarray, tau: float) -> np.ndarray:
+    """argmin_w 0.5 ||p - w||^2 + tau ||w||_1, coordinate-wise."""
+    return np.sign(P) * np.maximum(np.abs(P) - tau, 0.0)
+
+
+def rho_for_sparsity(p: np.ndarray, s: float, alpha: float) -> float:
+    """The lasso weight that zeroes a fraction s of the coordinates of p at step alpha."""
+    return float(np.quantile(np.abs(np.asarray(p, dtype=np.float64)).ravel(), s)) / alpha
+
+
+def hinge(margins: np.ndarray) -> np.ndarray:
+    return np.maximum(0.0, 1.0 - margins)
+
+
+# -- the records of a round ---------------------------------------------------------------------
+class Batch:
+    """The h records of every agent of the block in one round: dense X (k, h, n) or CSR (k h, n)
+    with row a h + s = record s of agent a; y (k, h) in {-1, +1}."""
+
+    def __init__(self, X: np.ndarray | sp.csr_matrix, y: np.ndarray, k: int, h: int) -> None:
+        self.X, self.y, self.k, self.h = X, y, k, h
+        self.sparse = sp.issparse(X)
+        if self.sparse:
+            rows = np.repeat(np.arange(k * h), np.diff(X.indptr))
+            self._agent_nz = rows // h
+            self._rows_nz = rows
+            self._nonempty = np.diff(X.indptr) > 0
+
+    def dots(self, V: np.ndarray) -> np.ndarray:
+        """<V[a, r], x_{a, s}> as (k, R, h)."""
+        if not self.sparse:
+            return np.matmul(V, self.X.transpose(0, 2, 1))
+        k, R, _ = V.shape
+        out = np.zeros((self.k * self.h, R))
+        X = self.X
+        if X.nnz:
+            vals = V[self._agent_nz, :, X.indices] * X.data[:, None]
+            out[self._nonempty] = np.add.reduceat(vals, X.indptr[:-1][self._nonempty], axis=0)
+        return out.reshape(self.k, self.h, R).transpose(0, 2, 1)
+
+    def dots_vec(self, w: np.ndarray) -> np.ndarray:
+        """<w, x_{a, s}> for one vector w, as (k, h)."""
+        if not self.sparse:
+            return self.X @ w
+        return np.asarray(self.X @ w).reshape(self.k, self.h)
+
+    def combine(self, C: np.ndarray, n: int) -> np.ndarray:
+        """sum_s C[a, r, s] x_{a, s} as (k, R, n)."""
+        if not self.sparse:
+            return np.matmul(C, self.X)
+        k, R, _ = C.shape
+        X = self.X
+        coef = C.transpose(0, 2, 1).reshape(k * self.h, R)[self._rows_nz] * X.data[:, None]
+        rows = (self._agent_nz[:, None] * R + np.arange(R)[None, :]).ravel()
+        cols = np.repeat(X.indices, R)
+        G = sp.coo_matrix((coef.ravel(), (rows, cols)), shape=(k * R, n)).toarray()
+        return G.reshape(k, R, n)
+
+
+def hinge_subgradient(batch: Batch, V: np.ndarray, margins: np.ndarray) -> np.ndarray:
+    """(1/h) sum_s -y x [y <v, x> < 1] at V (k, R, n), from the margins y<v, x> (k, R, h)."""
+    coef = np.where(margins < 1.0, -batch.y[:, None, :], 0.0) / batch.h
+    return batch.combine(coef, V.shape[-1])
+
+
+class Stream:
+    """The block's records, h per agent per round, read from `read(agent, start, stop)` in chunks
+    of whole rounds (never a whole large shard at once)."""
+
+    def __init__(self, agents: np.ndarray, h: int, T: int, n_features: int,
+                 read: Callable[[int, int, int], tuple[Any, np.ndarray]],
+                 chunk_records: int = 4096) -> None:
+        self.agents, self.h, self.T, self.n = np.asarray(agents), h, T, n_features
+        self.read = read
+        self.C = max(1, min(T, chunk_records // h))  # rounds per chunk
+        self.t = 0
+        self._buf: tuple[Any, np.ndarray] | None = None
+        self._base = 0
+
+    def _fill(self) -> None:
+        k, h, C = len(self.agents), self.h, min(self.C, self.T - self.t)
+        start, stop = self.t * h, (self.t + C) * h
+        parts = [self.read(int(a), start, stop) for a in self.agents]
+        y = (np.stack([np.asarray(p[1], dtype=np.float64) for p in parts]) if parts
+             else np.zeros((0, C * h))).reshape(k, C * h)
+        if parts and sp.issparse(parts[0][0]):
+            X = sp.vstack([sp.csr_matrix(p[0]) for p in parts], format="csr")
+            # round-major: round j holds rows a * C h + j h + s for a = 0..k-1, s = 0..h-1
+            perm = (np.arange(k)[None, :, None] * C * h + np.arange(C)[:, None, None] * h
+                    + np.arange(h)[None, None, :]).ravel()
+            X = X[perm]
+        else:
+            X = np.stack([np.asarray(p[0], dtype=np.float64) for p in parts]
+                         ).reshape(k, C * h, self.n) if parts else np.zeros((0, C * h, self.n))
+        self._buf, self._base = (X, y), self.t
+
+    def next(self) -> Batch:
+        if self.t >= self.T:
+            raise IndexError("stream exhausted")
+        if self._buf is None or self.t - self._base >= self._rows():
+            self._fill()
+        X, y = self._buf  # type: ignore[misc]
+        j, k, h = self.t - self._base, len(self.agents), self.h
+        self.t += 1
+        yb = y[:, j * h:(j + 1) * h]
+        if sp.issparse(X):
+            return Batch(X[j * k * h:(j + 1) * k * h], yb, k, h)
+        return Batch(X[:, j * h:(j + 1) * h], yb, k, h)
+
+    def _rows(self) -> int:
+        assert self._buf is not None
+        return self._buf[1].shape[1] // self.h
+
+
+class Noise:
+    """Standard Laplace or normal draws (k, R, n) per round from the streams (seed, 'noise',
+    agent, run): chunks of rounds per generator call, the same numbers for any chunking."""
+
+    def __init__(self, agents: np.ndarray, run_ids: tuple[int, ...], seed: int, n: int,
+                 kind: str, rounds: int | None = None) -> None:
+        self.kind = kind
+        self.left = rounds  # rounds still to draw (None: unbounded); caps the chunk
+        self.gens = [[rng.stream(seed, "noise", int(a), int(r)) for r in run_ids] for a in agents]
+        self.k, self.R, self.n = len(agents), len(run_ids), n
+        self.C = max(1, NOISE_DOUBLES // max(1, len(run_ids) * n))
+        self._buf = np.zeros((self.k, self.R, 0, n))
+        self._j = 0
+
+    def next(self) -> np.ndarray:
+        if self._j >= self._buf.shape[2]:
+            C = self.C if self.left is None else max(1, min(self.C, self.left))
+            buf = np.empty((self.k, self.R, C, self.n))
+            for a, gens in enumerate(self.gens):
+                for r, g in enumerate(gens):
+                    buf[a, r] = (g.laplace(0.0, 1.0, (C, self.n)) if self.kind == "laplace"
+                                 else g.standard_normal((C, self.n)))
+            self._buf, self._j = buf, 0
+        out = self._buf[:, :, self._j]
+        self._j += 1
+        if self.left is not None:
+            self.left -= 1
+        return out
+
+
+# -- communication seam --------------------------------------------------------------------------
+class Net(Protocol):
+    """What a block needs from the others (comm.graph.GraphNet under MPI, LocalNet here)."""
+
+    agents: np.ndarray  # the block's agents (global ids, ascending)
+    ghosts: np.ndarray  # neighbours hosted elsewhere (global ids, ascending): rows k.. of Pub
+    tracked: np.ndarray  # edges whose activation the block tracks (rows of graph.edges)
+
+    def exchange(self, t: int, pub: np.ndarray, active: np.ndarray) -> None: ...
+    def ref_vector(self, E: np.ndarray, agent: int) -> np.ndarray: ...
+    def allreduce_sum(self, a: np.ndarray) -> np.ndarray: ...
+    def gather_agents(self, a: np.ndarray) -> np.ndarray | None: ...
+    def gather_objects(self, obj: Any) -> list | None: ...
+
+
+class LocalNet:
+    """All agents in one process: the single-process simulator's (empty) communication."""
+
+    def __init__(self, graph: tp.Graph, two_hop: bool = False) -> None:
+        self.agents = np.arange(graph.m)
+        self.ghosts = np.zeros(0, dtype=np.int64)
+        self.tracked = graph.edges
+        self.is_root = True
+
+    def exchange(self, t: int, pub: np.ndarray, active: np.ndarray) -> None:
+        return None
+
+    def ref_vector(self, E: np.ndarray, agent: int) -> np.ndarray:
+        return E[agent]
+
+    def allreduce_sum(self, a: np.ndarray) -> np.ndarray:
+        return a
+
+    def gather_agents(self, a: np.ndarray) -> np.ndarray | None:
+        return a
+
+    def gather_objects(self, obj: Any) -> list | None:
+        return [obj]
+
+
+# -- one block of agents -------------------------------------------------------------------------
+class Block:
+    """The state of the agents a process hosts, advanced one synchronous round at a time.
+
+    Pub (k + g, R, n): the released vectors of the k hosted agents, then of the g ghosts (the
+    neighbours hosted elsewhere, filled by the exchange). W (k, R, n): the clean iterates (never
+    sent; evaluation only). `on_release` / `on_mix`, when set, see every release and every mix
+    (instrumented runs checking invariant P).
+    """
+
+    def __init__(self, s: Settings, graph: tp.Graph, net: Net, stream: Stream,
+                 w_star: np.ndarray | None = None) -> None:
+        self.s, self.graph, self.net, self.stream = s, graph, net, stream
+        self.agents = np.asarray(net.agents, dtype=np.int64)
+        k, R, n = len(self.agents), s.runs, s.n_features
+        self.k = k
+        rows_ids = np.concatenate([self.agents, np.asarray(net.ghosts, dtype=np.int64)])
+        self.rows = tp.MixingRows(graph, self.agents, net.tracked, s.weights)
+        pos = {int(a): i for i, a in enumerate(rows_ids)}
+        self.nbr_row = np.array([pos[int(j)] for j in self.rows.nbr], dtype=np.int64)
+        self.deg = np.diff(self.rows.indptr)
+        self._mix_indptr = np.concatenate([[0], np.cumsum(self.deg + 1)]).astype(np.int64)
+        self._mix_self = self._mix_indptr[:-1]
+        self._mix_nbr = np.setdiff1d(np.arange(self._mix_indptr[-1]), self._mix_self)
+        self._mix_indices = np.empty(self._mix_indptr[-1], dtype=np.int64)
+        self._mix_indices[self._mix_self] = np.arange(k)
+        self._mix_indices[self._mix_nbr] = self.nbr_row
+        self._mix_data = np.empty(self._mix_indptr[-1])
+        self.activation = tp.EdgeActivation(net.tracked, s.activation, s.p_act, s.window, s.seed)
+        self.Pub = np.zeros((len(rows_ids), R, n))
+        self.W = np.zeros((k, R, n))
+        self.Hsum = np.zeros((k, R, n))  # running sum of each agent's iterate (w_hat)
+        self.noise = Noise(self.agents, s.run_ids, s.seed, n,
+                           "normal" if s.variant == "gaussian" else "laplace", rounds=s.T)
+        self.eps = np.array([s.eps[a] for a in self.agents], dtype=np.float64)
+        self.ledgers = [Ledger(int(a), math.inf, math.inf, runs=R) for a in self.agents]
+        self.w_star = w_star
+        # cumulative per agent and run: own loss, reference-node loss, comparator loss, mistakes
+        self.cum = np.zeros((4, k, R))
+        self.noise_l1 = np.zeros((k, R))
+        self.last_active_deg = np.zeros(k)
+        self.last_a_self = np.ones(k)
+        self.t = 0
+        self.on_release: Callable[[int, np.ndarray, np.ndarray], None] | None = None
+        self.on_mix: Callable[[int, np.ndarray, np.ndarray, np.ndarray], None] | None = None
+        self.J_last = 0.0
+
+    # -- pieces of a round --
+    def mix(self, a_self: np.ndarray, a_nbr: np.ndarray) -> np.ndarray:
+        """b_i = a_ii Pub_i + sum_j a_ij Pub_j, neighbours by ascending id: one CSR product whose
+        row i is stored [self, neighbours ascending] (scipy sums each row from zero in stored
+        order, so the float operations do not depend on the layout)."""
+        self._mix_data[self._mix_self] = a_self
+        self._mix_data[self._mix_nbr] = a_nbr
+        A = sp.csr_matrix((self._mix_data, self._mix_indices, self._mix_indptr),
+                          shape=(self.k, self.Pub.shape[0]))
+        rows, item = self.Pub.shape[0], self.W.shape[1] * self.W.shape[2]
+        return np.asarray(A @ self.Pub.reshape(rows, item)).reshape(self.W.shape)
+
+    def _losses(self, E: np.ndarray, batch: Batch) -> None:
+        """Accumulate f_t^i at the agent's own iterate, at the reference agent's and at w*, and
+        the online mistakes of sign(<w_t^i, x>) (0 predicts +1). Evaluation-only."""
+        s = self.s
+        y = batch.y[:, None, :]
+        dE = batch.dots(E)
+        reg = 0.5 * s.lam * np.einsum("arn,arn->ar", E, E) if s.lam else 0.0
+        self.cum[0] += hinge(dE * y).mean(axis=2) + reg
+        self.cum[3] += (np.where(dE >= 0, 1.0, -1.0) != y).sum(axis=2)
+        if s.exact_regret:
+            wref = self.net.ref_vector(E, s.ref_agent)  # (R, n): evaluation-only broadcast
+            mref = batch.dots(np.broadcast_to(wref, E.shape)) * y
+            reg_ref = 0.5 * s.lam * np.einsum("rn,rn->r", wref, wref)[None, :] if s.lam else 0.0
+            self.cum[1] += hinge(mref).mean(axis=2) + reg_ref
+        if self.w_star is not None:
+            ms = batch.dots_vec(self.w_star) * batch.y
+            f = hinge(ms).mean(axis=1) + 0.5 * s.lam * float(self.w_star @ self.w_star)
+            self.cum[2] += f[:, None]
+
+    def round(self) -> None:
+        s, t = self.s, self.t
+        t1 = t + 1
+        active = self.activation.step()
+        a_self, a_nbr = self.rows.weights_for(active)
+        self.net.exchange(t, self.Pub, active)
+        B = self.mix(a_self, a_nbr)
+        if self.on_mix is not None:
+            self.on_mix(t, B, a_self, a_nbr)
+        batch = self.stream.next()
+        alpha = step_size(t1, s)
+        if s.variant == "sparse":
+            E = soft_threshold(B, alpha * s.rho)
+        elif s.variant == "gaussian":
+            E = self.Pub[: self.k].copy()
+        else:
+            E = self.W
+        self._losses(E, batch)
+        self.Hsum += E
+        n = s.n_features
+        if s.variant in ("laplace", "minibatch"):
+            point = self.W if s.reg_point == "clean" else B
+            G = hinge_subgradient(batch, B, batch.dots(B) * batch.y[:, None, :])
+            if s.lam:
+                G += s.lam * point
+            self.W = project_ball(B - alpha * G, s.radius)
+            S = laplace_sensitivity(alpha, n, s.L, s.h)
+            self._release_laplace(S, self.W, t)
+        elif s.variant == "sparse":
+            G = hinge_subgradient(batch, E, batch.dots(E) * batch.y[:, None, :])
+            if s.lam:
+                G += s.lam * E
+            self.W = E
+            S = laplace_sensitivity(alpha, n, s.L, s.h)
+            self._release_laplace(S, E - alpha * G, t)
+        else:  # gaussian: noise inside the step; the released vector is the iterate
+            G = hinge_subgradient(batch, B, batch.dots(B) * batch.y[:, None, :])
+            if s.lam:
+                G += s.lam * B
+            delta2 = 2.0 * s.L_data / s.h
+            J = np.array([gauss_std(s.gauss_mode, delta2, e, s.delta, s.T, alpha=alpha, n=n,
+                                    L=s.L, calibration=s.gauss_calibration) for e in self.eps])
+            events: dict[float, GaussianEvent] = {}
+            for i, led in enumerate(self.ledgers):
+                ev = events.get(J[i])
+                if ev is None:
+                    ev = events[J[i]] = GaussianEvent(delta2, float(J[i]), s.delta,
+                                                      certified=s.gauss_mode != "paper")
+                led.charge(ev)
+            Z = self.noise.next() if np.any(J > 0) else None
+            if Z is not None:
+                G = G + J[:, None, None] * Z
+                self.noise_l1 = alpha * J[:, None] * np.abs(Z).sum(axis=2)
+            self.W = project_ball(B - alpha * G, s.radius)
+            self.Pub[: self.k] = self.W
+            self.J_last = float(J.max(initial=0.0))
+            if self.on_release is not None:
+                self.on_release(t, self.agents, self.Pub[: self.k].copy())
+        deg_active = np.zeros(self.k)
+        np.add.at(deg_active, self.rows.owner, a_nbr > 0)
+        self.last_active_deg, self.last_a_self = deg_active, a_self
+        self.t = t1
+
+    def _release_laplace(self, S: float, V: np.ndarray, t: int) -> None:
+        """Charge every hosted agent's ledger, then release V + Lap(S / eps_i)^n."""
+        s = self.s
+        mu = np.where(np.isinf(self.eps), 0.0, S / self.eps)
+        events: dict[float, LaplaceEvent] = {}
+        for i, led in enumerate(self.ledgers):
+            ev = events.get(mu[i])
+            if ev is None:
+                ev = events[mu[i]] = LaplaceEvent(S, float(mu[i]), certified=s.certified)
+            led.charge(ev)
+        if np.any(mu > 0):
+            Z = self.noise.next()
+            noise = mu[:, None, None] * Z
+            self.noise_l1 = np.abs(noise).sum(axis=2)
+            self.Pub[: self.k] = V + noise
+        else:
+            self.Pub[: self.k] = V
+        if self.on_release is not None:
+            self.on_release(t, self.agents, self.Pub[: self.k].copy())
+
+    def iterate(self) -> np.ndarray:
+        """The agents' current clean iterates (evaluation-only)."""
+        return self.W
+
+
+# -- metrics and the round loop ------------------------------------------------------------------
+def test_error(X: Any, y: np.ndarray, V: np.ndarray) -> np.ndarray:
+    """Error of sign(<v, x>) (0 predicts +1) for each row v of V (R, n) on a test set."""
+    pred = np.where(np.asarray(X @ V.T) >= 0, 1.0, -1.0)
+    return (pred != y[:, None]).mean(axis=0)
+
+
+def collect(block: Block, test: tuple[Any, np.ndarray] | None) -> dict[str, Any] | None:
+    """The record of round block.t (collective over the net): per-run metrics (R,) and per-round
+    scalars, on the root (None elsewhere). Sums over agents are taken on the root in agent order.
+    """
+    s, net, t = block.s, block.net, block.t
+    R = s.runs
+    W = block.W
+    tot = net.allreduce_sum(np.stack([W.sum(axis=0), block.Hsum.sum(axis=0)]))
+    w_bar, w_hat = tot[0] / s.m, tot[1] / (s.m * t)
+    spread = np.linalg.norm(W - w_bar[None], axis=-1)  # (k, R)
+    per_agent = np.concatenate([
+        block.cum.transpose(1, 0, 2).reshape(block.k, 4 * R), spread, spread**2, block.noise_l1,
+        (W == 0).mean(axis=-1), block.last_active_deg[:, None], block.last_a_self[:, None]],
+        axis=1)
+    g = net.gather_agents(per_agent)
+    if g is None:
+        return None
+    m = g.shape[0]
+    cols = np.split(g[:, : 8 * R], 8, axis=1)  # own, ref, star, mistakes, spread, sq, noise, zeros
+    cum = [c.sum(axis=0) for c in cols[:4]]
+    out: dict[str, Any] = {}
+    if block.w_star is not None:
+        if s.exact_regret:
+            out["regret"] = (cum[1] - cum[2]) / t
+        out["regret_own"] = (cum[0] - cum[2]) / t
+    out["loss"] = cum[0] / (m * t)
+    out["online_error"] = cum[3] / (m * t * s.h)
+    out["spread"] = cols[4].sum(axis=0)
+    out["spread_sq"] = cols[5].sum(axis=0)
+    out["noise_l1"] = cols[6].mean(axis=0)
+    if s.variant == "sparse" or s.rho:
+        out["sparsity"] = cols[7].mean(axis=0)
+    if test is not None:
+        out["test_error"] = test_error(test[0], test[1], w_hat)
+        out["test_error_bar"] = test_error(test[0], test[1], w_bar)
+    out["active_degree"] = float(g[:, 8 * R].mean())
+    out["a_self_min"] = float(g[:, 8 * R + 1].min())
+    out["step_size"] = step_size(t, s)
+    out["_w_bar"], out["_w_hat"] = w_bar, w_hat
+    return out
+
+
+def drive(block: Block, test: tuple[Any, np.ndarray] | None,
+          on_record: Callable[[int, dict[str, Any]], None] | None = None,
+          progress: Callable[[int], None] | None = None) -> dict[str, Any] | None:
+    """Run all T rounds; collect a record every record_every rounds and at T (collective).
+    Returns the last record on the root."""
+    s = block.s
+    last = None
+    while block.t < s.T:
+        block.round()
+        if block.t % s.record_every == 0 or block.t == s.T:
+            rec = collect(block, test)
+            if rec is not None:
+                last = rec
+                if on_record is not None:
+                    on_record(block.t, rec)
+        if progress is not None:
+            progress(block.t)
+    return last
+
+
+def simulate(s: Settings, graph: tp.Graph, read: Callable[[int, int, int], tuple[Any, np.ndarray]],
+             w_star: np.ndarray | None = None, test: tuple[Any, np.ndarray] | None = None,
+             on_record: Callable[[int, dict[str, Any]], None] | None = None) -> Block:
+    """The single-process simulator of all m agents (the reference of the MPI runs)."""
+    net = LocalNet(graph)
+    block = Block(s, graph, net, Stream(net.agents, s.h, s.T, s.n_features, read), w_star)
+    drive(block, test, on_record)
+    return block

@@ -1,0 +1,414 @@
+"""Method entry of DP distributed online learning over time-varying graphs (seed 003).
+
+Agents (the shard file's owners, or `owners` groups of them with `pool_owners`) sit on a graph,
+not a star: every rank hosts a block of agents, neighbours exchange released vectors over an MPI
+dist-graph topology (comm.graph), and the algorithm (algorithms.dola) streams each agent's records
+in rounds. Regret is measured against the offline comparator w* (the exact regularised SVM on all
+consumed records, evaluation-only) and against the reference agent's iterate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..algorithms import dola
+from ..comm import graph as cg
+from ..comm import topology as tp
+from ..data import ShardFile
+from ..errors import JobError
+from ..jobspec import Key, err
+from ..models import reference
+from ..privacy import GAUSSIAN_CALIBRATIONS
+from .base import Context, Method, Outcome, Resolved, settings_attrs
+
+_NUM = (int, float)
+EVALUATION_ONLY = (
+    "every metric is evaluation-only: losses, regret, online_error, spread and sparsity use the "
+    "agents' clean iterates (never released), regret also an evaluation-only broadcast of the "
+    "reference agent's iterate and w* (solved on all consumed records); test_error uses the "
+    "public test set; noise_l1 is the L1 norm of the noise (Alg. 2: alpha J |N|, as it enters "
+    "the step)")
+L_DATA_TOL = 1e-9
+
+SECTION = {
+    "graph": Key((str,), "medium", "base graph: sparse / medium / dense (random geometric, mean "
+                 "degree ~4 / 10 / 24 = the paper's T1 / T2 / T3), geometric (graph_degree), ring, "
+                 "grid, complete, erdos_renyi (graph_p), from_file (graph_file)", tp.KINDS),
+    "graph_degree": Key(_NUM, 4.0, "mean degree of graph = 'geometric'"),
+    "graph_p": Key(_NUM + (str,), "auto", "edge probability of erdos_renyi ('auto': 2 ln(m)/m)"),
+    "graph_file": Key((str,), "", "edge list 'i j' per line for graph = 'from_file'"),
+    "activation": Key((str,), "hash", "edges on in round t: hash (u(seed, t, i, j) < p_act, both "
+                      "ends agree without a message; an edge idle N-1 rounds is forced on) or "
+                      "fixed (all)", tp.ACTIVATIONS),
+    "p_act": Key(_NUM, 0.5, "activation probability of an edge per round"),
+    "window": Key((int,), 10, "N: every edge is on at least once in any N consecutive rounds"),
+    "weights": Key((str,), "mh_static", "A_t weights: mh_static 1/(1+max(d_i,d_j)), mh_active "
+                   "(active degrees), max_degree 1/(1+d_max)", tp.WEIGHTS),
+    "exchange": Key((str,), "allgather", "neighbour exchange: allgather (Neighbor_allgatherv), "
+                    "alltoallv (only active edges), rma (one window, PSCW)", cg.MODES),
+    "lam": Key(_NUM, 0.1, "lambda: f = hinge + lam/2 ||w||^2 (0: plain convex)"),
+    "radius": Key(_NUM + (str,), "auto", "r of W = {||w|| <= r}: 'auto' = 1/sqrt(lam) (the "
+                  "regularised SVM optimum lies inside), 10 when lam = 0"),
+    "step": Key((str,), "auto", "alpha_t: strong 1/(lam t), convex 1/(2 sqrt t), auto (strong if "
+                "lam > 0 and not sparse)", dola.STEPS),
+    "batch": Key((int, str), "auto", "h records per agent per round ('auto': 10 for minibatch, "
+                 "else 1)"),
+    "sens_mode": Key((str,), "sound", "Laplace sensitivity 2 alpha sqrt(n) L / h with L = L_data "
+                     "(sound) or L_data + lam r (paper; both valid, sound is tighter)",
+                     dola.SENS_MODES),
+    "gauss_mode": Key((str,), "per_record", "Alg. 2 noise: per_record (Delta sqrt(2 ln(1.25/"
+                      "delta))/eps, the per-record guarantee of a single pass), total_T (all T "
+                      "releases via zCDP), paper (J^2 = 4 alpha^2 n L^2 T ln(T/delta) ln(1/delta)"
+                      "/eps^2: uncertified)", dola.GAUSS_MODES),
+    "gauss_calibration": Key((str,), "auto", "per_record calibration: auto (classical below "
+                             "eps 1, analytic from 1), classical, analytic", GAUSSIAN_CALIBRATIONS),
+    "delta": Key(_NUM, 1e-4, "delta of each Alg. 2 release"),
+    "rho": Key(_NUM, 0.0, "lasso weight of the sparse variant (threshold alpha_t rho)"),
+    "reg_point": Key((str,), "mixed", "minibatch regulariser at the mixed point b_t (sound) or at "
+                     "the clean w_t (the paper: breaks invariant P, recorded uncertified)",
+                     dola.REG_POINTS),
+    "ref_agent": Key((int,), 0, "j of the regret R_D (the reference agent's iterate)"),
+    "regret": Key((str,), "exact", "exact: broadcast the reference agent's iterate every round "
+                  "(evaluation-only) for R_D; own: only R_own (no extra collective)",
+                  ("exact", "own")),
+    "pool_owners": Key((bool,), False, "with owners = N: split ALL of the shard file's owners "
+                       "into N contiguous groups, one agent streaming each group (the same "
+                       "records for every N, as the paper's Table 3)"),
+}
+
+
+@dataclasses.dataclass
+class Prepared:
+    test: tuple[Any, np.ndarray] | None  # on rank 0
+    majority_error: float
+    graphs: dict = dataclasses.field(default_factory=dict)
+    comparators: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class DolaSettings:
+    algo: dola.Settings
+    graph: tp.Graph
+    groups: tuple[tuple[int, ...], ...]  # shard owners each agent streams, in order
+    n_used: tuple[int, ...]  # records each agent consumes
+    T_requested: int
+    w_star: np.ndarray | None
+    comparator: str
+
+
+def owner_groups(n_owners: int, m: int, pool: bool) -> tuple[tuple[int, ...], ...]:
+    """Shard owners of each agent: itself, or contiguous groups covering all owners (pool)."""
+    if not pool:
+        return tuple((a,) for a in range(m))
+    starts = cg.block_starts(n_owners, m)
+    return tuple(tuple(range(int(starts[a]), int(starts[a + 1]))) for a in range(m))
+
+
+class PooledReader:
+    """read(agent, start, stop) over the concatenation of an agent's owners' records."""
+
+    def __init__(self, shard: ShardFile, groups: tuple[tuple[int, ...], ...]) -> None:
+        self.shard, self.groups = shard, groups
+        self.offsets = [np.concatenate([[0], np.cumsum(shard.sizes(g))]) for g in groups]
+
+    def __call__(self, a: int, start: int, stop: int) -> tuple[Any, np.ndarray]:
+        Xs, ys = [], []
+        off = self.offsets[a]
+        for i, owner in enumerate(self.groups[a]):
+            lo, hi = max(start, off[i]), min(stop, off[i + 1])
+            if lo < hi:
+                X, y = self.shard.read_agent_rows(owner, int(lo - off[i]), int(hi - off[i]))
+                Xs.append(X)
+                ys.append(y)
+        if len(Xs) == 1:
+            return Xs[0], ys[0]
+        X = sp.vstack(Xs, format="csr") if sp.issparse(Xs[0]) else np.concatenate(Xs)
+        return X, np.concatenate(ys)
+
+
+def comparator(shard: ShardFile, groups, n_used, lam: float, path: str
+               ) -> tuple[np.ndarray | None, str]:
+    """w* = argmin over W of the total loss on every consumed record (exact dual CD; lam > 0:
+    the optimum lies inside the ball of radius 1/sqrt(lam)), with the data checks on the way."""
+    read = PooledReader(shard, groups)
+    parts = [read(a, 0, n) for a, n in enumerate(n_used)]
+    X = sp.vstack([p[0] for p in parts], format="csr") if shard.is_sparse else \
+        np.concatenate([p[0] for p in parts])
+    y = np.concatenate([p[1] for p in parts])
+    if not np.all(np.isin(y, (-1.0, 1.0))):
+        raise JobError(f"job file {path}: dola trains a linear SVM: labels must be -1/+1, the "
+                       f"shard file {shard.path} has {np.unique(y)[:5].tolist()}")
+    sq = (np.asarray(X.multiply(X).sum(axis=1)).ravel() if sp.issparse(X)
+          else np.einsum("ij,ij->i", X, X))
+    if sq.size and not np.all(np.isfinite(sq)):
+        raise JobError(f"job file {path}: the shard file {shard.path} holds NaN or inf features")
+    if sq.size and np.sqrt(sq.max()) > 1 + L_DATA_TOL:
+        raise JobError(f"job file {path}: dola needs records of L2 norm <= 1 (the sensitivity "
+                       f"uses L_data = 1); the largest in {shard.path} is {np.sqrt(sq.max()):.4g}"
+                       " (prepare the data with rows scaled to norm <= 1, e.g. the diabetes, "
+                       "reuters or mnist_parity recipes)")
+    if lam <= 0:
+        return None, "none (lam = 0: no exact comparator, regret not recorded)"
+    return reference.svm_dual_cd(X, y, lam), "exact L1-loss SVM by dual coordinate descent"
+
+
+class Dola(Method):
+    name = "dola"
+    summary = ("DP distributed online learning over time-varying graphs (seed 003): agents on a "
+               "graph mix their neighbours' released vectors, step on the hinge loss of one "
+               "record (or h) per round and release a noised vector")
+    variants = dola.VARIANTS
+    variant_help = ("laplace (Alg. 1, output perturbation; default), gaussian (Alg. 2, noise in "
+                    "the step), sparse (Alg. 3, mirror descent with soft-thresholding), "
+                    "minibatch (Alg. 4, h records per round)")
+    reads = ("owners", "sweep.owners")
+    sections = {"dola": SECTION}
+    label_variant = True
+    key_help = {"T": "rounds (each agent consumes h records per round, one pass at most)",
+                "eps": "each agent's eps PER RELEASE (one release per round); a single pass "
+                "gives every record this guarantee (invariant P), the totals over T releases "
+                "are in privacy/ledger", "n": "'all' (dola streams from the start of each shard)",
+                "record_every": "rounds between records"}
+    default_metric = "regret"
+    sweeps = ("dola.rho", "dola.graph")
+
+    def validate(self, values: dict[str, Any], path: str) -> None:
+        if not 0 < values["dola.p_act"] <= 1:
+            raise err(path, "dola.p_act", "must be in (0, 1]")
+        if values["dola.window"] < 1:
+            raise err(path, "dola.window", "must be at least 1")
+        if not 0 <= values["dola.lam"] < math.inf:
+            raise err(path, "dola.lam", "must be a finite number >= 0")
+        r = values["dola.radius"]
+        if (isinstance(r, str) and r != "auto") or (not isinstance(r, str) and not r > 0):
+            raise err(path, "dola.radius", "must be 'auto' or a positive number (inf: no ball)")
+        b = values["dola.batch"]
+        if (isinstance(b, str) and b != "auto") or (isinstance(b, int) and b < 1):
+            raise err(path, "dola.batch", "must be 'auto' or a positive integer")
+        if not 0 < values["dola.delta"] < 1:
+            raise err(path, "dola.delta", "must be in (0, 1)")
+        if values["dola.rho"] < 0:
+            raise err(path, "dola.rho", "must be >= 0")
+        if values["dola.graph"] == "from_file" and not values["dola.graph_file"]:
+            raise err(path, "dola.graph_file", "graph = 'from_file' needs the edge-list path")
+        if values["dola.step"] == "strong" and values["dola.lam"] == 0:
+            raise err(path, "dola.step", "strong steps 1/(lam t) need lam > 0 (the paper's error: "
+                      "the plain hinge is not strongly convex)")
+        if values["n"] != "all" or values["sweep.n"]:
+            raise err(path, "n", "dola streams each agent's records from the start; leave n = "
+                      "'all' and bound the rounds with T")
+
+    def prepare(self, ctx: Context) -> Prepared:
+        shard = ctx.shard
+        if shard.task != "binary":
+            raise JobError(f"job file {ctx.job.path}: dola trains a binary linear SVM; the shard "
+                           f"file {shard.path} holds a {shard.task} task")
+
+        def load() -> tuple[Any, np.ndarray] | None:
+            return shard.read_test() if ctx.comm.Get_rank() == 0 and shard.has_global_test \
+                else None
+        test = ctx.agree(load)
+        maj = math.nan
+        if test is not None:
+            maj = float(min(np.mean(test[1] > 0), np.mean(test[1] < 0)))
+        prep = Prepared(test, maj)
+        ctx.agree(lambda: self._check_agents(ctx, prep))
+        return prep
+
+    def _check_agents(self, ctx: Context, prep: Prepared) -> None:
+        """Graphs and record counts of every configuration, before the output is touched."""
+        j, n_owners = ctx.job, ctx.shard.n_agents
+        owners = j.get("sweep.owners") or [j["owners"]]
+        for o in owners:
+            m = n_owners if o == "all" else int(o)
+            if m > n_owners:
+                key = "sweep.owners" if j.get("sweep.owners") else "owners"
+                raise JobError(f"job file {j.path}: key '{key}': {m} agents asked for but the "
+                               f"shard file {ctx.shard.path} has {n_owners} owners")
+            for kind in j.get("sweep.graph") or [j["dola.graph"]]:
+                self._graph(ctx, prep, m, kind)
+            groups = owner_groups(n_owners, m, j["dola.pool_owners"])
+            sizes = [int(ctx.shard.sizes(g).sum()) for g in groups]
+            for variant in j["sweep.variant"] or [j["variant"]]:
+                h = self._batch(j, variant)
+                few = [a for a, n in enumerate(sizes) if n < h]
+                if few:
+                    raise JobError(f"job file {j.path}: agent(s) {few[:5]} hold fewer than h = "
+                                   f"{h} records ({[sizes[a] for a in few[:5]]}) in "
+                                   f"{ctx.shard.path}: every agent streams h records per round")
+
+    @staticmethod
+    def _batch(j: Any, variant: str) -> int:
+        if j["dola.batch"] == "auto":
+            return 10 if variant == "minibatch" else 1
+        return int(j["dola.batch"])
+
+    def header(self, ctx: Context, prep: Prepared) -> str:
+        j = ctx.job
+        graphs = ",".join(j.get("sweep.graph") or [j["dola.graph"]])
+        return (f"n={ctx.shard.n_features}{' (CSR)' if ctx.shard.is_sparse else ''}; graph "
+                f"{graphs}, {j['dola.activation']} activation, {j['dola.exchange']} exchange")
+
+    def _graph(self, ctx: Context, prep: Prepared, m: int, kind: str) -> tp.Graph:
+        if (kind, m) not in prep.graphs:
+            j = ctx.job
+            p = j["dola.graph_p"]
+            prep.graphs[kind, m] = tp.make_graph(kind, m, j["seed"],
+                                           degree=float(j["dola.graph_degree"]),
+                                           p=None if p == "auto" else float(p),
+                                           path=j["dola.graph_file"] or None)
+        return prep.graphs[kind, m]
+
+    def settings(self, ctx: Context, prep: Prepared, rc: Resolved) -> DolaSettings:
+        j, shard = ctx.job, ctx.shard
+        m = rc.N
+        variant = rc.variant
+        if m < 1:
+            raise JobError(f"job file {j.path}: dola needs at least one agent")
+        graph = self._graph(ctx, prep, m, rc.config.param("dola.graph", j["dola.graph"]))
+        groups = owner_groups(shard.n_agents, m, j["dola.pool_owners"])
+        h = self._batch(j, variant)
+        sizes = [int(shard.sizes(g).sum()) for g in groups]
+        rounds = min(n // h for n in sizes)
+        T = j["T"]
+        if T > rounds:
+            if j["n_beyond_shard"] != "cap":
+                raise JobError(f"job file {j.path}: key 'T': {T} rounds of h = {h} need "
+                               f"{T * h} records per agent, but the smallest agent holds "
+                               f"{min(sizes)} (one pass at most: set T <= {rounds}, or "
+                               "n_beyond_shard = 'cap' to run one full pass)")
+            T = rounds
+        lam = float(j["dola.lam"])
+        step = j["dola.step"]
+        if step == "auto":
+            step = "strong" if lam > 0 and variant != "sparse" else "convex"
+        r = j["dola.radius"]
+        radius = (1.0 / math.sqrt(lam) if lam > 0 else 10.0) if r == "auto" else float(r)
+        n_used = tuple([T * h] * m)
+        key = (groups, n_used, lam)
+        if key not in prep.comparators:
+            root = ctx.comm.Get_rank() == 0
+            found = ctx.agree(lambda: comparator(shard, groups, n_used, lam, j.path) if root
+                              else None)
+            prep.comparators[key] = ctx.comm.bcast(found, root=0)
+        w_star, how = prep.comparators[key]
+        if not 0 <= j["dola.ref_agent"] < m:
+            raise JobError(f"job file {j.path}: key 'dola.ref_agent': {j['dola.ref_agent']} is "
+                           f"not one of the {m} agents")
+        algo = dola.Settings(
+            variant=variant, T=T, h=h, n_features=shard.n_features, m=m, eps=tuple(rc.eps),
+            lam=lam, radius=radius, step=step, sens_mode=j["dola.sens_mode"],
+            gauss_mode=j["dola.gauss_mode"], gauss_calibration=j["dola.gauss_calibration"],
+            delta=float(j["dola.delta"]),
+            rho=float(rc.config.param("dola.rho", j["dola.rho"])), reg_point=j["dola.reg_point"],
+            activation=j["dola.activation"], p_act=float(j["dola.p_act"]),
+            window=j["dola.window"], weights=j["dola.weights"], ref_agent=j["dola.ref_agent"],
+            exact_regret=j["dola.regret"] == "exact" and w_star is not None, seed=j["seed"],
+            run_ids=ctx.run_ids, record_every=j["record_every"])
+        if variant == "gaussian":
+            for e in set(rc.eps):  # calibration errors (e.g. classical at eps >= 1) before running
+                dola.gauss_std(algo.gauss_mode, 2 * algo.L_data / h, e, algo.delta, T,
+                               alpha=dola.step_size(1, algo), n=algo.n_features, L=algo.L,
+                               calibration=algo.gauss_calibration)
+        return DolaSettings(algo, graph, groups, n_used, j["T"], w_star, how)
+
+    def record_attrs(self, ctx: Context, prep: Prepared, rc: Resolved, s: DolaSettings
+                     ) -> dict[str, Any]:
+        a = s.algo
+        rows = tp.MixingRows(s.graph, np.arange(0), s.graph.edges, a.weights)
+        mix = tp.mixing_constants(a.m, rows.eta, a.window)
+        # n: the records each agent consumes (T h; with pool_owners they span several owners)
+        return {**settings_attrs(a), "label": rc.config.label(rc.eps, list(s.n_used)),
+                "n": np.array(s.n_used, dtype=np.int64), "owners_per_agent": len(s.groups[0]),
+                "T_requested": s.T_requested, "comparator": s.comparator,
+                "graph": s.graph.describe(), **{f"mix_{k}": v for k, v in mix.items()},
+                "test_error_majority": prep.majority_error, "certified": a.certified,
+                "invariant_P": a.invariant_P, "single_pass": True,
+                "evaluation_only": EVALUATION_ONLY}
+
+    def expected_records(self, ctx: Context, s: DolaSettings) -> int:
+        return s.algo.T // s.algo.record_every + 2
+
+    def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: DolaSettings,
+                   recorder: Any, label: str) -> Outcome | None:
+        a = s.algo
+        net = ctx.agree(lambda: cg.GraphNet(ctx.comm, s.graph, ctx.job["dola.exchange"],
+                                            (a.runs, a.n_features),
+                                            two_hop=a.weights == "mh_active"))
+        # no try/finally: freeing the window is collective, and a rank that raised must reach the
+        # CLI's Abort rather than wait in Win.Free for ranks still computing
+        reader = PooledReader(ctx.shard, s.groups)
+        block = dola.Block(a, s.graph, net, dola.Stream(net.agents, a.h, a.T, a.n_features,
+                                                        reader), s.w_star)
+        t0 = time.perf_counter()
+        state = {"next": t0 + 10.0}
+
+        def on_record(t: int, rec: dict[str, Any]) -> None:
+            recorder.append(t, {k: v for k, v in rec.items() if not k.startswith("_")})
+
+        def progress(t: int) -> None:
+            now = time.perf_counter()
+            if ctx.progress and net.is_root and (now >= state["next"] or t == a.T):
+                state["next"] = now + 10.0
+                print(f"mpi-dp: [{label}] round {t}/{a.T} ({now - t0:.0f} s)",
+                      file=sys.stderr, flush=True)
+        last = dola.drive(block, prep.test, on_record if recorder is not None else None,
+                          progress)
+        ledgers = net.gather_objects(block.ledgers)
+        exch = net.gather_objects((net.exchange_seconds, net.exchanges))
+        net.free()
+        if not net.is_root or last is None:
+            return None
+        out = Outcome([led for part in ledgers for led in part], guarantee=self._guarantee(a))
+        out.add("models/w_hat", last["_w_hat"], what="(1/T) sum_t w_bar_t, the online-to-batch "
+                "model (evaluation: built from clean iterates)")
+        out.add("models/w_bar", last["_w_bar"], what="network mean of the final clean iterates")
+        if s.w_star is not None:
+            out.add("reference/w_star", s.w_star, solver=s.comparator)
+        out.add("graph/edges", s.graph.edges.astype(np.int64))
+        if s.graph.positions is not None:
+            out.add("graph/positions", s.graph.positions)
+        eps_rel = max(a.eps)
+        out.attrs.update(
+            eps_per_release=eps_rel,
+            eps_per_record=eps_rel if a.certified and a.invariant_P else math.nan,
+            delta_per_record=a.delta if a.variant == "gaussian" else 0.0,
+            exchange_seconds=float(max(e[0] for e in exch)), exchanges=int(max(e[1] for e in exch)),
+            seconds=round(time.perf_counter() - t0, 3))
+        return out
+
+    @staticmethod
+    def _guarantee(a: dola.Settings) -> str:
+        per = (f"(eps, {a.delta:g})-DP (Gaussian, {a.gauss_mode})" if a.variant == "gaussian"
+               else "eps-DP (Laplace)")
+        cert = "" if a.certified else " UNCERTIFIED mode (see the settings): not DP as stated;"
+        return (f"per release: {per} for the record(s) of that round;{cert} single pass + "
+                "invariant P: every record is in exactly one release, so each record gets the "
+                "per-release guarantee (attrs eps_per_record); the totals below compose all T "
+                "releases of an agent (valid, very loose for a single pass)")
+
+    def analyze(self, result: Any, metric: str | None = None) -> str:
+        from ..analysis import dola_report
+
+        return dola_report.dola_text(result, metric or self.default_metric)
+
+    def table_rows(self, result: Any, metric: str | None = None) -> list[dict[str, Any]]:
+        from ..analysis import dola_report
+
+        return dola_report.dola_rows(result)
+
+    def figures(self, result: Any, prefix: Path, metric: str | None = None) -> list[Path]:
+        from ..analysis import dola_report
+
+        return dola_report.plot_dola(result, prefix)
+
+
+METHOD = Dola()
