@@ -82,6 +82,17 @@ class GraphNet:
             cut[q] = int(np.sum((np.isin(e[:, 0], self.agents) & (e[:, 1] >= lo) & (e[:, 1] < hi))
                                 | (np.isin(e[:, 1], self.agents) & (e[:, 0] >= lo)
                                    & (e[:, 0] < hi))))
+        # rows of the hosted agents: the boundary (agents some peer needs) first, ascending, then
+        # the interior, so every boundary vector leaves from one contiguous block of Pub. Only the
+        # row positions change: each agent's arithmetic (and the mix order, by neighbour id) does
+        # not, and gather_agents returns agent order.
+        boundary = (np.unique(np.concatenate([self.send_to[q] for q in self.peers]))
+                    if self.peers else np.zeros(0, dtype=np.int64))
+        self.n_boundary = len(boundary)
+        self.agents = np.concatenate([boundary, np.setdiff1d(self.agents, boundary)])
+        self._block_pos = np.empty(len(self.agents), dtype=np.int64)
+        self._block_pos[self.agents - self.starts[self.rank]] = np.arange(len(self.agents))
+        self._agent_order = np.argsort(self.agents, kind="stable")
         w = [cut[q] for q in self.peers]
         self.dgraph = comm.Create_dist_graph_adjacent(self.peers, self.peers, sourceweights=w,
                                                       destweights=w, reorder=False)
@@ -124,17 +135,14 @@ class GraphNet:
         ids = np.asarray(ids, dtype=np.int64)
         lo, hi = self.starts[self.rank], self.starts[self.rank + 1]
         own = (ids >= lo) & (ids < hi)
-        return np.where(own, ids - lo, len(self.agents) + np.searchsorted(self.ghosts, ids))
+        pos = self._block_pos[np.clip(ids - lo, 0, max(0, len(self.agents) - 1))] \
+            if len(self.agents) else ids
+        return np.where(own, pos, len(self.agents) + np.searchsorted(self.ghosts, ids))
 
     # -- allgather --
     def _setup_allgather(self) -> None:
-        boundary = np.unique(np.concatenate([self.send_to[q] for q in self.peers])) \
-            if self.peers else np.zeros(0, dtype=np.int64)
-        # the boundary rows are sent straight from Pub (an indexed datatype: no packing copy)
-        rows = self._rows(boundary)
-        self._send_type = MPI.DOUBLE.Create_indexed_block(
-            self.item, (rows * self.item).astype(np.int64).tolist()).Commit() \
-            if len(rows) else None
+        # the boundary is rows 0..n_boundary-1 of Pub: sent in place, no packing
+        self._send_count = self.n_boundary * self.item
         # what every peer sends: the union of its boundary towards all its own peers, which I
         # compute from the (public) graph exactly as the peer does
         counts, picks, base = [], [], 0
@@ -163,7 +171,7 @@ class GraphNet:
         ghosts = flat[len(self.agents):]
         recv = ghosts if self._recv_direct else self._recvbuf
         self.dgraph.Neighbor_allgatherv(
-            [flat, 1, self._send_type],
+            [flat, self._send_count, MPI.DOUBLE],
             [recv, (self._recv_counts, self._recv_displs), MPI.DOUBLE])
         if not self._recv_direct:
             np.take(self._recvbuf, self._recv_pick, axis=0, out=ghosts, mode="clip")
@@ -284,8 +292,8 @@ class GraphNet:
     def ref_vector(self, E: np.ndarray, agent: int) -> np.ndarray:
         """The reference agent's iterate on every rank (an evaluation-only broadcast)."""
         root = int(self.owner_of[agent])
-        buf = (np.ascontiguousarray(E[agent - self.starts[self.rank]]) if root == self.rank
-               else np.empty(E.shape[1:]))
+        buf = (np.ascontiguousarray(E[self._block_pos[agent - self.starts[self.rank]]])
+               if root == self.rank else np.empty(E.shape[1:]))
         self.comm.Bcast(buf, root=root)
         return buf
 
@@ -296,8 +304,9 @@ class GraphNet:
         return out
 
     def gather_agents(self, a: np.ndarray) -> np.ndarray | None:
-        """Per-agent rows (k, F) of every rank, in agent order, on rank 0."""
-        a = np.ascontiguousarray(a, dtype=np.float64)
+        """Per-agent rows (k, F) of every rank (each in the rank's row order), in agent order,
+        on rank 0."""
+        a = np.ascontiguousarray(np.asarray(a, dtype=np.float64)[self._agent_order])
         F = a.shape[1]
         counts = np.diff(self.starts) * F
         recv = np.empty((self.graph.m, F)) if self.is_root else None
@@ -315,8 +324,6 @@ class GraphNet:
         if getattr(self, "_group", None) is not None:
             self._group.Free()
             self._group = None
-        if getattr(self, "_send_type", None) is not None:
-            self._send_type.Free()
-            self._send_type = None
+
         if self.dgraph != MPI.COMM_NULL:
             self.dgraph.Free()

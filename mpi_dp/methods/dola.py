@@ -367,7 +367,8 @@ class Dola(Method):
         net.free()
         if not net.is_root or last is None:
             return None
-        out = Outcome([led for part in ledgers for led in part], guarantee=self._guarantee(a))
+        out = Outcome(sorted((led for part in ledgers for led in part), key=lambda x: x.agent),
+                      guarantee=self._guarantee(a))
         out.add("models/w_hat", last["_w_hat"], what="(1/T) sum_t w_bar_t, the online-to-batch "
                 "model (evaluation: built from clean iterates)")
         out.add("models/w_bar", last["_w_bar"], what="network mean of the final clean iterates")
