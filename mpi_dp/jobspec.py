@@ -127,7 +127,7 @@ class MethodSpec(Protocol):
     variant_aliases: Mapping[str, str]
     label_variant: bool
     key_help: Mapping[str, str]
-    sweeps: Mapping[str, str]
+    sweeps: tuple[str, ...]
 
     def validate(self, values: dict[str, Any], path: str) -> None: ...
 
@@ -152,7 +152,7 @@ class Config:
         """'eps=1, n=1000' ('N=8, eps=...' with owners); pass resolved values to show numbers."""
         head = "" if self.owners == "all" else f"N={self.owners}, "
         head = (f"{self.variant}, " if self.show_variant and self.variant else "") + head
-        tail = "".join(f", {k.split('.')[-1]}={_compact(v)}" for k, v in self.params)
+        tail = "".join(f", {k.rsplit('.', 1)[-1]}={_compact(v)}" for k, v in self.params)
         return (f"{head}eps={_compact(self.eps if eps is None else eps)}, "
                 f"n={_compact(self.n if n is None else n)}{tail}")
 
@@ -206,8 +206,8 @@ class Job:
         own_list = self.values.get("sweep.owners") or [self.values.get("owners", "all")]
         var_list = self.values["sweep.variant"] or [self.values["variant"]]
         show = self.label_variant or bool(self.values["sweep.variant"])
-        extra = [(key, self.values[f"sweep.{key.split('.')[-1]}"]) for key in self.method_sweeps
-                 if self.values.get(f"sweep.{key.split('.')[-1]}")]
+        extra = [(key, self.values[sweep_key(key)]) for key in self.method_sweeps
+                 if self.values.get(sweep_key(key))]
         grids = [[(key, v) for v in vals] for key, vals in extra]
         return [Config(i, e, n, o, v, show, tuple(ps)) for i, (v, o, n, e, *ps)
                 in enumerate(itertools.product(var_list, own_list, n_list, eps_list, *grids))]
@@ -230,6 +230,11 @@ def _compact(v: Any) -> str:
     if isinstance(v, float):
         return "inf" if math.isinf(v) else f"{v:g}"
     return str(v)
+
+
+def sweep_key(key: str) -> str:
+    """The [sweep] key of a method key a method lets jobs sweep: 'dola.rho' -> 'sweep.rho'."""
+    return f"sweep.{key.rsplit('.', 1)[-1]}"
 
 
 def err(path: str, key: str, msg: str) -> JobError:
@@ -356,8 +361,8 @@ def method_keys(m: MethodSpec) -> dict[str, Key]:
             keys[name] = shared[name]
     for sec, table in m.sections.items():
         keys.update({f"{sec}.{k}": s for k, s in table.items()})
-    for key in getattr(m, "sweeps", ()):
-        keys[f"sweep.{key.split('.')[-1]}"] = Key((list,), None, f"values of {key} (one "
+    for key in m.sweeps:
+        keys[sweep_key(key)] = Key((list,), None, f"values of {key} (one "
                                                   "configuration each)")
     return keys
 
@@ -506,8 +511,8 @@ def validate(raw: Mapping[str, Any], path: str, methods: Mapping[str, MethodSpec
                           f"{', '.join(map(repr, m.variants))}")
             variants.append(name)
         values["sweep.variant"] = variants
-    for key in getattr(m, "sweeps", ()):
-        skey = f"sweep.{key.split('.')[-1]}"
+    for key in m.sweeps:
+        skey = sweep_key(key)
         if values.get(skey) is not None:
             if not values[skey]:
                 raise err(path, skey, "empty list")
@@ -518,7 +523,7 @@ def validate(raw: Mapping[str, Any], path: str, methods: Mapping[str, MethodSpec
     m.validate(values, path)
     return Job(path=path, text=text, values=values, overrides=overrides,
                label_variant=m.label_variant, notes=tuple(notes),
-               method_sweeps=tuple(getattr(m, "sweeps", ())))
+               method_sweeps=tuple(m.sweeps))
 
 
 def read(path: str | Path, overrides: Sequence[str], methods: Mapping[str, MethodSpec]) -> Job:

@@ -305,7 +305,7 @@ class Net(Protocol):
 class LocalNet:
     """All agents in one process: the single-process simulator's (empty) communication."""
 
-    def __init__(self, graph: tp.Graph, two_hop: bool = False) -> None:
+    def __init__(self, graph: tp.Graph) -> None:
         self.agents = np.arange(graph.m)
         self.ghosts = np.zeros(0, dtype=np.int64)
         self.tracked = graph.edges
@@ -372,7 +372,6 @@ class Block:
         self.t = 0
         self.on_release: Callable[[int, np.ndarray, np.ndarray], None] | None = None
         self.on_mix: Callable[[int, np.ndarray, np.ndarray, np.ndarray], None] | None = None
-        self.J_last = 0.0
 
     # -- pieces of a round --
     def mix(self, a_self: np.ndarray, a_nbr: np.ndarray) -> np.ndarray:
@@ -386,14 +385,16 @@ class Block:
         rows, item = self.Pub.shape[0], self.W.shape[1] * self.W.shape[2]
         return np.asarray(A @ self.Pub.reshape(rows, item)).reshape(self.W.shape)
 
-    def _losses(self, E: np.ndarray, batch: Batch) -> None:
+    def _losses(self, E: np.ndarray, batch: Batch) -> np.ndarray:
         """Accumulate f_t^i at the agent's own iterate, at the reference agent's and at w*, and
-        the online mistakes of sign(<w_t^i, x>) (0 predicts +1). Evaluation-only."""
+        the online mistakes of sign(<w_t^i, x>) (0 predicts +1). Evaluation-only. Returns the
+        margins y <E, x> (k, R, h)."""
         s = self.s
         y = batch.y[:, None, :]
         dE = batch.dots(E)
+        mE = dE * y
         reg = 0.5 * s.lam * np.einsum("arn,arn->ar", E, E) if s.lam else 0.0
-        self.cum[0] += hinge(dE * y).mean(axis=2) + reg
+        self.cum[0] += hinge(mE).mean(axis=2) + reg
         self.cum[3] += (np.where(dE >= 0, 1.0, -1.0) != y).sum(axis=2)
         if s.exact_regret:
             wref = self.net.ref_vector(E, s.ref_agent)  # (R, n): evaluation-only broadcast
@@ -404,6 +405,7 @@ class Block:
             ms = batch.dots_vec(self.w_star) * batch.y
             f = hinge(ms).mean(axis=1) + 0.5 * s.lam * float(self.w_star @ self.w_star)
             self.cum[2] += f[:, None]
+        return mE
 
     def round(self) -> None:
         s, t = self.s, self.t
@@ -422,7 +424,7 @@ class Block:
             E = self.Pub[: self.k].copy()
         else:
             E = self.W
-        self._losses(E, batch)
+        margins_E = self._losses(E, batch)
         self.Hsum += E
         n = s.n_features
         if s.variant in ("laplace", "minibatch"):
@@ -434,7 +436,7 @@ class Block:
             S = laplace_sensitivity(alpha, n, s.L, s.h)
             self._release_laplace(S, self.W, t)
         elif s.variant == "sparse":
-            G = hinge_subgradient(batch, E, batch.dots(E) * batch.y[:, None, :])
+            G = hinge_subgradient(batch, E, margins_E)
             if s.lam:
                 G += s.lam * E
             self.W = E
@@ -460,7 +462,6 @@ class Block:
                 self.noise_l1 = alpha * J[:, None] * np.abs(Z).sum(axis=2)
             self.W = project_ball(B - alpha * G, s.radius)
             self.Pub[: self.k] = self.W
-            self.J_last = float(J.max(initial=0.0))
             if self.on_release is not None:
                 self.on_release(t, self.agents, self.Pub[: self.k].copy())
         deg_active = np.zeros(self.k)
@@ -487,10 +488,6 @@ class Block:
             self.Pub[: self.k] = V
         if self.on_release is not None:
             self.on_release(t, self.agents, self.Pub[: self.k].copy())
-
-    def iterate(self) -> np.ndarray:
-        """The agents' current clean iterates (evaluation-only)."""
-        return self.W
 
 
 # -- metrics and the round loop ------------------------------------------------------------------

@@ -57,48 +57,38 @@ class GraphNet:
         self.item = int(np.prod(item_shape))
         self.item_shape = tuple(item_shape)
         self.tracked = tp.tracked_edges(graph, self.agents, two_hop)
-        adj = graph.adjacency
-        mine = set(self.agents.tolist())
-        ghosts: set[int] = set()
-        for a in self.agents:
-            ghosts.update(int(j) for j in adj.indices[adj.indptr[a]:adj.indptr[a + 1]]
-                          if int(j) not in mine)
-        self.ghosts = np.array(sorted(ghosts), dtype=np.int64)
+        # every cut edge (endpoints on different ranks) in both directions: (inside, outside)
+        both = np.concatenate([graph.edges, graph.edges[:, ::-1]])
+        self._cut = both[self.owner_of[both[:, 0]] != self.owner_of[both[:, 1]]]
+        self._cut_rank = self.owner_of[self._cut[:, 0]]
+        mine = self._cut_rank == self.rank
+        self.ghosts = np.unique(self._cut[mine, 1])
         self.ghost_row = {int(g): len(self.agents) + i for i, g in enumerate(self.ghosts)}
-        self.peers = sorted({int(self.owner_of[g]) for g in self.ghosts})
+        out_rank = self.owner_of[self._cut[:, 1]]
+        self.peers = np.unique(out_rank[mine]).tolist()
         # per peer q: (my agents q needs, q's agents I need) and the cut edges between them
+        self._edge_key = self.tracked[:, 0] * graph.m + self.tracked[:, 1]
         self.send_to: dict[int, np.ndarray] = {}
         self.recv_from: dict[int, np.ndarray] = {}
-        cut: dict[int, int] = {}
+        self._pair_edges: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         for q in self.peers:
-            lo, hi = self.starts[q], self.starts[q + 1]
-            theirs = self.ghosts[(self.ghosts >= lo) & (self.ghosts < hi)]
-            need = [a for a in self.agents
-                    if np.any((adj.indices[adj.indptr[a]:adj.indptr[a + 1]] >= lo)
-                              & (adj.indices[adj.indptr[a]:adj.indptr[a + 1]] < hi))]
-            self.send_to[q] = np.array(need, dtype=np.int64)
-            self.recv_from[q] = theirs
-            e = self.tracked
-            cut[q] = int(np.sum((np.isin(e[:, 0], self.agents) & (e[:, 1] >= lo) & (e[:, 1] < hi))
-                                | (np.isin(e[:, 1], self.agents) & (e[:, 0] >= lo)
-                                   & (e[:, 0] < hi))))
+            a, b = self._cut[mine & (out_rank == q)].T
+            self.send_to[q], self.recv_from[q] = np.unique(a), np.unique(b)
+            key = np.minimum(a, b) * graph.m + np.maximum(a, b)
+            self._pair_edges[q] = (np.searchsorted(self._edge_key, key), a, b)
         # rows of the hosted agents: the boundary (agents some peer needs) first, ascending, then
         # the interior, so every boundary vector leaves from one contiguous block of Pub. Only the
         # row positions change: each agent's arithmetic (and the mix order, by neighbour id) does
         # not, and gather_agents returns agent order.
-        boundary = (np.unique(np.concatenate([self.send_to[q] for q in self.peers]))
-                    if self.peers else np.zeros(0, dtype=np.int64))
+        boundary = self._boundary_of(self.rank)
         self.n_boundary = len(boundary)
         self.agents = np.concatenate([boundary, np.setdiff1d(self.agents, boundary)])
         self._block_pos = np.empty(len(self.agents), dtype=np.int64)
         self._block_pos[self.agents - self.starts[self.rank]] = np.arange(len(self.agents))
         self._agent_order = np.argsort(self.agents, kind="stable")
-        w = [cut[q] for q in self.peers]
+        w = [len(self._pair_edges[q][1]) for q in self.peers]  # cut edges to each peer
         self.dgraph = comm.Create_dist_graph_adjacent(self.peers, self.peers, sourceweights=w,
                                                       destweights=w, reorder=False)
-        self._edge_key = self.tracked[:, 0] * graph.m + self.tracked[:, 1]
-        self._pair_edges = {q: self._edges_between(self.send_to[q], self.recv_from[q])
-                            for q in self.peers}
         self.exchange_seconds = 0.0
         self.exchanges = 0
         self.win: MPI.Win | None = None
@@ -110,20 +100,6 @@ class GraphNet:
             self._setup_rma()
 
     # -- helpers --
-    def _edges_between(self, mine: np.ndarray, theirs: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Edges (as tracked-edge ids) between my agents and the peer's, with each endpoint."""
-        adj = self.graph.adjacency
-        a_list, b_list = [], []
-        tset = set(theirs.tolist())
-        for a in mine:
-            for b in adj.indices[adj.indptr[a]:adj.indptr[a + 1]]:
-                if int(b) in tset:
-                    a_list.append(int(a))
-                    b_list.append(int(b))
-        a_arr, b_arr = np.array(a_list, dtype=np.int64), np.array(b_list, dtype=np.int64)
-        key = np.minimum(a_arr, b_arr) * self.graph.m + np.maximum(a_arr, b_arr)
-        return np.searchsorted(self._edge_key, key), a_arr, b_arr
-
     def _active_sets(self, q: int, active: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(my agents q needs now, q's agents I need now): endpoints of active cut edges."""
         eid, a, b = self._pair_edges[q]
@@ -160,11 +136,8 @@ class GraphNet:
         self._recvbuf = np.zeros((0 if self._recv_direct else base, self.item))
 
     def _boundary_of(self, q: int) -> np.ndarray:
-        adj, lo, hi = self.graph.adjacency, self.starts[q], self.starts[q + 1]
-        out = [a for a in range(lo, hi)
-               if np.any((adj.indices[adj.indptr[a]:adj.indptr[a + 1]] < lo)
-                         | (adj.indices[adj.indptr[a]:adj.indptr[a + 1]] >= hi))]
-        return np.array(out, dtype=np.int64)
+        """Rank q's agents with a neighbour on another rank (what q sends in allgather)."""
+        return np.unique(self._cut[self._cut_rank == q, 0])
 
     def _exchange_allgather(self, pub: np.ndarray) -> None:
         flat = pub.reshape(pub.shape[0], self.item)
@@ -230,12 +203,8 @@ class GraphNet:
         self.comm.Barrier()
 
     def _ghosts_of(self, q: int) -> np.ndarray:
-        adj, lo, hi = self.graph.adjacency, self.starts[q], self.starts[q + 1]
-        out: set[int] = set()
-        for a in range(lo, hi):
-            out.update(int(j) for j in adj.indices[adj.indptr[a]:adj.indptr[a + 1]]
-                       if not lo <= j < hi)
-        return np.array(sorted(out), dtype=np.int64)
+        """Rank q's ghosts: neighbours of q's agents hosted on other ranks (q's slot order)."""
+        return np.unique(self._cut[self._cut_rank == q, 1])
 
     def _exchange_rma(self, t: int, pub: np.ndarray, active: np.ndarray) -> None:
         flat = pub.reshape(pub.shape[0], self.item)

@@ -224,15 +224,11 @@ class Dola(Method):
         return prep
 
     def _check_agents(self, ctx: Context, prep: Prepared) -> None:
-        """Graphs and record counts of every configuration, before the output is touched."""
+        """Graphs and record counts of every configuration, before the output is touched (the
+        runner has checked the numbers of owners against the shard file)."""
         j, n_owners = ctx.job, ctx.shard.n_agents
-        owners = j.get("sweep.owners") or [j["owners"]]
-        for o in owners:
+        for o in j.get("sweep.owners") or [j["owners"]]:
             m = n_owners if o == "all" else int(o)
-            if m > n_owners:
-                key = "sweep.owners" if j.get("sweep.owners") else "owners"
-                raise JobError(f"job file {j.path}: key '{key}': {m} agents asked for but the "
-                               f"shard file {ctx.shard.path} has {n_owners} owners")
             for kind in j.get("sweep.graph") or [j["dola.graph"]]:
                 self._graph(ctx, prep, m, kind)
             groups = owner_groups(n_owners, m, j["dola.pool_owners"])
@@ -271,8 +267,6 @@ class Dola(Method):
         j, shard = ctx.job, ctx.shard
         m = rc.N
         variant = rc.variant
-        if m < 1:
-            raise JobError(f"job file {j.path}: dola needs at least one agent")
         graph = self._graph(ctx, prep, m, rc.config.param("dola.graph", j["dola.graph"]))
         groups = owner_groups(shard.n_agents, m, j["dola.pool_owners"])
         h = self._batch(j, variant)
