@@ -26,7 +26,8 @@ help:
 	@echo "make test    - set up .venv, run the serial tests and the MPI tests on 1, 2 and 4 ranks"
 	@echo "               (WITH_PETSC=1 make test also builds petsc4py and tests the PETSc path)"
 	@echo "make lint    - ruff"
-	@echo "make bench   - benchmarks/replicates.py, async_rate.py (mpiexec -n 3), dola_rounds.py (-n 2)"
+	@echo "make bench   - benchmarks/replicates.py, async_rate.py (mpiexec -n 3), dola_rounds.py (-n 2),"
+	@echo "               p2p_wakeups.py (-n 2, 4, 8; needs data/movielens.h5)"
 
 venv: $(STAMP) $(if $(filter 1,$(WITH_PETSC)),$(PETSC_STAMP))
 
@@ -82,6 +83,9 @@ bench: venv
 	$(PY) benchmarks/replicates.py
 	$(MPIEXEC) -n 3 $(PY) benchmarks/async_rate.py
 	$(MPIEXEC) -n 2 $(PY) benchmarks/dola_rounds.py
+	@if [ -f data/movielens.h5 ]; then for n in 2 4 8; do \
+	  $(MPIEXEC) -n $$n $(PY) benchmarks/p2p_wakeups.py || exit 1; done; \
+	else echo "benchmarks/p2p_wakeups.py skipped: no data/movielens.h5 (mpi-dp data prepare movielens)"; fi
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

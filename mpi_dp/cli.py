@@ -192,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = sub.add_parser("data", help="make HDF5 shard files (one group per data owner)")
     dsub = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
-    synth = dsub.add_parser("synth", help="synthetic shards (regression or binary)",
+    synth = dsub.add_parser("synth", help="synthetic shards (regression, binary, online, p2p)",
                             description="Write synthetic per-owner shards to an HDF5 shard file: "
                             "linear regression (y = X theta + noise) or binary classification "
                             "(y = sign(X theta + noise)), with a public hold-out.",

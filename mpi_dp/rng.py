@@ -19,6 +19,9 @@ PURPOSES: dict[str, int] = {
     "sample": 5,  # subsampling of records
     "graph": 6,  # random graphs / topologies
     "partition": 7,  # random partitions of a dataset into agents
+    "warm_start": 8,  # output perturbation of a private warm start (seed 004)
+    "local_dp": 9,  # local DP perturbation of an owner's own records (seed 004 baseline)
+    "clock": 10,  # per-agent Poisson clocks of live asynchronous runs
     "test": 99,  # tests only
 }
 

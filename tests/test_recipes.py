@@ -154,7 +154,7 @@ def test_movielens_users_split_features_graph():
     for (x, y), e in zip(p.agents[:5], p.agent_extra[:5], strict=True):
         np.testing.assert_array_equal(x, p.public_extra["item_features"][e["item"]])
         assert abs(y.mean()) < 1e-12  # centred by the user's train mean
-    edges = p.public_extra["knn_edges"].astype(int)
+    edges = p.public_extra["graph_edges"]
     deg = np.bincount(edges.ravel(), minlength=943)
     assert deg.min() >= 10 and np.all(edges[:, 0] < edges[:, 1])
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from mpi_dp.data import graphs, readers
 from mpi_dp.data import partition as part
 from mpi_dp.data import preprocess as pre
-from mpi_dp.data import readers
 from mpi_dp.data.prepare import Prepared, as_pairs
 from mpi_dp.errors import DataError
 from mpi_dp.rng import stream
@@ -416,32 +416,52 @@ def build_mnist_parity(paths: list[Path], o: dict[str, Any]) -> Prepared:
 
 
 # -- MovieLens-100K (seed 004) ---------------------------------------------------------------
+def _als_half(F: np.ndarray, groups: list[np.ndarray], other: np.ndarray, r: np.ndarray,
+              reg: float) -> np.ndarray:
+    """One ALS-WR half-sweep: row g solves (sum_k f_k f_k^T + reg n_g I) x = sum_k r_k f_k over
+    the ratings k in groups[g] (n_g of them), f_k = F[other[k]]; empty groups get 0. The Gram
+    matrices are built per group (BLAS), the systems solved in one batched call."""
+    n, rank = len(groups), F.shape[1]
+    M = np.zeros((n, rank, rank))
+    b = np.zeros((n, rank))
+    for g, idx in enumerate(groups):
+        A = F[other[idx]]
+        M[g] = A.T @ A
+        b[g] = r[idx] @ A
+    sizes = np.array([len(idx) for idx in groups], dtype=np.float64)
+    M += (reg * np.maximum(sizes, 1.0))[:, None, None] * np.eye(rank)
+    return np.linalg.solve(M, b[:, :, None])[:, :, 0]
+
+
+def _groups(key: np.ndarray, n: int) -> list[np.ndarray]:
+    """Indices of the entries with key 0, 1, ..., n - 1 (each ascending)."""
+    order = np.argsort(key, kind="stable")
+    return np.split(order, np.searchsorted(key[order], np.arange(1, n)))
+
+
 def als_item_features(user: np.ndarray, item: np.ndarray, r: np.ndarray, n_users: int,
                       n_items: int, rank: int, reg: float, sweeps: int, seed: int) -> np.ndarray:
-    """ALS-WR (Zhou et al. 2008) on the given ratings; returns the item factors (n_items, rank)."""
+    """ALS-WR (Zhou et al. 2008) on the given ratings; returns the item factors (n_items, rank).
+
+    Each half-sweep solves (F^T F + reg n I) x = F^T r for every user (item), n its number of
+    ratings; items without ratings get zero factors. Init: N(0, 0.01) from stream (seed, "init").
+    """
     g = stream(seed, "init")
     P = 0.1 * g.standard_normal((n_users, rank))
     Q = 0.1 * g.standard_normal((n_items, rank))
-    by_user = [np.flatnonzero(user == u) for u in range(n_users)]
-    by_item = [np.flatnonzero(item == i) for i in range(n_items)]
-    eye = np.eye(rank)
-
-    def solve(F, groups, other_idx, out):
-        for k, idx in enumerate(groups):
-            if idx.size == 0:
-                out[k] = 0.0
-                continue
-            A = F[other_idx[idx]]
-            out[k] = np.linalg.solve(A.T @ A + reg * idx.size * eye, A.T @ r[idx])
-
+    by_user, by_item = _groups(user, n_users), _groups(item, n_items)
+    r = np.asarray(r, dtype=np.float64)
     for _ in range(sweeps):
-        solve(Q, by_user, item, P)
-        solve(P, by_item, user, Q)
+        P = _als_half(Q, by_user, item, r, reg)
+        Q = _als_half(P, by_item, user, r, reg)
     return Q
 
 
 def knn_graph(R: np.ndarray, k: int) -> np.ndarray:
-    """Edges (E, 2), i < j, of the symmetrised (OR) k-nearest-neighbour graph by cosine similarity."""
+    """Edges (E, 2) int64, i < j, row-major order, of the symmetrised (OR) k-nearest-neighbour
+    graph by cosine similarity of the rows of R (ties: the lower index first)."""
+    if not 1 <= k < R.shape[0]:
+        raise DataError(f"knn: k must lie in 1..{R.shape[0] - 1}, got {k}")
     norms = np.linalg.norm(R, axis=1)
     S = (R @ R.T) / np.maximum(np.outer(norms, norms), 1e-300)
     np.fill_diagonal(S, -np.inf)
@@ -459,14 +479,19 @@ def build_movielens(paths: list[Path], o: dict[str, Any]) -> Prepared:
     users, _ = part.natural(ml.user)
     tr, te = part.train_test_split(users, float(o["test_frac"]), int(o["seed"]))
     tr_idx = np.concatenate(tr)
-    rank = int(o["rank"])
+    rank, k = int(o["rank"]), int(o["knn"])
     Q = als_item_features(ml.user[tr_idx], ml.item[tr_idx], ml.rating[tr_idx], n_users, n_items,
                           rank, float(o["reg"]), int(o["sweeps"]), int(o["seed"]))
+    unrated = int(n_items - np.unique(ml.item[tr_idx]).size)
     means = np.array([ml.rating[idx].mean() for idx in tr])
     R = np.zeros((n_users, n_items))
     for u, idx in enumerate(tr):
         R[u, ml.item[idx]] = ml.rating[idx] - means[u]
-    edges = knn_graph(R, int(o["knn"]))
+    edges = knn_graph(R, k)
+    graph = graphs.graph_arrays(graphs.graph_matrix(  # DataError if disconnected
+        edges, np.ones(len(edges)), n_users, where="movielens kNN graph"))
+    deg = np.bincount(edges.ravel(), minlength=n_users)
+    item_norm_max = float(np.linalg.norm(Q, axis=1).max())
     agents = [(Q[ml.item[idx]], ml.rating[idx] - means[u]) for u, idx in enumerate(tr)]
     tests = [(Q[ml.item[idx]], ml.rating[idx] - means[u]) for u, idx in enumerate(te)]
     extra = [{"item": ml.item[a].astype(np.int64), "item_test_meta": ml.item[b].astype(np.int64),
@@ -474,19 +499,27 @@ def build_movielens(paths: list[Path], o: dict[str, Any]) -> Prepared:
     return Prepared(
         agents=agents, task="regression", feature_names=[f"als{j + 1}" for j in range(rank)],
         tests=tests, agent_extra=extra,
-        public_extra={"item_features": Q, "knn_edges": edges.astype(np.float64),
+        public_extra={"item_features": Q, "item_norm_max": np.float64(item_norm_max), **graph,
                       "user_mean": means},
-        steps=[{"step": "split", "test_frac": float(o["test_frac"]), "per": "user"},
+        steps=[{"step": "split", "test_frac": float(o["test_frac"]), "per": "user",
+                "test": "floor(test_frac n_u + 0.5) ratings per user", "seed": int(o["seed"])},
                {"step": "centre", "by": "user train mean"},
                {"step": "als_wr", "rank": rank, "reg": float(o["reg"]), "sweeps": int(o["sweeps"]),
-                "on": "train ratings"},
-               {"step": "knn_graph", "k": int(o["knn"]), "similarity": "cosine of centred train "
-                "rating vectors", "symmetrised": "or"}],
+                "on": "raw train ratings", "items_without_train_ratings": unrated,
+                "item_norm_max": item_norm_max},
+               {"step": "knn_graph", "k": k, "similarity": "cosine of centred train "
+                "rating vectors", "symmetrised": "or", "weights": 1.0, "edges": int(len(edges)),
+                "degree_min": int(deg.min()), "degree_mean": float(deg.mean()),
+                "degree_max": int(deg.max()), "connected": True}],
         source_files=_files(ml.info),
         partition={"kind": "natural", "key": "user", "train_test": "per user"}, parts=tr,
         notes=["item features (ALS on all users' train ratings) and the kNN graph are treated as "
                "public, as the paper does, although they leak train data; MovieLens may not be "
-               "redistributed: keep this shard file private"])
+               "redistributed: keep this shard file private",
+               f"graph: {len(edges):,} edges (/public/graph_edges, weights 1), degree "
+               f"{deg.min()}..{deg.max()} (mean {deg.mean():.1f}), connected; "
+               f"/public/item_norm_max = {item_norm_max:.4g} bounds every feature row's L2 norm; "
+               f"{unrated} items without train ratings have zero features"])
 
 
 RECIPES: dict[str, Recipe] = {

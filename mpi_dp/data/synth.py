@@ -5,6 +5,8 @@ the public hold-out from agent = LEARNER, the true parameter from agent = LEARNE
 owners or resizing one owner never changes another owner's records. Each record's features and
 noise are drawn together as one row, so an owner with n records gets exactly the first n records
 of the same owner with more records (a sweep over n can generate once and read prefixes).
+The personalised P2P task (`p2p_instance`) draws agent i's targets from (seed, "graph", i) and
+its records from (seed, "data", i); its graph follows mpi_dp.data.graphs.
 """
 
 from __future__ import annotations
@@ -14,15 +16,17 @@ import os
 import pathlib
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+import scipy.sparse as sp
 
 from mpi_dp import rng
-from mpi_dp.data.shards import write_shards
+from mpi_dp.data.graphs import graph_arrays, laplacian_lambda2
+from mpi_dp.data.shards import ShardFile, write_shards
 from mpi_dp.errors import DataError
 
-SYNTH_TASKS = ("regression", "binary", "multiclass", "online")
+SYNTH_TASKS = ("regression", "binary", "multiclass", "online", "p2p")
 
 
 def _records_list(n_agents: int, records: int | Sequence[int]) -> list[int]:
@@ -174,8 +178,12 @@ def write_synth(
 ) -> pathlib.Path:
     """Generate a synthetic dataset and write it as a shard file; theta_true goes to /public.
 
-    `kw` is passed to the generator (`scale` for regression, `bias` for binary).
+    `kw` is passed to the generator (`scale` for regression, `bias` for binary). For "p2p",
+    `noise` is the label flip probability, `records` and `public` are ignored and `kw` goes to
+    `p2p_instance` (min_records, max_records, test_records, gamma, normalise).
     """
+    if task == "p2p":
+        return write_p2p(path, n_agents, dim, seed, flip=noise, **kw)
     if task == "online":
         return _write_online(path, n_agents, records, dim, noise, seed, public)
     if task == "multiclass":
@@ -275,6 +283,144 @@ def _write_multiclass(path, n_agents: int, records, dim: int, noise: float, seed
 
 
 # ----------------------------------------------------------------------------------------------
+# personalised P2P (spec personalized-p2p §5, "Synthetic linear classification")
+
+#: Connectivity test of the thresholded graph: Laplacian lambda_2 above this.
+P2P_LAMBDA2_TOL = 1e-3
+P2P_NORMALISE = ("l1", "none")
+
+
+class P2PInstance(NamedTuple):
+    """A personalised-P2P instance: graph, per-agent train and test sets, agent targets."""
+
+    W: sp.csr_matrix  # (n, n) symmetric, zero diagonal, kernel weights of the kept edges
+    train: list[tuple[np.ndarray, np.ndarray]]  # agent i's (X (m_i, p), y (m_i,) in {-1, +1})
+    test: list[tuple[np.ndarray, np.ndarray]]  # agent i's (X_test, y_test)
+    targets: np.ndarray  # (n, 2): s_i, labels are sign(s_i^T x[:2]) before flipping
+
+
+def p2p_targets(n: int, seed: int) -> np.ndarray:
+    """Targets s_i ~ N(0, 1/2 I_2), s_i from stream (seed, "graph", i): (n, 2)."""
+    return np.array([np.sqrt(0.5) * rng.stream(seed, "graph", i).standard_normal(2)
+                     for i in range(n)]).reshape(n, 2)
+
+
+def p2p_kernel(targets: np.ndarray, gamma: float = 0.1) -> np.ndarray:
+    """Dense W_ij = exp((cos(phi_ij) - 1) / gamma), phi_ij the angle between s_i and s_j; the
+    diagonal is 0."""
+    norms = np.linalg.norm(targets, axis=1)
+    if np.any(norms == 0):
+        raise DataError(f"p2p: agent(s) {np.flatnonzero(norms == 0).tolist()} have a zero target")
+    u = targets / norms[:, None]
+    K = np.exp((np.clip(u @ u.T, -1.0, 1.0) - 1.0) / gamma)
+    np.fill_diagonal(K, 0.0)
+    return K
+
+
+def p2p_graph(targets: np.ndarray, gamma: float = 0.1,
+              tol: float = P2P_LAMBDA2_TOL) -> tuple[sp.csr_matrix, float, int]:
+    """The sparsest connected thresholding of `p2p_kernel`: over thr = max(W) 10^(-k/2),
+    k = 1, 2, ..., keep W_ij > thr for the first k whose Laplacian has lambda_2 > tol.
+
+    Returns (W as CSR with sorted indices, thr, k).
+    """
+    n = targets.shape[0]
+    if n < 2:
+        raise DataError(f"p2p: a graph needs at least 2 agents, got {n}")
+    K = p2p_kernel(targets, gamma)
+    off = K[~np.eye(n, dtype=bool)]
+    wmax, wmin = float(off.max()), float(off.min())
+    k = 0
+    while True:
+        k += 1
+        thr = wmax * 10.0 ** (-k / 2)
+        A = np.where(K > thr, K, 0.0)
+        if laplacian_lambda2(A) > tol:
+            W = sp.csr_matrix(A)
+            W.sort_indices()
+            return W, thr, k
+        if thr < wmin:  # every pair kept and still not connected enough
+            deg = K.sum(axis=1)
+            raise DataError(f"p2p: even the complete kernel graph has Laplacian lambda_2 = "
+                            f"{laplacian_lambda2(K):.3g} <= {tol} (agent {int(np.argmin(deg))} "
+                            f"has total weight {deg.min():.3g}); use another seed, more agents "
+                            f"or a larger gamma than {gamma}")
+
+
+def _p2p_records(g: np.random.Generator, m: int, s: np.ndarray, p: int, flip: float,
+                 normalise: str) -> tuple[np.ndarray, np.ndarray]:
+    """m records: x ~ N(0, 1/2 I_p), y = sign(s^T x[:2]) (0 -> +1), each flipped w.p. flip."""
+    X = np.sqrt(0.5) * g.standard_normal((m, p))
+    y = np.where(X[:, :2] @ s >= 0.0, 1.0, -1.0)
+    y[g.random(m) < flip] *= -1.0
+    if normalise == "l1":  # label-preserving: labels depend only on the sign of s^T x[:2]
+        X /= np.abs(X).sum(axis=1)[:, None]
+    return X, y
+
+
+def p2p_instance(n: int = 100, p: int = 100, seed: int = 0, *, min_records: int = 10,
+                 max_records: int = 100, test_records: int = 100, flip: float = 0.05,
+                 gamma: float = 0.1, normalise: str = "l1") -> P2PInstance:
+    """Synthetic linear classification of the personalised P2P paper (spec §5).
+
+    Targets come from streams (seed, "graph", i); agent i's data from (seed, "data", i), whose
+    SeedSequence is spawned into three children: m_i ~ UniformInt[min_records, max_records], the
+    train records, the test records. So agent i's data depends only on the seed, i and the
+    options, never on n, and its test set not on m_i. normalise="l1" divides every x by its L1
+    norm (spec §5.5 "sound" mode: ||x||_2 <= ||x||_1 = 1).
+    """
+    if n < 2 or p < 2:
+        raise DataError(f"p2p: needs at least 2 agents and 2 features, got n={n}, p={p}")
+    if not 1 <= min_records <= max_records:
+        raise DataError(f"p2p: need 1 <= min_records <= max_records, got {min_records}, "
+                        f"{max_records}")
+    if test_records < 1:
+        raise DataError(f"p2p: test_records must be at least 1, got {test_records}")
+    if not 0 <= flip < 0.5:
+        raise DataError(f"p2p: the label flip probability must be in [0, 0.5), got {flip}")
+    if not (np.isfinite(gamma) and gamma > 0):
+        raise DataError(f"p2p: gamma must be positive, got {gamma}")
+    if normalise not in P2P_NORMALISE:
+        raise DataError(f"p2p: normalise must be one of {list(P2P_NORMALISE)}, got {normalise!r}")
+    if seed < 0:
+        raise DataError(f"seed must be non-negative, got {seed}")
+    targets = p2p_targets(n, seed)
+    W, _, _ = p2p_graph(targets, gamma)
+    train, test = [], []
+    for i in range(n):
+        g_m, g_tr, g_te = (np.random.Generator(np.random.PCG64(c))
+                           for c in rng.seed_sequence(seed, "data", i).spawn(3))
+        m = int(g_m.integers(min_records, max_records + 1))
+        train.append(_p2p_records(g_tr, m, targets[i], p, flip, normalise))
+        test.append(_p2p_records(g_te, test_records, targets[i], p, flip, normalise))
+    return P2PInstance(W, train, test, targets)
+
+
+def write_p2p(path: str | os.PathLike[str], n: int = 100, p: int = 100, seed: int = 0,
+              **kw: Any) -> pathlib.Path:
+    """Write `p2p_instance(n, p, seed, **kw)` as a shard file: per-agent X, y, X_test, y_test;
+    /public/graph_edges, graph_weights (see mpi_dp.data.graphs) and targets; the generator's
+    options in the "synth" attribute and the threshold in the "graph" attribute."""
+    inst = p2p_instance(n, p, seed, **kw)
+    defaults = {"min_records": 10, "max_records": 100, "test_records": 100, "flip": 0.05,
+                "gamma": 0.1, "normalise": "l1"}
+    opts = {**defaults, **kw}
+    _, thr, k = p2p_graph(inst.targets, float(opts["gamma"]))
+    params = {"n": n, "p": p, "seed": int(seed), **opts,
+              "records": [X.shape[0] for X, _ in inst.train]}
+    graph = {"kernel": "exp((cos(phi_ij) - 1) / gamma)", "gamma": float(opts["gamma"]),
+             "threshold": thr, "k": k, "rule": "keep W_ij > max(W) 10^(-k/2), smallest k "
+             f"with Laplacian lambda_2 > {P2P_LAMBDA2_TOL}",
+             "lambda2": laplacian_lambda2(inst.W), "edges": int(inst.W.nnz // 2)}
+    source = "mpi_dp.data.synth.p2p_instance(" + ", ".join(
+        f"{key}={v!r}" for key, v in params.items() if key != "records") + ")"
+    return write_shards(path, inst.train, task="binary", test=inst.test,
+                        feature_names=[f"x{j}" for j in range(p)], source=source,
+                        attrs={"synth": params, "graph": graph},
+                        public_extra={**graph_arrays(inst.W), "targets": inst.targets})
+
+
+# ----------------------------------------------------------------------------------------------
 # CLI: mpi-dp data synth
 
 
@@ -288,6 +434,15 @@ def _records_arg(text: str) -> int | list[int]:
     if not values:
         raise argparse.ArgumentTypeError("no record count given")
     return values[0] if len(values) == 1 and "," not in text else values
+
+
+class _Given(argparse.Action):
+    """Store the value and note the option as given (tasks with their own defaults need to know)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.given_options = {*getattr(namespace, "given_options", ()), self.dest}
 
 
 def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
@@ -304,44 +459,88 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
         "[0,1]^dim, x = clip(centroid + noise*N(0,I), 0, 1), a global test set of --public "
         "records; online: the DOLA stream (seed 003): owner-specific shifts, rows of norm <= 1, "
         "labels sign(<w_true, x>) with a fraction --noise flipped, a test set of --public "
-        "records (default: %(default)s)",
+        "records; p2p: personalised P2P linear classification (targets s_i in R^2, kernel "
+        "similarity graph /public/graph_edges, graph_weights, per-agent test sets of "
+        "--test-records; y = sign(s_i^T x[:2]) with a fraction --noise flipped) "
+        "(default: %(default)s)",
     )
     parser.add_argument("--classes", type=int, default=4, metavar="K",
                         help="multiclass: number of classes (default: %(default)s)")
     parser.add_argument(
-        "--agents", type=int, default=3, metavar="N",
-        help="number of data owners (default: %(default)s)",
+        "--agents", type=int, default=3, metavar="N", action=_Given,
+        help="number of data owners (default: %(default)s; p2p: 100)",
     )
     parser.add_argument(
-        "--records", type=_records_arg, default=1000, metavar="N[,N...]",
+        "--records", type=_records_arg, default=1000, metavar="N[,N...]", action=_Given,
         help="records per owner: one integer for all owners, or a comma-separated list with one "
-        "count per owner (default: %(default)s)",
+        "count per owner; not for p2p (default: %(default)s)",
     )
     parser.add_argument(
-        "--dim", type=int, default=5, help="number of features before any bias column "
-        "(default: %(default)s)",
+        "--dim", type=int, default=5, action=_Given,
+        help="number of features before any bias column (default: %(default)s; p2p: 100)",
     )
     parser.add_argument(
-        "--noise", type=float, default=0.5,
-        help="standard deviation of the label noise (default: %(default)s)",
+        "--noise", type=float, default=0.5, action=_Given,
+        help="standard deviation of the label noise; online and p2p: the label flip probability "
+        "(default: %(default)s; p2p: 0.05)",
     )
     parser.add_argument(
         "--seed", type=int, default=0,
         help="random seed; same seed, same file (default: %(default)s)",
     )
     parser.add_argument(
-        "--public", type=int, default=10000, metavar="N",
+        "--public", type=int, default=10000, metavar="N", action=_Given,
         help="public hold-out records every agent and the learner may see, e.g. to set step "
-        "sizes and the clipping bound; 0 for none (default: %(default)s)",
+        "sizes and the clipping bound; 0 for none; not for p2p (default: %(default)s)",
     )
+    g = parser.add_argument_group("p2p (personalised peer-to-peer, spec personalized-p2p §5)")
+    g.add_argument("--min-records", type=int, default=10, metavar="M",
+                   help="p2p: m_i ~ UniformInt[M, --max-records] (default: %(default)s)")
+    g.add_argument("--max-records", type=int, default=100, metavar="M",
+                   help="p2p: largest m_i (default: %(default)s)")
+    g.add_argument("--test-records", type=int, default=100, metavar="M",
+                   help="p2p: test records per agent (default: %(default)s)")
+    g.add_argument("--gamma", type=float, default=0.1,
+                   help="p2p: kernel bandwidth, W_ij = exp((cos phi_ij - 1)/gamma) "
+                   "(default: %(default)s)")
+    g.add_argument("--normalise", choices=P2P_NORMALISE, default="l1",
+                   help="p2p: l1 divides every x by its L1 norm (labels unchanged; ||x||_1 = 1 "
+                   "as the DP constant L0 = 1 needs); none keeps x ~ N(0, I/2) "
+                   "(default: %(default)s)")
     parser.add_argument(
         "--out", type=pathlib.Path, required=True, metavar="PATH",
         help="shard file to write (parent directories are created; an existing file is replaced)",
     )
 
 
+def _run_p2p(args: argparse.Namespace) -> pathlib.Path:
+    given = getattr(args, "given_options", set())
+    wrong = sorted({"records", "public"} & given)
+    if wrong:
+        raise DataError(f"--task p2p takes no --{' / --'.join(wrong)}: it draws m_i ~ "
+                        "UniformInt[--min-records, --max-records] and --test-records per agent")
+    n = args.agents if "agents" in given else 100
+    p = args.dim if "dim" in given else 100
+    flip = args.noise if "noise" in given else 0.05
+    start = time.perf_counter()
+    path = write_p2p(args.out, n, p, args.seed, min_records=args.min_records,
+                     max_records=args.max_records, test_records=args.test_records, flip=flip,
+                     gamma=args.gamma, normalise=args.normalise)
+    with ShardFile(path) as f:
+        sizes = f.sizes()
+        graph = f.json_attr("graph")
+    print(f"wrote {path}: p2p, {n} agents x {sizes.min()}..{sizes.max()} records (total "
+          f"{int(sizes.sum())}) + {args.test_records} test, {p} features, flip {flip:g}, "
+          f"normalise {args.normalise}; graph {graph['edges']} edges (threshold "
+          f"{graph['threshold']:.3g}, k={graph['k']}, lambda_2 {graph['lambda2']:.3g}); "
+          f"{path.stat().st_size / 2**20:.2f} MiB in {time.perf_counter() - start:.2f} s")
+    return path
+
+
 def run_synth_command(args: argparse.Namespace) -> pathlib.Path:
     """Run `mpi-dp data synth` from parsed arguments; prints a short summary, returns the path."""
+    if args.task == "p2p":
+        return _run_p2p(args)
     start = time.perf_counter()
     extra = {"classes": args.classes} if args.task == "multiclass" else {}
     path = write_synth(

@@ -13,6 +13,7 @@ REGISTRY = Registry.from_modules(f"{__name__}.{m}" for m in (
     "async_star",
     "admm",
     "dola",
+    "p2p",
 ))
 
 __all__ = ["REGISTRY", "Context", "Method", "Outcome", "Registry", "Resolved"]

@@ -4,7 +4,7 @@ Pure NumPy, never imports mpi4py. `accountants` (dp-accounting) is imported on d
 end of a configuration: `from mpi_dp.privacy import accountants`.
 """
 
-from mpi_dp.privacy.events import Event, GaussianEvent, LaplaceEvent
+from mpi_dp.privacy.events import Event, GaussianEvent, LaplaceEvent, PureEvent
 from mpi_dp.privacy.ledger import Ledger
 from mpi_dp.privacy.mechanisms import (
     GAUSSIAN_CALIBRATIONS,
@@ -27,6 +27,7 @@ __all__ = [
     "GaussianEvent",
     "LaplaceEvent",
     "Ledger",
+    "PureEvent",
     "clip_factors_l1",
     "clip_l1",
     "gaussian_mechanism",

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from mpi_dp.privacy.events import Event
+from mpi_dp.privacy.events import Event, PureEvent
 from mpi_dp.privacy.ledger import Ledger
 
 #: Finest PLD grid; coarser for large per-release eps (grid = max(this, smallest eps / 200)),
@@ -110,9 +110,22 @@ def pld(pairs: Sequence[tuple[Event, int]], delta: float) -> float:
     acc = pld_privacy_accountant.PLDAccountant(
         NeighboringRelation.ADD_OR_REMOVE_ONE,
         value_discretization_interval=max(PLD_MIN_INTERVAL, smallest / 200))
+    pure = []
     for ev, c in pairs:
-        if c > 0:
+        if c > 0 and isinstance(ev, PureEvent):
+            pure.append((ev, c))
+        elif c > 0:
             acc.compose(ev.to_dp_event(), int(c))
+    if pure:  # pure releases of no named noise: the worst-case PLD of (eps, 0)-DP
+        from dp_accounting.pld import common
+        from dp_accounting.pld import privacy_loss_distribution as pldm
+
+        grid = acc._value_discretization_interval
+        for ev, c in pure:
+            one = pldm.from_privacy_parameters(
+                common.DifferentialPrivacyParameters(ev.eps, 0.0),
+                value_discretization_interval=grid)
+            acc._pld = acc._pld.compose(one.self_compose(int(c)))
     return float(acc.get_epsilon(delta))
 
 

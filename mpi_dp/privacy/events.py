@@ -142,4 +142,46 @@ class GaussianEvent:
         return dp_event.GaussianDpEvent(noise_multiplier=self.noise_multiplier)
 
 
-Event = LaplaceEvent | GaussianEvent
+@dataclass(frozen=True)
+class PureEvent:
+    """A pure (eps, 0)-DP release of a named mechanism that is neither coordinate-wise Laplace
+    nor Gaussian (e.g. the L2-norm Laplace of an output-perturbation warm start, randomised
+    response on labels). Accountants treat it as the worst case of any eps-DP mechanism: PLD
+    composes the (eps, 0) privacy-parameter PLD, RDP the implied eps^2/2-zCDP (Bun & Steinke
+    2016, Prop. 1.4), so both stay upper bounds.
+    """
+
+    eps_value: float
+    kind: str
+    data_dependent: bool = False
+    certified: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "eps_value", _check("eps", self.eps_value))
+
+    @property
+    def mechanism(self) -> str:
+        return self.kind
+
+    @property
+    def eps(self) -> float:
+        return self.eps_value
+
+    @property
+    def delta(self) -> float:
+        return 0.0
+
+    def key(self) -> tuple:
+        return ("pure", self.kind, _round12(self.eps), self.data_dependent, self.certified)
+
+    def to_dp_event(self) -> Any:
+        from dp_accounting import dp_event
+
+        if self.eps == 0.0:
+            return dp_event.NoOpDpEvent()
+        if math.isinf(self.eps):
+            return dp_event.NonPrivateDpEvent()
+        return dp_event.ZCDpEvent(rho=self.eps**2 / 2.0)
+
+
+Event = LaplaceEvent | GaussianEvent | PureEvent

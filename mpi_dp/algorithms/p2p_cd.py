@@ -1,0 +1,411 @@
+"""Personalised private peer-to-peer coordinate descent (seed 004), as the paper's agents run it.
+
+Algorithm 1 / 2 of agent i, on each tick of its clock (eq. 4; private: eq. 6):
+
+    read the latest Theta_j of every neighbour j                      (its mailbox)
+    g = (1/m_i) sum_k clip_C(grad l(Theta_i; x_ik, y_ik)) + 2 lam_i Theta_i
+    eta ~ Laplace(0, s_i(k))^p,   s_i(k) = 2 L0 / (e_k m_i)          (Theorem 1)
+    Theta_i <- (1 - a_i) Theta_i + a_i (sum_j W_ij/D_ii Theta_j - mu c_i (g + eta))
+    broadcast Theta_i to N_i                                          (|N_i| vectors)
+
+and stops after T_i wake-ups. The agent's state is the noisy iterate; it keeps no clean copy.
+The per-release budgets e_k come from Algorithm 3 (privacy.kairouz). Models carry a runs axis
+(R, p): runs differ only in their noise (the schedule is the job's).
+
+Execution: `simulate` runs the global schedule tick by tick in one process (the reference);
+`replay` runs the same schedule cut into conflict-free rounds on any `Net` (comm.rma mailboxes
+under MPI), equal to `simulate` bit for bit; `live` runs per-agent Poisson clocks in wall time
+and logs what every update read, and `replay_log` re-executes such a log exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..models import p2p as M
+from ..privacy import LaplaceEvent, Ledger, PureEvent
+from ..privacy import kairouz as K
+from ..rng import stream
+
+MODES = ("sound", "faithful")
+INITS = ("zero", "local", "private_ws")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Knobs of one configuration (the names of the spec)."""
+
+    T: int  # global ticks of the merged clock
+    T_agent: tuple[int, ...] | None  # per-agent cap on wake-ups (None: no cap)
+    eps: float  # eps_bar of every agent's CD releases (inf: non-private)
+    delta: float  # delta_bar of Theorem 1
+    allocation: str = "equal"
+    mode: str = "sound"  # sound: clip per-example gradients (L1) at clip; faithful: L0 = 1, no clip
+    clip: float = 1.0  # C_clip = L0 in sound mode
+    init: str = "zero"
+    eps_ws: float = 0.05  # warm start output perturbation (init = private_ws)
+    lam_ws: tuple[float, ...] | None = None  # L2 weight of the warm start's local models
+    mu_ws: float | None = None
+    row_norm: float = 1.0  # public bound on ||x||_2 (warm-start sensitivity)
+    runs: tuple[int, ...] = (0,)
+    seed: int = 0
+    record_every: int = 0  # ticks between records (0: only the end)
+
+    @property
+    def R(self) -> int:
+        return len(self.runs)
+
+    @property
+    def private(self) -> bool:
+        return math.isfinite(self.eps)
+
+    @property
+    def L0(self) -> float:
+        return self.clip if self.mode == "sound" else 1.0
+
+    @property
+    def certified(self) -> bool:
+        return self.mode == "sound" or not self.private
+
+
+def global_schedule(seed: int, n: int, T: int) -> np.ndarray:
+    """i_0..i_{T-1} i.i.d. uniform: the jump chain of n rate-1 Poisson clocks."""
+    return stream(seed, "schedule", 0, 0).integers(0, n, size=T, dtype=np.int64)
+
+
+def effective_ticks(schedule: np.ndarray, n: int, T_agent: Sequence[int] | None) -> np.ndarray:
+    """Positions of the ticks that run (an agent's ticks after its T_i-th wake-up are dropped)."""
+    if T_agent is None:
+        return np.arange(len(schedule))
+    cap = np.asarray(T_agent)
+    order = np.argsort(schedule, kind="stable")
+    rank_in_agent = np.empty(len(schedule), dtype=np.int64)
+    counts = np.bincount(schedule, minlength=n)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rank_in_agent[order] = np.arange(len(schedule)) - np.repeat(starts, counts)
+    return np.flatnonzero(rank_in_agent < cap[schedule])
+
+
+def wakeups(schedule: np.ndarray, n: int, T_agent: Sequence[int] | None) -> np.ndarray:
+    """Wake-ups each agent actually performs."""
+    return np.bincount(schedule[effective_ticks(schedule, n, T_agent)], minlength=n)
+
+
+def cut_rounds(schedule: np.ndarray, keep: np.ndarray, graph: M.Graph, record_every: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy conflict-free rounds of the kept ticks: a round ends before the first tick whose
+    agent is in it or adjacent to one in it, and at every multiple of record_every.
+    Returns (agents in tick order, round start offsets into them, length rounds + 1)."""
+    agents = schedule[keep]
+    starts = [0]
+    blocked: set[int] = set()
+    indptr, indices = graph.W.indptr, graph.W.indices
+    for pos, (t, i) in enumerate(zip(keep.tolist(), agents.tolist(), strict=True)):
+        boundary = record_every and pos > 0 and t // record_every != keep[pos - 1] // record_every
+        if i in blocked or boundary:
+            starts.append(pos)
+            blocked = set()
+        blocked.add(i)
+        blocked.update(indices[indptr[i]:indptr[i + 1]].tolist())
+    starts.append(len(agents))
+    return agents, np.asarray(starts, dtype=np.int64)
+
+
+def agent_budgets(s: Settings, problem: M.Problem, schedule: np.ndarray) -> list[np.ndarray]:
+    """e_1..e_{T_i} of every agent (Algorithm 3): the agent's wake-up count is known from the
+    replayed schedule; with a cap T_i the split is over T_i (what the agent plans for)."""
+    n = problem.n
+    plan = np.asarray(s.T_agent) if s.T_agent is not None else wakeups(schedule, n, None)
+    kappa = problem.kappa if s.allocation.startswith("prop2") else None
+    return K.agent_budgets(s.allocation, s.eps, s.delta, schedule[effective_ticks(
+        schedule, n, s.T_agent)], n, plan, kappa)
+
+
+def laplace_scale(L0: float, e: float, m_i: int) -> float:
+    """s_i = 2 L0 / (e m_i) (Theorem 1); 0 at e = inf (no noise)."""
+    return 0.0 if math.isinf(e) else 2.0 * L0 / (e * m_i)
+
+
+# -- private warm start (Algorithm 4) -------------------------------------------------------
+def l2_laplace(p: int, scale: float, g: np.random.Generator) -> np.ndarray:
+    """b with density proportional to exp(-||b||_2 / scale): a uniform direction times a
+    Gamma(p, scale) norm."""
+    d = g.standard_normal(p)
+    return d / np.linalg.norm(d) * g.gamma(p, scale)
+
+
+def warm_start_sensitivity(row_norm: float, m_i: int, lam_ws: float) -> float:
+    """Delta_2 = L0_2 / (m_i lam_ws) of the local minimiser (logistic: L0_2 = max ||x||_2)."""
+    return row_norm / (m_i * lam_ws)
+
+
+# -- the agents of one process --------------------------------------------------------------
+class Net(Protocol):
+    """Where released models go (comm.rma.Mailboxes under MPI, LocalNet in one process)."""
+
+    def read(self, i: int, out_models: np.ndarray | None = None
+             ) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def post(self, j: int, stamp: float, vec: np.ndarray) -> None: ...
+
+
+class LocalNet:
+    """All agents in one process: the latest broadcast of every agent, visible at once."""
+
+    def __init__(self, n: int, item: int, graph: M.Graph) -> None:
+        self.models = np.zeros((n, item))
+        self.stamps = np.full(n, -1.0)
+        self.graph = graph
+        self.puts = 0
+
+    def read(self, i: int, out_models: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        nb = self.graph.nbrs(i)
+        return self.stamps[nb].copy(), self.models[nb]
+
+    def post(self, j: int, stamp: float, vec: np.ndarray) -> None:
+        self.models[j] = vec.ravel()
+        self.stamps[j] = stamp
+        self.puts += len(self.graph.nbrs(j))
+
+
+class Block:
+    """The agents hosted here: their data, noisy states, noise streams and ledgers."""
+
+    def __init__(self, problem: M.Problem, agents: np.ndarray, s: Settings,
+                 budgets: list[np.ndarray], theta0: dict[int, np.ndarray]) -> None:
+        self.P, self.s, self.agents = problem, s, np.asarray(agents, dtype=np.int64)
+        R, p = s.R, problem.p
+        self.theta = {int(i): np.array(theta0[int(i)], dtype=np.float64).reshape(R, p)
+                      for i in self.agents}
+        self.k = {int(i): 0 for i in self.agents}
+        self.budgets = {int(i): budgets[int(i)] for i in self.agents}
+        self.scales = {int(i): np.array([laplace_scale(s.L0, e, int(problem.m[i]))
+                                         for e in budgets[int(i)]]) for i in self.agents}
+        self.noise: dict[int, np.ndarray] = {}
+        for i in self.agents:  # standard Laplace, drawn up front from the agent's run streams
+            n_i = len(budgets[int(i)])
+            self.noise[int(i)] = (np.stack([stream(s.seed, "noise", int(i), r).laplace(
+                0.0, 1.0, (n_i, p)) for r in s.runs], axis=0) if s.private and n_i
+                else np.zeros((R, 0, p)))
+        self.xnorm = {int(i): np.abs(problem.X[int(i)]).sum(axis=1) for i in self.agents
+                      if problem.X[int(i)] is not None}
+        self.clipped = {int(i): np.zeros(R) for i in self.agents}
+        self.ledgers = {int(i): Ledger(int(i), math.inf, math.inf, runs=R) for i in self.agents}
+        self._nbuf: dict[int, np.ndarray] = {}
+
+    def nbr_buffer(self, i: int) -> np.ndarray:
+        """Scratch (|N_i|, R p) for mailbox reads."""
+        b = self._nbuf.get(i)
+        if b is None:
+            b = self._nbuf[i] = np.empty((len(self.P.graph.nbrs(i)), self.s.R * self.P.p))
+        return b
+
+    def wake(self, i: int, nbr_models: np.ndarray) -> np.ndarray:
+        """Agent i's update (eq. 4 / eq. 6) from its neighbours' models (|N_i|, R p), in
+        neighbour-id order; returns its new state (R, p), the vector it broadcasts."""
+        P, s = self.P, self.s
+        k = self.k[i]
+        th = self.theta[i]
+        clip = s.clip if (s.mode == "sound" and s.private) else math.inf
+        g, frac = M.local_grad(P.loss, P.X[i], P.y[i], float(P.lam[i]), th, clip,
+                               self.xnorm.get(i))
+        if s.private:
+            sc = self.scales[i][k]
+            g = g + sc * self.noise[i][:, k, :]
+            self.clipped[i] += frac
+            self.ledgers[i].charge(LaplaceEvent(2.0 * s.L0 / int(P.m[i]), sc,
+                                                certified=s.certified))
+        nb = nbr_models.reshape(-1, s.R, P.p)
+        w = P.graph.weights(i) / P.deg[i]
+        mixed = (w[:, None, None] * nb).sum(axis=0)  # fixed order, no BLAS: bitwise everywhere
+        a = P.alpha[i]
+        new = (1.0 - a) * th + a * (mixed - (P.mu * P.conf[i]) * g)
+        self.theta[i] = new
+        self.k[i] = k + 1
+        return new
+
+    def done(self, i: int) -> bool:
+        cap = self.s.T_agent
+        return cap is not None and self.k[i] >= cap[i]
+
+    def clip_fraction(self, i: int) -> np.ndarray:
+        return self.clipped[i] / max(1, self.k[i])
+
+
+# -- drivers --------------------------------------------------------------------------------
+def post_initial(block: Block, net: Any) -> None:
+    for i in block.agents:
+        net.post(int(i), 0.0, block.theta[int(i)])
+
+
+def simulate(problem: M.Problem, s: Settings, theta0: np.ndarray,
+             on_record: Callable[[int, np.ndarray, Block], None] | None = None
+             ) -> tuple[np.ndarray, Block, LocalNet]:
+    """The reference: every agent in this process, the schedule tick by tick.
+    theta0 (R, n, p) or (n, p). Returns (Theta (R, n, p), block, net)."""
+    n, R, p = problem.n, s.R, problem.p
+    th0 = np.broadcast_to(theta0, (R, n, p))
+    schedule = global_schedule(s.seed, n, s.T)
+    block = Block(problem, np.arange(n), s, agent_budgets(s, problem, schedule),
+                  {i: th0[:, i, :] for i in range(n)})
+    net = LocalNet(n, R * p, problem.graph)
+    post_initial(block, net)
+    keep = effective_ticks(schedule, n, s.T_agent)
+    for pos, t in enumerate(keep.tolist()):
+        i = int(schedule[t])
+        _, nb = net.read(i)
+        net.post(i, float(block.k[i] + 1), block.wake(i, nb))
+        if on_record is not None and s.record_every and (
+                pos + 1 == len(keep) or keep[pos + 1] // s.record_every != t // s.record_every):
+            on_record(int(t) + 1, current(block, n), block)
+    return current(block, n), block, net
+
+
+def current(block: Block, n: int) -> np.ndarray:
+    """(R, n, p) of the hosted agents' states (others NaN)."""
+    R, p = block.s.R, block.P.p
+    out = np.full((R, n, p), np.nan)
+    for i in block.agents:
+        out[:, int(i), :] = block.theta[int(i)]
+    return out
+
+
+def replay(block: Block, net: Any, rounds: tuple[np.ndarray, np.ndarray], ticks: np.ndarray,
+           barrier: Callable[[], None],
+           on_record: Callable[[int], None] | None = None,
+           progress: Callable[[int], None] | None = None) -> int:
+    """The schedule in conflict-free rounds: the hosted agents of a round read, update and post,
+    then every rank waits at the barrier. `ticks`: the global tick of every kept step (records
+    are taken after the last step below each multiple of record_every). Returns wake-ups run."""
+    agents, starts = rounds
+    mine = np.zeros(block.P.n, dtype=bool)
+    mine[block.agents] = True
+    done = 0
+    every = block.s.record_every
+    for r in range(len(starts) - 1):
+        lo, hi = int(starts[r]), int(starts[r + 1])
+        for i in agents[lo:hi].tolist():
+            if mine[i]:
+                buf = block.nbr_buffer(i)
+                _, nb = net.read(i, buf)
+                net.post(i, float(block.k[i] + 1), block.wake(i, nb))
+                done += 1
+        barrier()
+        t_last = int(ticks[hi - 1])
+        if on_record is not None and every and (hi == len(agents) or
+                                                int(ticks[hi]) // every != t_last // every):
+            on_record(t_last + 1)
+        if progress is not None:
+            progress(hi)
+    return done
+
+
+def clock_times(seed: int, agent: int, count: int, tau: float) -> np.ndarray:
+    """Tick times of agent's rate-1/tau Poisson clock (cumulative Exp(1) tau)."""
+    return np.cumsum(stream(seed, "clock", agent, 0).exponential(1.0, count)) * tau
+
+
+def live(block: Block, net: Any, tau: float, wall_budget: float,
+         poll: Callable[[], None] | None = None,
+         progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
+    """Per-agent Poisson clocks in wall time, no barriers: each hosted agent wakes at its ticks
+    (tau seconds apart on average; tau = 0: as fast as possible, in clock order), updates from
+    whatever its mailbox holds and posts. Stops when every hosted agent has done T_i wake-ups or
+    after wall_budget seconds. Returns the log: agent, wall time, and the neighbour versions each
+    update read (flattened in update order)."""
+    cap = block.s.T_agent
+    if cap is None:
+        raise ValueError("live mode needs T_agent (each agent's number of wake-ups)")
+    ids = [int(i) for i in block.agents]
+    times = {i: clock_times(block.s.seed, i, int(cap[i]), tau) for i in ids}
+    nxt = {i: 0 for i in ids if cap[i] > 0}
+    log_agent: list[int] = []
+    log_time: list[float] = []
+    log_ver: list[np.ndarray] = []
+    t0 = time.perf_counter()
+    n_done = 0
+    while nxt:
+        i = min(nxt, key=lambda a: times[a][nxt[a]])
+        due = t0 + times[i][nxt[i]]
+        while True:
+            now = time.perf_counter()
+            if now >= due or now - t0 > wall_budget:
+                break
+            if poll is not None:
+                poll()
+            time.sleep(min(due - now, 2e-4))
+        if time.perf_counter() - t0 > wall_budget:
+            break
+        buf = block.nbr_buffer(i)
+        stamps, nb = net.read(i, buf)
+        log_agent.append(i)
+        log_time.append(time.perf_counter() - t0)
+        log_ver.append(stamps.astype(np.int64))
+        net.post(i, float(block.k[i] + 1), block.wake(i, nb))
+        n_done += 1
+        nxt[i] += 1
+        if nxt[i] >= cap[i]:
+            del nxt[i]
+        if progress is not None:
+            progress(n_done)
+    return {"agent": np.asarray(log_agent, dtype=np.int64),
+            "time": np.asarray(log_time, dtype=np.float64),
+            "versions": (np.concatenate(log_ver) if log_ver else np.zeros(0, dtype=np.int64))}
+
+
+def replay_log(problem: M.Problem, s: Settings, theta0: np.ndarray, agent: np.ndarray,
+               versions: np.ndarray, budgets: list[np.ndarray]) -> np.ndarray:
+    """Re-execute a live run from its log: update u of agent i used neighbour j's version v (its
+    v-th broadcast; 0 = the initial point). Every update is run once its inputs exist, so any
+    causal log replays to the live run's models bit for bit. Returns Theta (R, n, p)."""
+    n, R, p = problem.n, s.R, problem.p
+    th0 = np.broadcast_to(theta0, (R, n, p))
+    block = Block(problem, np.arange(n), s, budgets, {i: th0[:, i, :] for i in range(n)})
+    hist: list[list[np.ndarray]] = [[th0[:, i, :].ravel().copy()] for i in range(n)]
+    deg = np.diff(problem.graph.W.indptr)
+    offs = np.concatenate([[0], np.cumsum(deg[agent])])
+    per_agent: list[list[int]] = [[] for _ in range(n)]
+    for u, i in enumerate(agent.tolist()):
+        per_agent[i].append(u)
+    ptr = [0] * n
+    left = len(agent)
+    while left:
+        progressed = False
+        for i in range(n):
+            while ptr[i] < len(per_agent[i]):
+                u = per_agent[i][ptr[i]]
+                nb = problem.graph.nbrs(i)
+                ver = versions[offs[u]:offs[u + 1]]
+                if any(int(v) >= len(hist[j]) for j, v in zip(nb.tolist(), ver.tolist(),
+                                                              strict=True)):
+                    break
+                M_ = np.stack([hist[j][int(v)] for j, v in zip(nb.tolist(), ver.tolist(),
+                                                               strict=True)])
+                hist[i].append(block.wake(i, M_).ravel().copy())
+                ptr[i] += 1
+                left -= 1
+                progressed = True
+        if not progressed:
+            raise ValueError("the log is not causal: an update read a version never written")
+    return current(block, n)
+
+
+def theorem1_report(block: Block, s: Settings) -> dict[int, dict[str, float]]:
+    """Per hosted agent: wake-ups, sum e_k, Theorem-1 eps_bar of what was spent, clip share."""
+    out = {}
+    for i in block.agents.tolist():
+        e = block.budgets[i][: block.k[i]]
+        out[i] = {"wakeups": block.k[i], "sum_e": float(math.fsum(e)),
+                  "eps_theorem1": K.theorem1_eps(e, s.delta) if s.private else math.inf,
+                  "clip_fraction": float(block.clip_fraction(i).max())}
+    return out
+
+
+def warm_start_event(eps_ws: float) -> PureEvent:
+    return PureEvent(eps_ws, "l2_laplace")

@@ -1,0 +1,794 @@
+"""Method entry of personalised private peer-to-peer coordinate descent (seed 004).
+
+Every owner of the shard file is a peer with its own model; peers sit on the public similarity
+graph stored in the shard file (/public/graph_edges, graph_weights). Each rank hosts a block of
+peers; a peer broadcasts its model into its neighbours' mailboxes (comm.rma: one MPI window per
+rank, passive-target Lock/Put/Unlock) and reads its own mailbox when it wakes. `clock = replay`
+(default) runs the seeded schedule in conflict-free rounds (bitwise equal to the serial
+simulator); `clock = live` runs Poisson clocks in wall time and logs what every update read.
+
+Variants: cd (Algorithm 1 at eps = inf, Algorithm 2 otherwise), admm (the gossip-ADMM baseline,
+non-private, simulated on rank 0), local_dp (every peer perturbs its own records once, then trains
+its local model). Every configuration also records the purely local models and a trivial
+predictor as baselines, and (evaluation-only) the optimum Q* of objective (2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+from mpi4py import MPI
+
+from ..algorithms import p2p_baselines as B
+from ..algorithms import p2p_cd as C
+from ..comm import rma
+from ..comm.graph import block_starts
+from ..data import ShardFile
+from ..data.graphs import read_graph
+from ..errors import DataError, JobError
+from ..jobspec import Key, err
+from ..models import p2p as M
+from ..models import p2p_reference as REF
+from ..privacy import kairouz as K
+from ..rng import stream
+from .base import Context, Method, Outcome, Resolved, settings_attrs
+
+_NUM = (int, float)
+EVALUATION_ONLY = (
+    "evaluation-only: Q, gap (Q - Q*), losses and the test metrics read every peer's model and "
+    "data on the host ranks; Q* and theta_star are solved on rank 0 from every peer's records; "
+    "the local models and the trivial baseline are never released")
+
+SECTION = {
+    "loss": Key((str,), "auto", "per-example loss: auto (logistic for a binary shard, quadratic "
+                "for regression), logistic, quadratic", ("auto",) + M.LOSSES),
+    "mu": Key(_NUM, 1.0, "trade-off mu of objective (2): large -> the purely local models, "
+              "small -> one consensus model"),
+    "lam": Key(_NUM + (str,), "1/m", "L2 weight lam_i of L_i: '1/m' (1/m_i, the paper's) or a "
+               "number"),
+    "conf_floor": Key(_NUM, 1e-3, "confidence c_i of a peer without records"),
+    "smoothness": Key((str,), "bound", "L_loc of alpha_i: bound (from the public row-norm bound "
+                      "row_norm: alpha_i does not read private data) or data (the paper: "
+                      "lmax(X_i^T X_i), data-dependent step)", ("bound", "data")),
+    "row_norm": Key(_NUM + (str,), "auto", "public bound on every record's L2 norm: 'auto' = the "
+                    "shard's public item_norm_max if present, else 1 (rows normalised to norm <= "
+                    "1); checked against the data before the run"),
+    "T_agent": Key((int, str), "auto", "T_i, wake-ups of each peer: 'auto' = ceil(T / n) when "
+                   "private (the paper's T/n) and no cap at eps = inf; a number caps every peer"),
+    "allocation": Key((str,), "equal", "budget split over a peer's T_i wake-ups (Algorithm 3): "
+                      "equal (Theorem-1 composition, bisection), simple (eps/T_i), prop2_paper, "
+                      "prop2_corrected (Proposition 2, replay only)", K.ALLOCATIONS),
+    "delta_bar": Key(_NUM, math.exp(-5), "delta_bar of Theorem 1 (the paper: e^-5)"),
+    "mode": Key((str,), "sound", "sound: clip per-example gradients to L1 norm <= clip (L0 = "
+                "clip); faithful: L0 = 1 and no clipping (the paper: not DP unless ||x||_1 <= 1, "
+                "recorded uncertified)", C.MODES),
+    "clip": Key(_NUM, 1.0, "C_clip = L0: L1 bound on every per-example gradient (sound mode)"),
+    "init": Key((str,), "zero", "Theta(0): zero, local (the non-private local models: only at "
+                "eps = inf), private_ws (Algorithm 4: local models + L2-Laplace output "
+                "perturbation at eps_ws, then model propagation)", C.INITS),
+    "eps_ws": Key(_NUM, 0.05, "eps of the private warm start (charged to every peer)"),
+    "lam_ws": Key(_NUM + (str,), "lam", "L2 weight of the warm start's local models: 'lam' "
+                  "(lam_i) or a multiple of lam_i, e.g. 10"),
+    "mu_ws": Key(_NUM + (str,), "mu", "mu of the warm start's model propagation ('mu': mu)"),
+    "clock": Key((str,), "replay", "replay: the seeded schedule in conflict-free rounds (bitwise "
+                 "equal to the serial simulator on any layout); live: Poisson clocks in wall "
+                 "time, no barriers, the realised schedule logged", ("replay", "live")),
+    "tau": Key(_NUM, 0.0, "live: mean seconds between a peer's ticks (0: as fast as possible)"),
+    "wall_budget": Key(_NUM, 3600.0, "live: seconds before the peers stop"),
+    "reference": Key((str,), "auto", "Q* solver: auto (PETSc KSP if petsc4py, else SciPy CG; "
+                     "L-BFGS for logistic), scipy, petsc, none", ("auto", "scipy", "petsc",
+                                                                  "none")),
+    "admm_rho": Key(_NUM + (str,), "auto", "gossip ADMM penalty ('auto': mean positive W_ij)"),
+    "admm_inner": Key((int,), 10, "K, gradient steps per ADMM activation"),
+    "local_dp_bound": Key(_NUM, 1.0, "local_dp: features clipped to [-B, B]"),
+    "validation": Key(_NUM, 0.0, "share of every peer's training records held out (seeded) "
+                      "for tuning: the val_metric record; analyze picks, per eps, the "
+                      "configuration of best validation metric for the Table 1 analogue"),
+    "shard": Key((str,), "", "shard file of this configuration (default: the job's shard); "
+                 "sweep it ([sweep] shard = [...]) to average over random splits (Table 1's "
+                 "five) or to compare dimensions (Fig. 2c)"),
+}
+
+
+@dataclasses.dataclass
+class Data:
+    """One shard file as this rank sees it: public graph and sizes, its peers' records."""
+
+    path: str
+    W: sp.csr_matrix
+    m: np.ndarray
+    X: list
+    y: list
+    Xt: list
+    yt: list
+    row_norm: float
+    task: str
+    full: bool = False  # every peer's records are loaded (rank 0's evaluation copy)
+    Xv: list | None = None  # held-out validation records of each peer (p2p.validation > 0)
+    yv: list | None = None
+
+
+@dataclasses.dataclass
+class Prepared:
+    data: dict = dataclasses.field(default_factory=dict)  # path -> Data (hosted peers)
+    full: dict = dataclasses.field(default_factory=dict)  # path -> Data (all peers, rank 0)
+    refs: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class P2PSettings:
+    algo: C.Settings
+    path: str
+    loss: str
+    mu: float
+    lam: tuple[float, ...]
+    smooth: str
+    clock: str
+    variant: str
+
+
+def _lam(spec: Any, m: np.ndarray) -> np.ndarray:
+    return 1.0 / np.maximum(m, 1) if spec == "1/m" else np.full(len(m), float(spec))
+
+
+class P2P(Method):
+    name = "p2p"
+    summary = ("personalised private peer-to-peer coordinate descent (seed 004): every peer "
+               "learns its own model, mixing its graph neighbours' broadcast models into a "
+               "(noisy) coordinate step on its local loss")
+    variants = ("cd", "admm", "local_dp")
+    variant_help = ("cd (asynchronous block coordinate descent; private at eps < inf: Laplace "
+                    "noise on the clipped local gradient, Theorem-1 budgets), admm (gossip ADMM "
+                    "baseline, non-private), local_dp (records perturbed once by their owner, "
+                    "then purely local models)")
+    sections = {"p2p": SECTION}
+    label_variant = True
+    key_help = {"T": "global ticks of the merged Poisson clock (one peer wakes per tick); admm: "
+                "edge activations", "eps": "eps_bar of every peer over all its wake-ups "
+                "(Theorem 1 at p2p.delta_bar); inf = non-private",
+                "n": "'all' (every peer uses all its records)",
+                "record_every": "ticks between records of Q and the test metric"}
+    default_metric = "test_metric"
+    sweeps = ("p2p.shard", "p2p.T_agent", "p2p.init", "p2p.mu")
+
+    def validate(self, values: dict[str, Any], path: str) -> None:
+        if not values["p2p.mu"] > 0:
+            raise err(path, "p2p.mu", "must be > 0")
+        lam = values["p2p.lam"]
+        if (isinstance(lam, str) and lam != "1/m") or (not isinstance(lam, str) and lam < 0):
+            raise err(path, "p2p.lam", "must be '1/m' or a number >= 0")
+        t = values["p2p.T_agent"]
+        if (isinstance(t, str) and t != "auto") or (isinstance(t, int) and t < 1):
+            raise err(path, "p2p.T_agent", "must be 'auto' or a positive integer")
+        rn = values["p2p.row_norm"]
+        if (isinstance(rn, str) and rn != "auto") or (not isinstance(rn, str) and not rn > 0):
+            raise err(path, "p2p.row_norm", "must be 'auto' or a positive number")
+        if not 0 <= values["p2p.delta_bar"] < 1:
+            raise err(path, "p2p.delta_bar", "must be in [0, 1)")
+        if not 0 <= values["p2p.validation"] < 1:
+            raise err(path, "p2p.validation", "must be in [0, 1)")
+        for v in values.get("sweep.mu") or []:
+            if not v > 0:
+                raise err(path, "sweep.mu", f"every mu must be > 0, got {v}")
+        for v in values.get("sweep.T_agent") or []:
+            if (isinstance(v, str) and v != "auto") or (isinstance(v, int) and v < 1):
+                raise err(path, "sweep.T_agent", "every T_agent must be 'auto' or >= 1")
+        if not values["p2p.clip"] > 0:
+            raise err(path, "p2p.clip", "must be > 0")
+        if not values["p2p.eps_ws"] > 0:
+            raise err(path, "p2p.eps_ws", "must be > 0")
+        if values["p2p.tau"] < 0 or not values["p2p.wall_budget"] > 0:
+            raise err(path, "p2p.tau", "tau must be >= 0 and wall_budget > 0")
+        if values["n"] != "all" or values["sweep.n"]:
+            raise err(path, "n", "p2p peers use all their records; leave n = 'all'")
+        if values.get("owners", "all") != "all" or values.get("sweep.owners"):
+            raise err(path, "owners", "p2p runs every peer of the shard file's graph; leave "
+                      "owners = 'all'")
+        if values["p2p.clock"] == "live" and values["p2p.allocation"].startswith("prop2"):
+            raise err(path, "p2p.allocation", "Proposition 2 needs the schedule in advance: "
+                      "only with clock = 'replay'")
+
+    # -- preparation ---------------------------------------------------------------------
+    def prepare(self, ctx: Context) -> Prepared:
+        prep = Prepared()
+        j = ctx.job
+        paths = j.get("sweep.shard") or [j["p2p.shard"] or str(ctx.shard.path)]
+        for path in paths:
+            prep.data[path] = ctx.agree(lambda p=path: self._load(ctx, p, hosted=True))
+        return prep
+
+    def _load(self, ctx: Context, path: str, hosted: bool) -> Data:
+        j = ctx.job
+        try:
+            shard = ctx.shard if Path(path) == Path(ctx.shard.path) else ShardFile(path)
+        except (OSError, DataError) as e:
+            raise JobError(f"job file {j.path}: key 'p2p.shard': {e}") from None
+        if shard.task not in ("binary", "regression"):
+            raise JobError(f"job file {j.path}: p2p needs a binary or regression shard; "
+                           f"{shard.path} holds a {shard.task} task")
+        if shard.is_sparse:
+            raise JobError(f"job file {j.path}: p2p needs dense features ({shard.path} is CSR)")
+        W = read_graph(shard)
+        n = shard.n_agents
+        m_all = shard.sizes().astype(np.int64)
+        frac = float(j["p2p.validation"])
+        n_val = np.floor(frac * m_all).astype(np.int64) if frac > 0 else np.zeros_like(m_all)
+        m = m_all - n_val  # public: depends on the public m_i only
+        rank, size = ctx.comm.Get_rank(), ctx.comm.Get_size()
+        st = block_starts(n, size)
+        mine = range(n) if not hosted else range(int(st[rank]), int(st[rank + 1]))
+        X: list = [None] * n
+        y: list = [None] * n
+        Xt: list = [None] * n
+        yt: list = [None] * n
+        Xv: list = [None] * n
+        yv: list = [None] * n
+        for i in mine:
+            X[i], y[i] = shard.read_agent(i)
+            if n_val[i]:  # a fixed random share of the peer's training records, per peer
+                perm = stream(int(j["seed"]), "partition", i).permutation(int(m_all[i]))
+                v, t = np.sort(perm[: n_val[i]]), np.sort(perm[n_val[i]:])
+                Xv[i], yv[i] = X[i][v], y[i][v]
+                X[i], y[i] = X[i][t], y[i][t]
+            if shard.has_test(i):
+                Xt[i], yt[i] = shard.read_agent_test(i)
+        rn = j["p2p.row_norm"]
+        if rn == "auto":
+            rn = (float(shard.read_public_extra("item_norm_max").ravel()[0])
+                  if "item_norm_max" in shard.public_extra_names() else 1.0)
+        bad = [(i, float(np.linalg.norm(X[i], axis=1).max())) for i in mine if m[i] and
+               np.linalg.norm(X[i], axis=1).max() > rn * (1 + 1e-9)]
+        nonfinite = [i for i in mine if m[i] and not (np.all(np.isfinite(X[i])) and
+                                                      np.all(np.isfinite(y[i])))]
+        if nonfinite:
+            raise JobError(f"job file {j.path}: {shard.path}: peer(s) {nonfinite[:5]} hold NaN "
+                           "or inf values")
+        if bad:
+            raise JobError(f"job file {j.path}: key 'p2p.row_norm': peer {bad[0][0]} of "
+                           f"{shard.path} has a record of L2 norm {bad[0][1]:.4g} > row_norm = "
+                           f"{rn:g} (give a public bound that holds, or normalise the rows)")
+        if shard.task == "binary":
+            for i in mine:
+                if m[i] and not np.all(np.isin(y[i], (-1.0, 1.0))):
+                    raise JobError(f"job file {j.path}: {shard.path}: peer {i} has labels "
+                                   f"{np.unique(y[i])[:4].tolist()}; binary p2p needs -1/+1")
+        loss = self._loss(j, shard.task)
+        if loss == "logistic" and shard.task != "binary":
+            raise JobError(f"job file {j.path}: key 'p2p.loss': logistic needs a binary shard, "
+                           f"{shard.path} is {shard.task}")
+        return Data(str(path), W, m, X, y, Xt, yt, float(rn), shard.task, full=not hosted,
+                    Xv=Xv if frac > 0 else None, yv=yv if frac > 0 else None)
+
+    @staticmethod
+    def _loss(j: Any, task: str) -> str:
+        loss = j["p2p.loss"]
+        return ("logistic" if task == "binary" else "quadratic") if loss == "auto" else loss
+
+    def header(self, ctx: Context, prep: Prepared) -> str:
+        d = next(iter(prep.data.values()))
+        deg = np.diff(d.W.indptr)
+        return (f"p={ctx.shard.n_features}; graph of {d.W.shape[0]} peers, mean degree "
+                f"{deg.mean():.1f}; clock {ctx.job['p2p.clock']}")
+
+    # -- configuration -------------------------------------------------------------------
+    def settings(self, ctx: Context, prep: Prepared, rc: Resolved) -> P2PSettings:
+        j = ctx.job
+        path = rc.config.param("p2p.shard", j["p2p.shard"]) or next(iter(prep.data))
+        d = prep.data[path]
+        n = d.W.shape[0]
+        if len(set(rc.eps)) != 1:
+            raise JobError(f"job file {j.path}: key 'eps': p2p gives every peer the same "
+                           "eps_bar (one number)")
+        eps = float(rc.eps[0])
+        private = math.isfinite(eps) and rc.variant == "cd"
+        ta = rc.config.param("p2p.T_agent", j["p2p.T_agent"])
+        if ta == "auto":
+            cap = (math.ceil(j["T"] / n),) * n if private or j["p2p.clock"] == "live" else None
+        else:
+            cap = (int(ta),) * n
+        init = rc.config.param("p2p.init", j["p2p.init"])
+        mu = float(rc.config.param("p2p.mu", j["p2p.mu"]))
+        if init == "local" and private:
+            raise JobError(f"job file {j.path}: key 'p2p.init': the non-private local models "
+                           "cannot start a private run (use private_ws or zero)")
+        loss = self._loss(j, d.task)
+        if init == "private_ws" and loss != "logistic":
+            raise JobError(f"job file {j.path}: key 'p2p.init': the private warm start's "
+                           "output perturbation needs per-example gradients bounded by the row "
+                           "norm (logistic loss); not available for the quadratic loss")
+        lam = _lam(j["p2p.lam"], d.m)
+        lw = j["p2p.lam_ws"]
+        lam_ws = lam if lw == "lam" else lam * float(lw)
+        mw = j["p2p.mu_ws"]
+        algo = C.Settings(
+            T=int(j["T"]), T_agent=cap, eps=eps if rc.variant == "cd" else math.inf,
+            delta=float(j["p2p.delta_bar"]), allocation=j["p2p.allocation"], mode=j["p2p.mode"],
+            clip=float(j["p2p.clip"]), init=init, eps_ws=float(j["p2p.eps_ws"]),
+            lam_ws=tuple(float(v) for v in lam_ws),
+            mu_ws=mu if mw == "mu" else float(mw), row_norm=d.row_norm,
+            runs=ctx.run_ids, seed=int(j["seed"]), record_every=int(j["record_every"]))
+        if rc.variant == "local_dp" and d.task != "binary":
+            raise JobError(f"job file {j.path}: variant 'local_dp' perturbs -1/+1 labels by "
+                           f"randomised response; {path} is a {d.task} task")
+        if rc.variant == "admm" and math.isfinite(eps):
+            raise JobError(f"job file {j.path}: variant 'admm' is the non-private baseline: "
+                           "run it at eps = inf (a separate job, or cd alone in the eps sweep)")
+        if rc.variant == "admm" and j["p2p.clock"] == "live":
+            raise JobError(f"job file {j.path}: the admm baseline runs serially (clock replay)")
+        if rc.variant == "cd" and j["p2p.clock"] == "live" and ctx.comm.Get_size() < 2:
+            raise JobError(f"job file {j.path}: key 'p2p.clock': live runs need at least 2 "
+                           "ranks (run with mpiexec -n 2 or more)")
+        return P2PSettings(algo, path, loss, mu, tuple(float(v) for v in lam),
+                           j["p2p.smoothness"], j["p2p.clock"], rc.variant)
+
+    def record_attrs(self, ctx: Context, prep: Prepared, rc: Resolved, s: P2PSettings
+                     ) -> dict[str, Any]:
+        d = prep.data[s.path]
+        a = s.algo
+        out = {k: v for k, v in settings_attrs(a).items()
+               if k not in ("lam_ws", "T_agent", "runs", "eps")}
+        out["eps_bar"] = a.eps
+        out["run_ids"] = np.asarray(a.runs, dtype=np.int64)
+        if a.T_agent is not None:
+            out["T_agent"] = int(a.T_agent[0])
+        return {**out, "label": rc.config.label(rc.eps, [int(v) for v in d.m]),
+                "n": d.m, "shard": s.path, "loss": s.loss, "mu": s.mu,
+                "lam_rule": str(ctx.job["p2p.lam"]), "smoothness": s.smooth, "clock": s.clock,
+                "method_variant": s.variant, "certified": a.certified,
+                "evaluation_only": EVALUATION_ONLY, "n_peers": d.W.shape[0],
+                "graph_edges": int(d.W.nnz // 2)}
+
+    def expected_records(self, ctx: Context, s: P2PSettings) -> int:
+        ev = s.algo.record_every or s.algo.T
+        return s.algo.T // max(1, ev) + 2
+
+    # -- run -----------------------------------------------------------------------------
+    def _problem(self, d: Data, s: P2PSettings, L_loc: np.ndarray | None = None) -> M.Problem:
+        P = M.make_problem(d.W, d.X, d.y, s.loss, s.mu, np.asarray(s.lam), m=d.m,
+                           smooth=s.smooth, row_norm=d.row_norm)
+        if L_loc is not None:  # every peer's constant (data mode: gathered)
+            P.L_loc[:] = L_loc
+            P.__post_init__()
+        return P
+
+    def _full(self, ctx: Context, prep: Prepared, s: P2PSettings) -> Data | None:
+        """Every peer's records on rank 0 (evaluation-only: Q*, the admm baseline)."""
+        if ctx.comm.Get_rank() != 0:
+            return None
+        if s.path not in prep.full:
+            prep.full[s.path] = self._load(ctx, s.path, hosted=False)
+        return prep.full[s.path]
+
+    def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: P2PSettings,
+                   recorder: Any, label: str) -> Outcome | None:
+        comm = ctx.comm
+        d = prep.data[s.path]
+        t0 = time.perf_counter()
+        P = self._problem(d, s)
+        if s.smooth == "data":  # alpha_i of the hosted peers from their data; kappa needs all
+            mine = [i for i in range(P.n) if d.X[i] is not None]
+            got = comm.allgather({i: float(P.L_loc[i]) for i in mine})
+            L_all = np.empty(P.n)
+            for part in got:
+                for i, v in part.items():
+                    L_all[i] = v
+            P = self._problem(d, s, L_all)
+        root = comm.Get_rank() == 0
+        full = ctx.agree(lambda: self._full(ctx, prep, s))
+        solver = self._solver(ctx, s)
+        key = (s.path, s.loss, s.mu, s.lam, s.smooth, solver)
+        if key not in prep.refs:
+            ref = ctx.agree(lambda: self._reference(s, full, P, solver) if root else None)
+            ref = comm.bcast(ref, root=0)
+            if solver == "petsc_dist":  # KSP over every rank, each with its own peers' rows
+                th, q = ctx.agree(lambda: REF.theta_star_petsc_dist(comm, P))
+                ref.update(theta_star=th, Q_star=float(q),
+                           solver=f"PETSc KSP distributed over {comm.Get_size()} rank(s)")
+            prep.refs[key] = ref
+        ref = prep.refs[key]
+        if s.variant == "admm":
+            return self._run_admm(ctx, s, d, full, P, ref, recorder, label, t0)
+        if s.variant == "local_dp":
+            return self._run_local_dp(ctx, rc, s, d, P, ref, recorder, t0)
+        return self._run_cd(ctx, prep, s, d, P, ref, recorder, label, t0)
+
+    @staticmethod
+    def _solver(ctx: Context, s: P2PSettings) -> str:
+        """The Q* solver, decided alike on every rank (no collective PETSc initialisation)."""
+        import importlib.util
+
+        solver = ctx.job["p2p.reference"]
+        has_petsc = importlib.util.find_spec("petsc4py") is not None
+        if solver == "auto":
+            solver = "petsc" if has_petsc and s.loss == "quadratic" else "scipy"
+        if solver == "petsc" and not has_petsc:
+            raise JobError(f"job file {ctx.job.path}: key 'p2p.reference': petsc needs "
+                           "petsc4py (make venv WITH_PETSC=1), or use 'scipy'")
+        return "petsc_dist" if solver == "petsc" and s.loss == "quadratic" else solver
+
+    def _reference(self, s: P2PSettings, full: Data, P: M.Problem, solver: str
+                   ) -> dict[str, Any]:
+        """On rank 0, from every peer's records (evaluation-only): local models, Q of the
+        baselines and, unless distributed or 'none', Theta* and Q*."""
+        Pf = self._problem(full, s, P.L_loc)
+        out: dict[str, Any] = {"theta_loc": REF.local_models(Pf)}
+        if solver in ("scipy", "petsc"):
+            th, q = REF.theta_star(Pf, solver=solver)
+            out.update(theta_star=th, Q_star=float(q), solver=solver)
+        out["Q_loc"] = float(Pf.objective(out["theta_loc"][None])[0])
+        out["Q_zero"] = float(Pf.objective(np.zeros((1, Pf.n, Pf.p)))[0])
+        return out
+
+    # -- cd ------------------------------------------------------------------------------
+    def _theta0(self, ctx: Context, s: P2PSettings, d: Data, P: M.Problem,
+                ref: dict[str, Any], agents: np.ndarray) -> tuple[dict[int, np.ndarray], dict]:
+        """Theta(0) of the hosted peers and what the warm start released."""
+        a = s.algo
+        R, p = a.R, P.p
+        info: dict[str, Any] = {}
+        if a.init == "zero":
+            return {int(i): np.zeros((R, p)) for i in agents}, info
+        if a.init == "local":
+            return {int(i): np.broadcast_to(ref["theta_loc"][i], (R, p)).copy()
+                    for i in agents}, info
+        # private warm start: each hosted peer releases its perturbed local model ...
+        noisy = {}
+        for i in agents.tolist():
+            loc = REF.local_model(P.loss, d.X[i], d.y[i], float(a.lam_ws[i]))
+            sens = C.warm_start_sensitivity(a.row_norm, int(d.m[i]), float(a.lam_ws[i]))
+            noisy[i] = np.stack([loc + C.l2_laplace(p, sens / a.eps_ws,
+                                                     C.stream(a.seed, "warm_start", i, r))
+                                 for r in a.runs])
+        # ... every rank receives every release (a broadcast), then model propagation
+        allrel: dict[int, np.ndarray] = {}
+        for part in ctx.comm.allgather(noisy):
+            allrel.update(part)
+        tl = np.stack([allrel[i] for i in range(P.n)], axis=1)  # (R, n, p)
+        Pmp = dataclasses.replace(P, mu=a.mu_ws)
+        Pmp.__post_init__()
+        out = np.stack([REF.mp_solution(Pmp, tl[r]) for r in range(R)])
+        info["warm_start"] = "output perturbation (L2 Laplace) + model propagation solved exactly"
+        return {int(i): out[:, int(i), :].copy() for i in agents}, info
+
+    def _run_cd(self, ctx: Context, prep: Prepared, s: P2PSettings, d: Data, P: M.Problem,
+                ref: dict[str, Any], recorder: Any, label: str, t0: float) -> Outcome | None:
+        comm = ctx.comm
+        a = s.algo
+        rank, size = comm.Get_rank(), comm.Get_size()
+        st = block_starts(P.n, size)
+        agents = np.arange(st[rank], st[rank + 1])
+        schedule = C.global_schedule(a.seed, P.n, a.T)
+        budgets = C.agent_budgets(a, P, schedule)
+        theta0, info = self._theta0(ctx, s, d, P, ref, agents)
+        block = C.Block(P, agents, a, budgets, theta0)
+        if a.init == "private_ws":
+            for i in agents.tolist():
+                block.ledgers[i].charge(C.warm_start_event(a.eps_ws))
+        ev = Evaluator(comm, P, d, agents, ref, a.R)
+        boxes = ctx.agree(lambda: rma.Mailboxes(comm, P.graph.W, a.R * P.p, st))
+        C.post_initial(block, boxes)
+        comm.Barrier()
+        state = {"next": time.perf_counter() + 10.0, "sent": 0}
+        keep = C.effective_ticks(schedule, P.n, a.T_agent)
+        deg = np.diff(P.graph.W.indptr)
+        sent_cum = np.cumsum(deg[schedule[keep]])
+
+        def record(t: int) -> None:
+            done = int(np.searchsorted(keep, t))  # kept ticks < t
+            vals = ev.record(block)
+            if recorder is not None and vals is not None:
+                vals["vectors_sent"] = float(sent_cum[done - 1]) if done else 0.0
+                recorder.append(t, vals)
+
+        def progress(k: int) -> None:
+            now = time.perf_counter()
+            if ctx.progress and rank == 0 and now >= state["next"]:
+                state["next"] = now + 10.0
+                print(f"mpi-dp: [{label}] {k}/{len(keep)} wake-ups ({now - t0:.0f} s)",
+                      file=sys.stderr, flush=True)
+        record(0)
+        log = None
+        if s.clock == "replay":
+            rounds = C.cut_rounds(schedule, keep, P.graph, a.record_every)
+            C.replay(block, boxes, rounds, keep, comm.Barrier, record, progress)
+        else:
+            log = C.live(block, boxes, float(ctx.job["p2p.tau"]),
+                         float(ctx.job["p2p.wall_budget"]), boxes.poll, progress)
+            req = comm.Ibarrier()  # idle ranks sleep instead of spinning in a barrier
+            while not req.Test():
+                boxes.poll()
+                time.sleep(1e-3)
+        record(a.T)
+        puts = comm.reduce(boxes.puts, root=0)
+        logs = comm.gather(log, root=0)
+        rep = comm.gather(C.theorem1_report(block, a), root=0)
+        ledgers = comm.gather([block.ledgers[int(i)] for i in agents], root=0)
+        final = ev.final(block)
+        boxes.free()
+        if rank != 0:
+            return None
+        return self._cd_outcome(s, d, P, ref, final, rep, ledgers, logs, schedule, keep, deg,
+                                puts, info, t0)
+
+    def _cd_outcome(self, s, d, P, ref, final, rep, ledgers, logs, schedule, keep, deg, puts,
+                    info, t0) -> Outcome:
+        a = s.algo
+        report: dict[int, dict[str, float]] = {}
+        for part in rep:
+            report.update(part)
+        out = Outcome(sorted((led for part in ledgers for led in part), key=lambda x: x.agent),
+                      guarantee=self._guarantee(a))
+        self._add_final(out, final, ref, d)
+        n = P.n
+        per = np.zeros(n, dtype=[("agent", "i8"), ("wakeups", "i8"), ("sum_e", "f8"),
+                                 ("eps_theorem1", "f8"), ("eps_ws", "f8"), ("eps_total", "f8"),
+                                 ("delta_bar", "f8"), ("clip_fraction", "f8")])
+        ws = a.eps_ws if a.init == "private_ws" else 0.0
+        for i in range(n):
+            r = report[i]
+            per[i] = (i, r["wakeups"], r["sum_e"], r["eps_theorem1"], ws,
+                      r["eps_theorem1"] + ws, a.delta if a.private else 0.0, r["clip_fraction"])
+        out.add("privacy/theorem1", per, what="per peer: wake-ups, sum of its per-release eps, "
+                "the Theorem-1 composition at delta_bar (the guarantee), the warm start's eps "
+                "and the total by sequential composition")
+        if a.private:
+            e0 = np.array([C.K.equal_split(a.eps, int(a.T_agent[0]), a.delta)]) \
+                if a.allocation == "equal" and a.T_agent is not None else np.array([])
+            out.attrs["eps_step"] = float(e0[0]) if e0.size else math.nan
+        if s.clock == "replay":
+            out.add("schedule/agent", schedule[keep].astype(np.int64),
+                    what="the replayed schedule's kept ticks (agent per wake-up)")
+            vectors = int(deg[schedule[keep]].sum())
+        else:
+            la = np.concatenate([lg["agent"] for lg in logs])
+            lt = np.concatenate([lg["time"] for lg in logs])
+            lv = [lg["versions"] for lg in logs]
+            out.add("schedule/agent", la, what="live: agent of every update, by rank then time")
+            out.add("schedule/time", lt, what="live: seconds since the start (per rank clock)")
+            out.add("schedule/versions", np.concatenate(lv) if lv else np.zeros(0, np.int64),
+                    what="live: for every update, the version of each neighbour's model it "
+                    "read (neighbour-id order); replay with algorithms.p2p_cd.replay_log")
+            vectors = int(deg[la].sum())
+        out.attrs.update(vectors_sent=vectors, puts=int(puts) + 0, wakeups=int(per["wakeups"].sum()),
+                         eps_theorem1_max=float(per["eps_theorem1"].max()),
+                         eps_total_max=float(per["eps_total"].max()),
+                         seconds=round(time.perf_counter() - t0, 3), **info)
+        return out
+
+    @staticmethod
+    def _guarantee(a: C.Settings) -> str:
+        if not a.private:
+            return "non-private (eps = inf): the models are broadcast without noise"
+        cert = "" if a.certified else (" UNCERTIFIED (faithful mode: L0 = 1 without clipping, "
+                                       "not DP unless every ||x||_1 <= 1);")
+        return (f"every wake-up releases the peer's model with Laplace noise on its clipped "
+                f"gradient: (e_k, 0)-DP per release;{cert} a peer's releases compose by "
+                f"Theorem 1 (Kairouz et al.) to eps_bar at delta_bar = {a.delta:.4g} "
+                "(privacy/theorem1); the accountants below compose the same releases "
+                "(basic / advanced / PLD / RDP at the job's delta)"
+                + ("; plus the warm start's eps_ws (L2 Laplace output perturbation)"
+                   if a.init == "private_ws" else ""))
+
+    def _add_final(self, out: Outcome, final: dict[str, Any], ref: dict[str, Any], d: Data
+                   ) -> None:
+        out.add("models/theta", final["theta"], what="final models (R, n, p)")
+        out.add("models/theta_local", ref["theta_loc"], what="purely local models (baseline, "
+                "never released)")
+        if "theta_star" in ref:
+            out.add("reference/theta_star", ref["theta_star"], solver=ref["solver"],
+                    Q_star=ref["Q_star"])
+        out.add("per_agent/test_metric", final["metric"], what=final["metric_name"])
+        out.add("per_agent/test_metric_local", final["metric_local"], what="purely local models")
+        out.add("per_agent/test_metric_trivial", final["metric_trivial"],
+                what=final["trivial_name"])
+        out.add("per_agent/m", d.m)
+        out.attrs.update(metric=final["metric_name"], trivial=final["trivial_name"],
+                         test_metric=float(np.nanmean(final["metric"])),
+                         test_metric_local=float(np.nanmean(final["metric_local"])),
+                         test_metric_trivial=float(np.nanmean(final["metric_trivial"])),
+                         Q_star=ref.get("Q_star", math.nan), Q_loc=ref["Q_loc"],
+                         Q_zero=ref["Q_zero"], val_metric=final.get("val_metric", math.nan))
+
+    # -- baselines -----------------------------------------------------------------------
+    def _run_admm(self, ctx, s, d, full, P, ref, recorder, label, t0) -> Outcome | None:
+        comm = ctx.comm
+        ev = Evaluator(comm, P, d, np.arange(0), ref, 1)
+        if comm.Get_rank() != 0:
+            comm.barrier()
+            return None
+        Pf = self._problem(full, s, P.L_loc)
+        rho = ctx.job["p2p.admm_rho"]
+        rho = float(np.mean(Pf.graph.W.data)) if rho == "auto" else float(rho)
+
+        u, recs = B.gossip_admm(Pf, ref["theta_loc"], rho, int(ctx.job["p2p.admm_inner"]),
+                                int(ctx.job["T"]), int(ctx.job["seed"]),
+                                int(ctx.job["record_every"]) or int(ctx.job["T"]),
+                                lambda t, u, sent: ev.metrics_all(full, u[None]))
+        for r in recs if recorder is not None else ():
+            vals = {"Q": np.array([r["Q"]]), "test_metric": r["test_metric"],
+                    "vectors_sent": float(r["vectors_sent"])}
+            if "Q_star" in ref:
+                vals["gap"] = np.array([r["Q"] - ref["Q_star"]])
+            recorder.append(int(r["iteration"]), vals)
+        comm.barrier()
+        final = ev.final_all(full, u[None])
+        out = Outcome([], guarantee="non-private baseline (gossip ADMM): no DP claim")
+        self._add_final(out, final, ref, d)
+        out.attrs.update(rho=rho, admm_inner=int(ctx.job["p2p.admm_inner"]),
+                         vectors_sent=4 * int(ctx.job["T"]), simulated="serially on rank 0",
+                         seconds=round(time.perf_counter() - t0, 3))
+        return out
+
+    def _run_local_dp(self, ctx, rc, s, d, P, ref, recorder, t0) -> Outcome | None:
+        comm = ctx.comm
+        a = s.algo
+        rank, size = comm.Get_rank(), comm.Get_size()
+        st = block_starts(P.n, size)
+        agents = np.arange(st[rank], st[rank + 1])
+        Bx = float(ctx.job["p2p.local_dp_bound"])
+        eps = float(rc.eps[0])
+        models, ledgers = {}, []
+        from ..privacy import Ledger
+        for i in agents.tolist():
+            led = Ledger(i, math.inf, math.inf, runs=a.R)
+            th = np.empty((a.R, P.p))
+            for k, r in enumerate(a.runs):
+                Xp, yp, events = B.local_dp_data(d.X[i], d.y[i], eps, Bx, a.seed, i, r)
+                th[k] = REF.local_model(P.loss, Xp, yp, float(P.lam[i]))
+                if k == 0:
+                    for e in events:
+                        led.charge(e)
+            models[i] = th
+            ledgers.append(led)
+        ev = Evaluator(comm, P, d, agents, ref, a.R)
+        block = type("B", (), {"theta": models, "agents": agents})()
+        vals = ev.record(block)
+        if recorder is not None and vals is not None:
+            recorder.append(0, vals)
+        final = ev.final(block)
+        gl = comm.gather(ledgers, root=0)
+        if rank != 0:
+            return None
+        out = Outcome(sorted((x for part in gl for x in part), key=lambda x: x.agent),
+                      guarantee=f"local DP: every record perturbed once by its owner (features "
+                      f"clipped to [-{Bx:g}, {Bx:g}] + Laplace, labels by randomised response), "
+                      "eps split equally; nothing else is released")
+        self._add_final(out, final, ref, d)
+        out.attrs.update(seconds=round(time.perf_counter() - t0, 3))
+        return out
+
+    # -- analysis ------------------------------------------------------------------------
+    def analyze(self, result: Any, metric: str | None = None) -> str:
+        from ..analysis import p2p_report
+
+        return p2p_report.p2p_text(result)
+
+    def table_rows(self, result: Any, metric: str | None = None) -> list[dict[str, Any]]:
+        from ..analysis import p2p_report
+
+        return p2p_report.p2p_rows(result)
+
+    def figures(self, result: Any, prefix: Path, metric: str | None = None) -> list[Path]:
+        from ..analysis import p2p_report
+
+        return p2p_report.plot_p2p(result, prefix)
+
+
+class Evaluator:
+    """Evaluation-only metrics: every rank scores its hosted peers, rank 0 sums in peer order."""
+
+    def __init__(self, comm: MPI.Comm, P: M.Problem, d: Data, agents: np.ndarray,
+                 ref: dict[str, Any], R: int) -> None:
+        self.comm, self.P, self.d, self.agents, self.ref, self.R = comm, P, d, agents, ref, R
+        self.metric_name = ("per-peer test accuracy" if d.task == "binary"
+                            else "per-peer test RMSE")
+        self.trivial_name = ("majority label of the peer's training records" if d.task ==
+                             "binary" else "the peer's training mean (0 on centred targets)")
+
+    def _metric(self, i: int, th: np.ndarray, X=None, y=None) -> np.ndarray:
+        X = self.d.Xt[i] if X is None else X
+        y = self.d.yt[i] if y is None else y
+        if X is None or len(y) == 0:
+            return np.full(th.shape[0], np.nan)
+        z = X @ th.T
+        if self.d.task == "binary":
+            return np.mean(np.where(z >= 0, 1.0, -1.0) == y[:, None], axis=0)
+        return np.sqrt(np.mean((z - y[:, None]) ** 2, axis=0))
+
+    def _trivial(self, i: int, X=None, y=None, ytr=None) -> float:
+        y = self.d.yt[i] if y is None else y
+        ytr = self.d.y[i] if ytr is None else ytr
+        if y is None or len(y) == 0:
+            return math.nan
+        if self.d.task == "binary":
+            maj = 1.0 if np.mean(ytr > 0) >= 0.5 else -1.0
+            return float(np.mean(y == maj))
+        return float(np.sqrt(np.mean((y - np.mean(ytr)) ** 2)))
+
+    def _mine(self, theta: dict[int, np.ndarray]) -> dict[int, tuple]:
+        P = self.P
+        out = {}
+        for i in self.agents.tolist():
+            th = theta[i].reshape(self.R, P.p)
+            lo = M.local_obj(P.loss, self.d.X[i], self.d.y[i], float(P.lam[i]), th)
+            val = (self._metric(i, th, self.d.Xv[i], self.d.yv[i]) if self.d.Xv is not None
+                   else np.full(self.R, np.nan))
+            out[i] = (th, lo, self._metric(i, th), val)
+        return out
+
+    def _assemble(self, parts: list[dict[int, tuple]]) -> tuple[np.ndarray, np.ndarray,
+                                                                  np.ndarray]:
+        P = self.P
+        theta = np.empty((self.R, P.n, P.p))
+        lo = np.empty((P.n, self.R))
+        met = np.empty((P.n, self.R))
+        self._val = np.empty((P.n, self.R))
+        for part in parts:
+            for i, (th, l_i, mt, v) in part.items():
+                theta[:, i, :], lo[i], met[i], self._val[i] = th, l_i, mt, v
+        return theta, lo, met
+
+    def _Q(self, theta: np.ndarray, lo: np.ndarray) -> np.ndarray:
+        P = self.P
+        W = P.graph.W
+        rows = np.repeat(np.arange(P.n), np.diff(W.indptr))
+        diff = theta[:, rows, :] - theta[:, W.indices, :]
+        smooth = 0.25 * np.einsum("e,rep,rep->r", W.data, diff, diff)
+        return smooth + P.mu * ((P.deg * P.conf)[:, None] * lo).sum(axis=0)
+
+    def record(self, block: Any) -> dict[str, Any] | None:
+        parts = self.comm.gather(self._mine(block.theta), root=0)
+        if parts is None:
+            return None
+        theta, lo, met = self._assemble(parts)
+        Q = self._Q(theta, lo)
+        vals: dict[str, Any] = {"Q": Q, "test_metric": np.nanmean(met, axis=0),
+                                "test_metric_min": np.nanmin(met, axis=0),
+                                "test_metric_max": np.nanmax(met, axis=0)}
+        if "Q_star" in self.ref:
+            vals["gap"] = Q - self.ref["Q_star"]
+        if self.d.Xv is not None:
+            vals["val_metric"] = np.nanmean(self._val, axis=0)
+        return vals
+
+    def final(self, block: Any) -> dict[str, Any] | None:
+        parts = self.comm.gather(self._mine(block.theta), root=0)
+        loc = self.comm.gather({i: (self._metric(i, self.ref["theta_loc"][i][None])[0],
+                                    self._trivial(i)) for i in self.agents.tolist()}, root=0)
+        if parts is None:
+            return None
+        theta, _, met = self._assemble(parts)
+        ml, mt = np.empty(self.P.n), np.empty(self.P.n)
+        for part in loc:
+            for i, (a, b) in part.items():
+                ml[i], mt[i] = a, b
+        out = {"theta": theta, "metric": met.T, "metric_local": ml, "metric_trivial": mt,
+               "metric_name": self.metric_name, "trivial_name": self.trivial_name}
+        if self.d.Xv is not None:
+            out["val_metric"] = float(np.nanmean(self._val))
+        return out
+
+    def metrics_all(self, full: Data, theta: np.ndarray) -> dict[str, Any]:
+        met = np.array([self._metric(i, theta[:, i, :], full.Xt[i], full.yt[i])
+                        for i in range(self.P.n)])
+        return {"test_metric": np.nanmean(met, axis=0)}
+
+    def final_all(self, full: Data, theta: np.ndarray) -> dict[str, Any]:
+        n = self.P.n
+        met = np.array([self._metric(i, theta[:, i, :], full.Xt[i], full.yt[i])
+                        for i in range(n)])
+        ml = np.array([self._metric(i, self.ref["theta_loc"][i][None], full.Xt[i],
+                                    full.yt[i])[0] for i in range(n)])
+        mt = np.array([self._trivial(i, full.Xt[i], full.yt[i], full.y[i]) for i in range(n)])
+        return {"theta": theta, "metric": met.T, "metric_local": ml, "metric_trivial": mt,
+                "metric_name": self.metric_name, "trivial_name": self.trivial_name}
+
+
+METHOD = P2P()

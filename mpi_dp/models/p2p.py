@@ -1,0 +1,222 @@
+"""Objective (2) of seed 004: personalised models on a similarity graph (pure NumPy/SciPy).
+
+Q(Theta) = 1/2 sum_{i<j} W_ij ||Theta_i - Theta_j||^2 + mu sum_i D_ii c_i L_i(Theta_i), with
+L_i(theta) = (1/m_i) sum_k l(theta; x_ik, y_ik) + lam_i ||theta||^2 (no 1/2: gradient 2 lam theta).
+mu -> inf gives the purely local models, mu -> 0 one consensus model (the paper's convention).
+
+Models carry a leading runs axis where noted: theta (R, p), Theta (R, n, p). An agent's data may
+be absent (None) on ranks that do not host it; the public constants (W, m, lam) are everywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import scipy.sparse as sp
+
+LOSSES = ("logistic", "quadratic")
+
+
+def _sigmoid_neg(z: np.ndarray) -> np.ndarray:
+    """1 / (1 + e^z), stable for large |z|."""
+    return 0.5 * (1.0 - np.tanh(0.5 * z))
+
+
+def example_coef(loss: str, X: np.ndarray, y: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """c (m, R) with per-example gradient grad l(theta_r; x_k, y_k) = c[k, r] x_k."""
+    z = X @ theta.T  # (m, R)
+    if loss == "logistic":
+        return -y[:, None] * _sigmoid_neg(y[:, None] * z)
+    return 2.0 * (z - y[:, None])
+
+
+def example_loss(loss: str, X: np.ndarray, y: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """l(theta_r; x_k, y_k), shape (m, R)."""
+    z = X @ theta.T
+    if loss == "logistic":
+        return np.logaddexp(0.0, -y[:, None] * z)
+    return (z - y[:, None]) ** 2
+
+
+def clip_factors(coef: np.ndarray, xnorm: np.ndarray, clip: float) -> np.ndarray:
+    """min(1, clip / ||c x||) per example and run, for the norm whose row norms are `xnorm`."""
+    g = np.abs(coef) * xnorm[:, None]
+    with np.errstate(divide="ignore"):
+        return np.minimum(1.0, clip / np.where(g > 0, g, np.inf))
+
+
+def local_grad(loss: str, X: np.ndarray, y: np.ndarray, lam: float, theta: np.ndarray,
+               clip: float = math.inf, xnorm: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """grad L_i at theta (R, p): the mean of the per-example gradients, each clipped to norm
+    <= clip first (xnorm: the rows' norms in the clipping norm), then + 2 lam theta.
+    Returns (gradient (R, p), fraction of examples clipped per run (R,))."""
+    c = example_coef(loss, X, y, theta)
+    frac = np.zeros(theta.shape[0])
+    if math.isfinite(clip):
+        f = clip_factors(c, xnorm, clip)
+        frac = np.mean(f < 1.0, axis=0)
+        c = c * f
+    return (c.T @ X) / X.shape[0] + 2.0 * lam * theta, frac
+
+
+def local_obj(loss: str, X: np.ndarray, y: np.ndarray, lam: float, theta: np.ndarray
+              ) -> np.ndarray:
+    """L_i(theta_r) for theta (R, p): shape (R,)."""
+    return example_loss(loss, X, y, theta).mean(axis=0) + lam * np.einsum("rp,rp->r", theta,
+                                                                          theta)
+
+
+def smoothness(loss: str, X: np.ndarray, lam: float) -> tuple[float, float]:
+    """(L_loc, sigma_loc) of L_i from its data (spec §1)."""
+    m = X.shape[0]
+    top = float(np.linalg.eigvalsh(X.T @ X)[-1]) if m else 0.0
+    if loss == "logistic":
+        return top / (4.0 * m) + 2.0 * lam, 2.0 * lam
+    ev = np.linalg.eigvalsh(2.0 / m * (X.T @ X) + 2.0 * lam * np.eye(X.shape[1]))
+    return float(ev[-1]), float(ev[0])
+
+
+def smoothness_bound(loss: str, row_norm: float, lam: float) -> float:
+    """A data-independent upper bound on L_loc from a public bound on the rows' L2 norms."""
+    return (row_norm**2 / 4.0 if loss == "logistic" else 2.0 * row_norm**2) + 2.0 * lam
+
+
+@dataclasses.dataclass
+class Graph:
+    """The public similarity graph: W (symmetric CSR, zero diagonal) and its derived constants."""
+
+    W: sp.csr_matrix
+
+    def __post_init__(self) -> None:
+        W = sp.csr_matrix(self.W, dtype=np.float64)
+        W.sum_duplicates()
+        W.sort_indices()
+        W.eliminate_zeros()
+        if W.shape[0] != W.shape[1]:
+            raise ValueError(f"W must be square, got {W.shape}")
+        if abs(W - W.T).max() > 0 if W.nnz else False:
+            raise ValueError("W must be symmetric")
+        if W.nnz and (W.data.min() < 0 or np.any(W.diagonal() != 0)):
+            raise ValueError("W must be non-negative with a zero diagonal")
+        self.W = W
+        self.n = W.shape[0]
+        self.deg = np.asarray(W.sum(axis=1)).ravel()
+        if np.any(self.deg <= 0):
+            raise ValueError(f"agent(s) {np.flatnonzero(self.deg <= 0)[:5].tolist()} have no "
+                             "neighbour (D_ii = 0)")
+
+    def nbrs(self, i: int) -> np.ndarray:
+        return self.W.indices[self.W.indptr[i]:self.W.indptr[i + 1]]
+
+    def weights(self, i: int) -> np.ndarray:
+        return self.W.data[self.W.indptr[i]:self.W.indptr[i + 1]]
+
+    @property
+    def laplacian(self) -> sp.csr_matrix:
+        return sp.csr_matrix(sp.diags(self.deg) - self.W)
+
+    def lambda2(self) -> float:
+        """Second-smallest Laplacian eigenvalue (connectivity: > 0)."""
+        if self.n <= 2000:
+            ev = np.linalg.eigvalsh(self.laplacian.toarray())
+            return float(ev[1]) if self.n > 1 else 0.0
+        from scipy.sparse.csgraph import connected_components
+
+        return 1.0 if connected_components(self.W, directed=False)[0] == 1 else 0.0
+
+
+def confidence(m: np.ndarray, conf_floor: float = 1e-3) -> np.ndarray:
+    """c_i = m_i / max_j m_j, and conf_floor for agents without data."""
+    m = np.asarray(m, dtype=np.float64)
+    c = m / m.max() if m.max() > 0 else np.zeros_like(m)
+    return np.where(m > 0, c, conf_floor)
+
+
+@dataclasses.dataclass
+class Problem:
+    """Objective (2) over the agents: public constants everywhere, data where hosted.
+
+    `L_loc` is per agent (from the data, or the public bound); `alpha_i = 1/(1 + mu c_i L_loc_i)`
+    and the block constants `L_blk_i = D_ii (1 + mu c_i L_loc_i)` follow."""
+
+    graph: Graph
+    loss: str
+    mu: float
+    lam: np.ndarray  # (n,)
+    m: np.ndarray  # (n,) records per agent (public)
+    L_loc: np.ndarray  # (n,)
+    sigma_loc: np.ndarray  # (n,)
+    X: list  # per agent (m_i, p) or None where not hosted
+    y: list
+    conf_floor: float = 1e-3
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+        self.n = self.graph.n
+        self.conf = confidence(self.m, self.conf_floor)
+        self.deg = self.graph.deg
+        self.alpha = 1.0 / (1.0 + self.mu * self.conf * self.L_loc)
+        self.L_blk = self.deg * (1.0 + self.mu * self.conf * self.L_loc)
+        self.p = next((x.shape[1] for x in self.X if x is not None), 0)
+
+    @property
+    def sigma(self) -> float:
+        """Lower bound mu min_i D_ii c_i sigma_loc_i on the strong convexity of Q."""
+        return float(self.mu * np.min(self.deg * self.conf * self.sigma_loc))
+
+    @property
+    def kappa(self) -> float:
+        return 1.0 - self.sigma / (self.n * float(self.L_blk.max()))
+
+    def grad(self, i: int, theta: np.ndarray) -> np.ndarray:
+        return local_grad(self.loss, self.X[i], self.y[i], float(self.lam[i]), theta)[0]
+
+    def nbr_mean(self, i: int, nbr_models: np.ndarray) -> np.ndarray:
+        """sum_j (W_ij / D_ii) Theta_j for nbr_models (|N_i|, R, p) in neighbour-id order."""
+        w = self.graph.weights(i) / self.deg[i]
+        return np.tensordot(w, nbr_models, axes=(0, 0))
+
+    def cd_step(self, i: int, theta: np.ndarray, nbr_models: np.ndarray, g: np.ndarray
+                ) -> np.ndarray:
+        """Update (4)/(6): (1 - a) theta + a (sum_j W_ij/D_ii Theta_j - mu c_i g)."""
+        a = self.alpha[i]
+        return (1.0 - a) * theta + a * (self.nbr_mean(i, nbr_models) - self.mu * self.conf[i] * g)
+
+    def objective(self, Theta: np.ndarray) -> np.ndarray:
+        """Q for Theta (R, n, p): shape (R,). Needs every agent's data."""
+        W = self.graph.W
+        rows = np.repeat(np.arange(self.n), np.diff(W.indptr))
+        diff = Theta[:, rows, :] - Theta[:, W.indices, :]
+        smooth = 0.25 * np.einsum("e,rep,rep->r", W.data, diff, diff)  # each edge counted twice
+        loss = sum(self.deg[i] * self.conf[i] * local_obj(self.loss, self.X[i], self.y[i],
+                                                          float(self.lam[i]), Theta[:, i, :])
+                   for i in range(self.n))
+        return smooth + self.mu * loss
+
+    def partial_grad(self, Theta: np.ndarray, i: int) -> np.ndarray:
+        """[grad Q]_i (eq. 3) for Theta (R, n, p): shape (R, p)."""
+        nb = self.graph.nbrs(i)
+        s = np.tensordot(self.graph.weights(i), Theta[:, nb, :], axes=(0, 1))
+        return self.deg[i] * (Theta[:, i, :] + self.mu * self.conf[i] * self.grad(i, Theta[:, i, :])
+                              ) - s
+
+
+def make_problem(W: sp.spmatrix, X: list, y: list, loss: str, mu: float, lam: np.ndarray,
+                 m: np.ndarray | None = None, smooth: str = "data", row_norm: float = 1.0,
+                 conf_floor: float = 1e-3) -> Problem:
+    """A Problem; smooth = 'data' (L_loc from each agent's data) or 'bound' (public row norm)."""
+    g = Graph(sp.csr_matrix(W))
+    lam = np.broadcast_to(np.asarray(lam, dtype=np.float64), (g.n,)).copy()
+    m = np.array([x.shape[0] for x in X], dtype=np.int64) if m is None else np.asarray(m)
+    L_loc, s_loc = np.empty(g.n), np.empty(g.n)
+    for i in range(g.n):
+        if smooth == "bound" or X[i] is None:
+            L_loc[i] = smoothness_bound(loss, row_norm, float(lam[i]))
+            s_loc[i] = 2.0 * lam[i]
+        else:
+            L_loc[i], s_loc[i] = smoothness(loss, X[i], float(lam[i]))
+    return Problem(g, loss, float(mu), lam, m, L_loc, s_loc, list(X), list(y), conf_floor)
