@@ -184,6 +184,15 @@ def table1(result: Result) -> list[str]:
     return lines
 
 
+def _save(fig: Any, prefix: Path, suffix: str) -> Path:
+    """Write fig as <prefix>_<suffix>.png and close it."""
+    fig.tight_layout()
+    p = prefix.with_name(f"{prefix.name}_{suffix}.png")
+    fig.savefig(p, dpi=DPI)
+    plt.close(fig)
+    return p
+
+
 def plot_p2p(result: Result, prefix: Path) -> list[Path]:
     _check(result)
     prefix = Path(prefix)
@@ -212,11 +221,7 @@ def plot_p2p(result: Result, prefix: Path) -> list[Path]:
               title="mean per-peer test metric")
     ax[0].legend(fontsize=7)
     ax[2].legend(fontsize=7)
-    fig.tight_layout()
-    p = prefix.with_name(prefix.name + "_convergence.png")
-    fig.savefig(p, dpi=DPI)
-    plt.close(fig)
-    out.append(p)
+    out.append(_save(fig, prefix, "convergence"))
     # by m_i bucket (Fig. 3)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     edges = None
@@ -244,11 +249,9 @@ def plot_p2p(result: Result, prefix: Path) -> list[Path]:
         ax.set(xlabel="m_i (records of the peer)", ylabel="mean test metric",
                title="by local sample size (Fig. 3)")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        p = prefix.with_name(prefix.name + "_by_m.png")
-        fig.savefig(p, dpi=DPI)
-        out.append(p)
-    plt.close(fig)
+        out.append(_save(fig, prefix, "by_m"))
+    else:
+        plt.close(fig)
     # vs p (Fig. 2c / 4): configurations on shards of different dimension
     dims = {}
     for c in result.configs:
@@ -270,9 +273,5 @@ def plot_p2p(result: Result, prefix: Path) -> list[Path]:
                 loc_done = True
         ax.set(xlabel="p (dimension)", ylabel="mean test metric", title="vs dimension (Fig. 2c/4)")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        p = prefix.with_name(prefix.name + "_by_p.png")
-        fig.savefig(p, dpi=DPI)
-        plt.close(fig)
-        out.append(p)
+        out.append(_save(fig, prefix, "by_p"))
     return out

@@ -444,7 +444,7 @@ class P2P(Method):
             loc = REF.local_model(P.loss, d.X[i], d.y[i], float(a.lam_ws[i]))
             sens = C.warm_start_sensitivity(a.row_norm, int(d.m[i]), float(a.lam_ws[i]))
             noisy[i] = np.stack([loc + C.l2_laplace(p, sens / a.eps_ws,
-                                                     C.stream(a.seed, "warm_start", i, r))
+                                                     stream(a.seed, "warm_start", i, r))
                                  for r in a.runs])
         # ... every rank receives every release (a broadcast), then model propagation
         allrel: dict[int, np.ndarray] = {}
@@ -475,7 +475,7 @@ class P2P(Method):
         boxes = ctx.agree(lambda: rma.Mailboxes(comm, P.graph.W, a.R * P.p, st))
         C.post_initial(block, boxes)
         comm.Barrier()
-        state = {"next": time.perf_counter() + 10.0, "sent": 0}
+        state = {"next": time.perf_counter() + 10.0}
         keep = C.effective_ticks(schedule, P.n, a.T_agent)
         deg = np.diff(P.graph.W.indptr)
         sent_cum = np.cumsum(deg[schedule[keep]])
@@ -538,10 +538,10 @@ class P2P(Method):
         out.add("privacy/theorem1", per, what="per peer: wake-ups, sum of its per-release eps, "
                 "the Theorem-1 composition at delta_bar (the guarantee), the warm start's eps "
                 "and the total by sequential composition")
-        if a.private:
-            e0 = np.array([C.K.equal_split(a.eps, int(a.T_agent[0]), a.delta)]) \
-                if a.allocation == "equal" and a.T_agent is not None else np.array([])
-            out.attrs["eps_step"] = float(e0[0]) if e0.size else math.nan
+        if a.private:  # the per-release eps of an equal split (the others vary by release)
+            out.attrs["eps_step"] = (K.equal_split(a.eps, int(a.T_agent[0]), a.delta)
+                                     if a.allocation == "equal" and a.T_agent is not None
+                                     else math.nan)
         if s.clock == "replay":
             out.add("schedule/agent", schedule[keep].astype(np.int64),
                     what="the replayed schedule's kept ticks (agent per wake-up)")
@@ -556,7 +556,7 @@ class P2P(Method):
                     what="live: for every update, the version of each neighbour's model it "
                     "read (neighbour-id order); replay with algorithms.p2p_cd.replay_log")
             vectors = int(deg[la].sum())
-        out.attrs.update(vectors_sent=vectors, puts=int(puts) + 0, wakeups=int(per["wakeups"].sum()),
+        out.attrs.update(vectors_sent=vectors, puts=int(puts), wakeups=int(per["wakeups"].sum()),
                          eps_theorem1_max=float(per["eps_theorem1"].max()),
                          eps_total_max=float(per["eps_total"].max()),
                          seconds=round(time.perf_counter() - t0, 3), **info)
