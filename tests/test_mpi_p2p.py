@@ -6,10 +6,13 @@ oversubscribed ranks converges and its logged schedule replays to the same model
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
-from helpers import mpi_run, write_job
+from helpers import HANG_GUARD_S, MPIEXEC, mpi_run, write_job
 
 from mpi_dp.algorithms import p2p_cd as C
 from mpi_dp.analysis.load import Result
@@ -18,6 +21,7 @@ from mpi_dp.data.graphs import read_graph
 from mpi_dp.data.synth import write_synth
 from mpi_dp.models import p2p as M
 from mpi_dp.models import p2p_reference as REF
+from mpi_dp.models.reference import petsc_available
 
 
 @pytest.fixture(scope="module")
@@ -105,3 +109,36 @@ def test_live_run_converges_and_replays_from_its_log(tmp_path, syn64):
     again = C.replay_log(P, s, np.zeros((64, P.p)), agent, versions,
                          [np.full(T_i, math.inf)] * 64)
     assert np.array_equal(again, theta)
+
+
+
+_LINGER = """
+import time
+import numpy as np
+import scipy.sparse as sp
+from mpi4py import MPI
+from mpi_dp.models import p2p
+from mpi_dp.models import p2p_reference as pr
+
+comm = MPI.COMM_WORLD
+g = np.random.default_rng(0)
+n, p = 6, 3
+W = sp.csr_matrix(np.diag(np.ones(n - 1), 1) + np.diag(np.ones(n - 1), -1))
+X = [g.normal(size=(8, p)) for _ in range(n)]
+y = [x @ np.ones(p) for x in X]
+theta, q = pr.theta_star_petsc_dist(comm, p2p.make_problem(W, X, y, "quadratic", 1.0, 0.1))
+if comm.Get_rank() == 0:
+    time.sleep(1.5)  # rank 0 still works (privacy accounting, writing) after the others exit
+    print("rank 0 finished", flush=True)
+"""
+
+
+@pytest.mark.skipif(not petsc_available(), reason="petsc4py is not installed")
+def test_distributed_petsc_reference_lets_every_rank_exit():
+    """The distributed KSP solve must leave no PETSc object alive on COMM_WORLD: with one alive,
+    a rank that finishes first exits without a clean PETSc finalisation and hydra SIGKILLs rank 0
+    while it still accounts privacy, leaving the result file 'running' (found under sbatch)."""
+    cp = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-c", _LINGER], capture_output=True,
+                        text=True, timeout=HANG_GUARD_S,
+                        env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    assert cp.returncode == 0 and "rank 0 finished" in cp.stdout, cp.stdout + cp.stderr[-2000:]

@@ -257,6 +257,10 @@ def _ksp_cg(comm: Any, H: sp.csr_matrix, b: np.ndarray, N: int, tol: float) -> n
             raise NumericalError(f"PETSc KSP stalled at relative residual {res / nb:.3g}")
         return xv.getArray().copy()
     finally:
+        # drop the PC wrappers before destroying: a PETSc object left alive on a multi-rank comm
+        # makes a rank that exits first skip PETSc's clean finalisation, and hydra then SIGKILLs
+        # the ranks still working (tests/test_mpi_p2p.py::..._lets_every_rank_exit)
+        pc = sub = None
         for obj in (ksp, A, xv, bv):
             obj.destroy()
 
