@@ -2,14 +2,16 @@
 
     mpiexec -n 4 python benchmarks/p2p_wakeups.py [--shard data/movielens.h5] [--blocks 3]
 
-In every block, interleaved: (1) the raw RMA rate, Lock_all/Put/Flush of one model-sized vector
-to the next rank (comm.rma.raw_put_rate), (2) a live run (Poisson clocks as fast as possible, no
-barriers, every peer T_i wake-ups), (3) a replay run of the same number of wake-ups (conflict-free
-rounds + barriers), (4) the serial simulator of the same schedule on rank 0. Prints per block and
-the median and spread (max/min) of: live wake-ups/s / raw puts/s (goal >= 0.3; a live wake-up
-posts |N_i| ~ 15 puts, so the goal asks the RMA path to run near the wire), and replay wake-ups/s
-/ serial wake-ups/s (goal > 1 on 4 ranks). Oversubscribed ranks (more ranks than cores) share
-cores, so the spread is printed and a ratio whose spread exceeds 2x is flagged as noise.
+In every block, interleaved: (1) the raw RMA rates of one model-sized vector to the next rank
+(comm.rma.raw_put_rate): Lock_all/Put/Flush, and Lock(EXCLUSIVE)/Put/Unlock, the mailboxes' own
+protocol (one exclusive epoch per target rank per wake-up); (2) a live run (Poisson clocks as
+fast as possible, no barriers, every peer T_i wake-ups); (3) a replay run of the same number of
+wake-ups (conflict-free rounds + barriers); (4) the serial simulator of the same schedule on
+rank 0. Prints per block, then the median and spread (max/min) of the rates and of: live
+wake-ups/s / raw puts/s (the issue's goal >= 0.3), live puts/s / raw puts/s (a wake-up posts
+|N_i| ~ 15 puts), live exclusive epochs/s / raw Lock/Put/Unlock/s (the protocol's floor), and
+replay wake-ups/s / serial wake-ups/s (goal > 1 on 4 ranks). Oversubscribed ranks (more ranks
+than cores) share cores, so a ratio whose spread exceeds 2x is flagged as noise.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ def main() -> None:
     ap.add_argument("--shard", default="data/movielens.h5")
     ap.add_argument("--blocks", type=int, default=3)
     ap.add_argument("--T-agent", type=int, default=5, help="wake-ups per peer per run")
+    ap.add_argument("--barrier", choices=("mpi", "polite"), default="mpi",
+                    help="replay's round barrier: MPI_Barrier (busy-polls) or Ibarrier + naps")
+    ap.add_argument("--packing", choices=("levels", "greedy"), default="levels",
+                    help="replay rounds: dependency levels (default) or spec §6's greedy cut")
     a = ap.parse_args()
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -60,13 +66,15 @@ def main() -> None:
     sched = C.global_schedule(s.seed, n, s.T)
     budgets = C.agent_budgets(s, P, sched)
     keep = C.effective_ticks(sched, n, s.T_agent)
-    rounds = C.cut_rounds(sched, keep, P.graph, 0)
+    rounds = C.cut_rounds(sched, keep, P.graph, 0, a.packing)
     total = len(keep)
     zero = {int(i): np.zeros(P.p) for i in mine}
     boxes = rma.Mailboxes(comm, P.graph.W, P.p, st)
+    barrier = comm.Barrier if a.barrier == "mpi" else (lambda: rma.polite_barrier(comm))
     rows = []
     for b in range(a.blocks):
         raw = rma.raw_put_rate(comm, P.p, 4000) if size > 1 else math.nan
+        raw_locked = rma.raw_put_rate(comm, P.p, 4000, locked=True) if size > 1 else math.nan
         block = C.Block(P, mine, s, budgets, zero)
         C.post_initial(block, boxes)
         rma.polite_barrier(comm)
@@ -79,7 +87,7 @@ def main() -> None:
         C.post_initial(block, boxes)
         rma.polite_barrier(comm)
         t0 = time.perf_counter()
-        C.replay(block, boxes, rounds, keep, comm.Barrier)
+        C.replay(block, boxes, rounds, barrier)
         replay_rate = total / comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
         serial_rate = math.nan
         if rank == 0:
@@ -88,9 +96,11 @@ def main() -> None:
             serial_rate = total / (time.perf_counter() - t0)
         rma.polite_barrier(comm)
         if rank == 0:
-            rows.append((raw, live_rate, replay_rate, serial_rate))
-            print(f"block {b + 1}: raw Put+Flush {raw:,.0f}/s | live {live_rate:,.0f} wake-ups/s"
+            rows.append((raw, live_rate, replay_rate, serial_rate, raw_locked))
+            print(f"block {b + 1}: raw Put+Flush {raw:,.0f}/s | raw Lock/Put/Unlock "
+                  f"{raw_locked:,.0f}/s | live {live_rate:,.0f} wake-ups/s"
                   f" | replay {replay_rate:,.0f}/s | serial {serial_rate:,.0f}/s", flush=True)
+    mean_epochs = comm.allreduce(sum(boxes.target_ranks(int(i)) for i in mine)) / n
     boxes.free()
     if rank == 0:
         r = np.array(rows)
@@ -100,15 +110,20 @@ def main() -> None:
             flag = "  (spread > 2x: noise, do not trust)" if spread > 2 else ""
             print(f"  {name:<34} median {np.median(v):10.4g}   spread {spread:5.2f}x{flag}")
         print(f"\n{size} rank(s), {n} peers, T_i = {a.T_agent}, p = {P.p}, "
-              f"{a.blocks} interleaved blocks")
+              f"{a.blocks} interleaved blocks; replay: {rounds.count} {a.packing} rounds for "
+              f"{total} wake-ups, {a.barrier} barrier")
         stat(r[:, 0], "raw Put+Flush per s")
+        stat(r[:, 4], "raw Lock/Put/Unlock per s")
         stat(r[:, 1], "live wake-ups per s")
         stat(r[:, 2], "replay wake-ups per s")
         stat(r[:, 3], "serial wake-ups per s")
         if size > 1:
             deg = float(np.mean(np.diff(P.graph.W.indptr)))
+            live_epochs = mean_epochs
             stat(r[:, 1] / r[:, 0], "live wake-ups / raw puts (goal 0.3)")
             stat(r[:, 1] * deg / r[:, 0], f"live puts (x{deg:.1f}) / raw puts")
+            # a wake-up opens one exclusive epoch per target rank: its floor is the locked rate
+            stat(r[:, 1] * live_epochs / r[:, 4], f"live epochs (x{live_epochs:.2f}) / locked")
         stat(r[:, 2] / r[:, 3], "replay / serial (goal > 1 on 4)")
 
 

@@ -21,6 +21,7 @@ and logs what every update read, and `replay_log` re-executes such a log exactly
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -97,24 +98,74 @@ def wakeups(schedule: np.ndarray, n: int, T_agent: Sequence[int] | None) -> np.n
     return np.bincount(schedule[effective_ticks(schedule, n, T_agent)], minlength=n)
 
 
-def cut_rounds(schedule: np.ndarray, keep: np.ndarray, graph: M.Graph, record_every: int
-               ) -> tuple[np.ndarray, np.ndarray]:
-    """Greedy conflict-free rounds of the kept ticks: a round ends before the first tick whose
-    agent is in it or adjacent to one in it, and at every multiple of record_every.
-    Returns (agents in tick order, round start offsets into them, length rounds + 1)."""
+@dataclasses.dataclass(frozen=True)
+class Rounds:
+    """Replay rounds: `agents` in execution order, round r = agents[starts[r]:starts[r + 1]]
+    (pairwise distinct and non-adjacent), and record_at[r] = the global tick after which to
+    record once round r is done (-1: no record)."""
+
+    agents: np.ndarray
+    starts: np.ndarray
+    record_at: np.ndarray
+
+    @property
+    def count(self) -> int:
+        return len(self.starts) - 1
+
+
+def cut_rounds(schedule: np.ndarray, keep: np.ndarray, graph: M.Graph, record_every: int,
+               packing: str = "levels") -> Rounds:
+    """Conflict-free rounds of the kept ticks, records at every multiple of record_every (the
+    ticks between two records are a segment; no round spans two).
+
+    packing "greedy" (spec §6 as written): a round ends before the first tick whose agent is in
+    it or adjacent to one in it. "levels" (default): within a segment, wake-up u of agent i runs
+    in round 1 + max(round of the previous wake-up of i or of any neighbour of i), the fewest
+    rounds the dependencies allow. Both equal serial execution bit for bit: u reads exactly the
+    neighbour versions the serial schedule gives it, since every earlier wake-up of a neighbour
+    is in an earlier round and every later one in a later round."""
+    if packing not in ("levels", "greedy"):
+        raise ValueError(f"packing must be 'levels' or 'greedy', got {packing!r}")
     agents = schedule[keep]
-    starts = [0]
-    blocked: set[int] = set()
+    ticks = np.asarray(keep)
+    seg = ticks // record_every if record_every else np.zeros(len(ticks), dtype=np.int64)
     indptr, indices = graph.W.indptr, graph.W.indices
-    for pos, (t, i) in enumerate(zip(keep.tolist(), agents.tolist(), strict=True)):
-        boundary = record_every and pos > 0 and t // record_every != keep[pos - 1] // record_every
-        if i in blocked or boundary:
-            starts.append(pos)
-            blocked = set()
-        blocked.add(i)
-        blocked.update(indices[indptr[i]:indptr[i + 1]].tolist())
-    starts.append(len(agents))
-    return agents, np.asarray(starts, dtype=np.int64)
+    level = np.empty(len(agents), dtype=np.int64)  # global round index of every kept step
+    base = 0  # first round of the current segment
+    if packing == "greedy":
+        blocked: set[int] = set()
+        r = -1
+        for pos, i in enumerate(agents.tolist()):
+            if pos == 0 or i in blocked or seg[pos] != seg[pos - 1]:
+                r += 1
+                blocked = set()
+            blocked.add(i)
+            blocked.update(indices[indptr[i]:indptr[i + 1]].tolist())
+            level[pos] = r
+    else:
+        nbrs = [indices[indptr[i]:indptr[i + 1]].tolist() for i in range(graph.W.shape[0])]
+        last = [-1] * graph.W.shape[0]  # round of each agent's latest wake-up (this segment)
+        top = -1
+        for pos, i in enumerate(agents.tolist()):
+            if pos > 0 and seg[pos] != seg[pos - 1]:
+                base, last = top + 1, [-1] * graph.W.shape[0]
+            lv = last[i]
+            for j in nbrs[i]:
+                if last[j] > lv:
+                    lv = last[j]
+            lv = base if lv < 0 else lv + 1
+            last[i] = lv
+            level[pos] = lv
+            top = max(top, lv)
+    order = np.argsort(level, kind="stable")
+    n_rounds = int(level.max()) + 1 if len(level) else 0
+    starts = np.searchsorted(level[order], np.arange(n_rounds + 1)).astype(np.int64)
+    record_at = np.full(n_rounds, -1, dtype=np.int64)
+    if record_every and len(agents):
+        firsts = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]])  # segments are contiguous
+        ends = np.r_[firsts[1:], len(agents)] - 1
+        record_at[np.maximum.reduceat(level, firsts)] = ticks[ends] + 1
+    return Rounds(agents[order], starts, record_at)
 
 
 def agent_budgets(s: Settings, problem: M.Problem, schedule: np.ndarray) -> list[np.ndarray]:
@@ -276,31 +327,25 @@ def current(block: Block, n: int) -> np.ndarray:
     return out
 
 
-def replay(block: Block, net: Any, rounds: tuple[np.ndarray, np.ndarray], ticks: np.ndarray,
-           barrier: Callable[[], None],
+def replay(block: Block, net: Any, rounds: Rounds, barrier: Callable[[], None],
            on_record: Callable[[int], None] | None = None,
            progress: Callable[[int], None] | None = None) -> int:
     """The schedule in conflict-free rounds: the hosted agents of a round read, update and post,
-    then every rank waits at the barrier. `ticks`: the global tick of every kept step (records
-    are taken after the last step below each multiple of record_every). Returns wake-ups run."""
-    agents, starts = rounds
+    then every rank waits at the barrier; records where the rounds say. Returns wake-ups run."""
     mine = np.zeros(block.P.n, dtype=bool)
     mine[block.agents] = True
     done = 0
-    every = block.s.record_every
-    for r in range(len(starts) - 1):
-        lo, hi = int(starts[r]), int(starts[r + 1])
-        for i in agents[lo:hi].tolist():
+    for r in range(rounds.count):
+        lo, hi = int(rounds.starts[r]), int(rounds.starts[r + 1])
+        for i in rounds.agents[lo:hi].tolist():
             if mine[i]:
                 buf = block.nbr_buffer(i)
                 _, nb = net.read(i, buf)
                 net.post(i, float(block.k[i] + 1), block.wake(i, nb))
                 done += 1
         barrier()
-        t_last = int(ticks[hi - 1])
-        if on_record is not None and every and (hi == len(agents) or
-                                                int(ticks[hi]) // every != t_last // every):
-            on_record(t_last + 1)
+        if on_record is not None and rounds.record_at[r] >= 0:
+            on_record(int(rounds.record_at[r]))
         if progress is not None:
             progress(hi)
     return done
@@ -324,23 +369,24 @@ def live(block: Block, net: Any, tau: float, wall_budget: float,
         raise ValueError("live mode needs T_agent (each agent's number of wake-ups)")
     ids = [int(i) for i in block.agents]
     times = {i: clock_times(block.s.seed, i, int(cap[i]), tau) for i in ids}
-    nxt = {i: 0 for i in ids if cap[i] > 0}
+    # due wake-ups as a heap of (time, agent, index): the earliest first, ties by agent id
+    due_heap = [(float(times[i][0]), i, 0) for i in ids if cap[i] > 0]
+    heapq.heapify(due_heap)
     log_agent: list[int] = []
     log_time: list[float] = []
     log_ver: list[np.ndarray] = []
     t0 = time.perf_counter()
     n_done = 0
-    while nxt:
-        i = min(nxt, key=lambda a: times[a][nxt[a]])
-        due = t0 + times[i][nxt[i]]
-        while True:
-            now = time.perf_counter()
-            if now >= due or now - t0 > wall_budget:
-                break
+    while due_heap:
+        t_i, i, k = due_heap[0]
+        due = t0 + t_i
+        now = time.perf_counter()
+        while now < due and now - t0 <= wall_budget:
             if poll is not None:
                 poll()
             time.sleep(min(due - now, 2e-4))
-        if time.perf_counter() - t0 > wall_budget:
+            now = time.perf_counter()
+        if now - t0 > wall_budget:
             break
         buf = block.nbr_buffer(i)
         stamps, nb = net.read(i, buf)
@@ -349,9 +395,10 @@ def live(block: Block, net: Any, tau: float, wall_budget: float,
         log_ver.append(stamps.astype(np.int64))
         net.post(i, float(block.k[i] + 1), block.wake(i, nb))
         n_done += 1
-        nxt[i] += 1
-        if nxt[i] >= cap[i]:
-            del nxt[i]
+        if k + 1 < cap[i]:
+            heapq.heapreplace(due_heap, (float(times[i][k + 1]), i, k + 1))
+        else:
+            heapq.heappop(due_heap)
         if progress is not None:
             progress(n_done)
     return {"agent": np.asarray(log_agent, dtype=np.int64),

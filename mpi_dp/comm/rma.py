@@ -182,6 +182,10 @@ class Mailboxes:
         k = i - self._lo
         return int(self._first[k + 1] - self._first[k])
 
+    def target_ranks(self, j: int) -> int:
+        """How many ranks (self included) a post of local agent j locks: one epoch each."""
+        return len(self._targets[j - self._lo])
+
     def post(self, j: int, stamp: float, vec: np.ndarray) -> None:
         """Put [stamp, vec] into slot (i, j) of every neighbour i of local agent j."""
         self._send[0] = stamp
@@ -259,21 +263,30 @@ def _displs(counts: np.ndarray) -> np.ndarray:
         else np.zeros(0, np.int64)
 
 
-def raw_put_rate(comm: MPI.Comm, item: int, n_puts: int) -> float:
-    """Puts per second, all ranks together, of `Lock_all; (Put 1+item doubles to rank+1; Flush)
-    x n_puts; Unlock_all` on a scratch window (collective; the same value on every rank)."""
+def raw_put_rate(comm: MPI.Comm, item: int, n_puts: int, locked: bool = False) -> float:
+    """Puts per second, all ranks together, of 1+item doubles to rank+1 on a scratch window
+    (collective; the same value on every rank): `Lock_all; (Put; Flush) x n_puts; Unlock_all`, or
+    with `locked` the mailbox protocol's own floor, `(Lock(EXCLUSIVE); Put; Unlock) x n_puts`."""
     rank, size = comm.Get_rank(), comm.Get_size()
     win = allocate_window((1 + item) * 8, comm)
     buf = np.full(1 + item, float(rank))
     spec, nxt = [buf, MPI.DOUBLE], (rank + 1) % size
     comm.Barrier()
-    win.Lock_all()
-    t0 = time.perf_counter()
-    for _ in range(n_puts):
-        win.Put(spec, nxt, 0)
-        win.Flush(nxt)
-    dt = time.perf_counter() - t0
-    win.Unlock_all()
+    if locked:
+        t0 = time.perf_counter()
+        for _ in range(n_puts):
+            win.Lock(nxt, MPI.LOCK_EXCLUSIVE)
+            win.Put(spec, nxt, 0)
+            win.Unlock(nxt)
+        dt = time.perf_counter() - t0
+    else:
+        win.Lock_all()
+        t0 = time.perf_counter()
+        for _ in range(n_puts):
+            win.Put(spec, nxt, 0)
+            win.Flush(nxt)
+        dt = time.perf_counter() - t0
+        win.Unlock_all()
     polite_barrier(comm)
     win.Free()
     return comm.allreduce(n_puts) / comm.allreduce(dt, op=MPI.MAX)

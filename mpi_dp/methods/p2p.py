@@ -497,7 +497,7 @@ class P2P(Method):
         log = None
         if s.clock == "replay":
             rounds = C.cut_rounds(schedule, keep, P.graph, a.record_every)
-            C.replay(block, boxes, rounds, keep, comm.Barrier, record, progress)
+            C.replay(block, boxes, rounds, comm.Barrier, record, progress)
         else:
             log = C.live(block, boxes, float(ctx.job["p2p.tau"]),
                          float(ctx.job["p2p.wall_budget"]), boxes.poll, progress)
