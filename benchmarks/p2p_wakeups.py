@@ -52,6 +52,8 @@ def main() -> None:
                     help="replay's round barrier: MPI_Barrier (busy-polls) or Ibarrier + naps")
     ap.add_argument("--packing", choices=("levels", "greedy"), default="levels",
                     help="replay rounds: dependency levels (default) or spec §6's greedy cut")
+    ap.add_argument("--epoch", choices=("rounds", "locks"), default="rounds",
+                    help="replay's RMA sync: one Lock_all epoch (default) or a lock per post")
     a = ap.parse_args()
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -87,7 +89,11 @@ def main() -> None:
         C.post_initial(block, boxes)
         rma.polite_barrier(comm)
         t0 = time.perf_counter()
-        C.replay(block, boxes, rounds, barrier)
+        if a.epoch == "rounds":
+            with boxes.rounds():
+                C.replay(block, boxes, rounds, barrier)
+        else:
+            C.replay(block, boxes, rounds, barrier)
         replay_rate = total / comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
         serial_rate = math.nan
         if rank == 0:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -40,12 +41,15 @@ def _silent(j: int) -> bool:
     return j % 5 == 3  # these agents never post
 
 
-@pytest.mark.parametrize("n", [13, 20])
-def test_slots_hold_neighbour_payloads_in_id_order(n):
+@pytest.mark.parametrize("n,epoch", [(13, "locks"), (20, "locks"), (20, "rounds")])
+def test_slots_hold_neighbour_payloads_in_id_order(n, epoch):
+    """Posts land in the neighbours' slots, with a lock per post or inside `rounds()` (one
+    Lock_all epoch, Put + Flush, visible to reads after the barrier)."""
     comm = MPI.COMM_WORLD
     W, item = _graph(n, 0.25, n), 5
     bad = 0
-    with rma.Mailboxes(comm, W, item) as mb:
+    with rma.Mailboxes(comm, W, item) as mb, (
+            mb.rounds() if epoch == "rounds" else contextlib.nullcontext()):
         assert np.array_equal(mb.agents, np.arange(mb.starts[comm.rank], mb.starts[comm.rank + 1]))
         # displacements received over the neighbour exchange = the public layout
         pairs = [(int(j), int(i)) for j in mb.agents for i in _nbrs(W, int(j))]
@@ -166,8 +170,9 @@ def test_every_progress_mode_polls(progress):
         assert np.all(stamps == 7.0)
 
 
-def test_raw_put_rate_is_collective():
+@pytest.mark.parametrize("locked", [False, True])
+def test_raw_put_rate_is_collective(locked):
     comm = MPI.COMM_WORLD
-    rate = rma.raw_put_rate(comm, 10, 200)
+    rate = rma.raw_put_rate(comm, 10, 200, locked=locked)
     assert rate > 0
     assert comm.allgather(rate) == [rate] * comm.size

@@ -13,6 +13,9 @@ lies at displacement (e - indptr[starts[r]]) * (1 + item) doubles (`slot_disp`).
 - Read (`read`): `Lock(SHARED, self)`, copy agent i's slots out, `Unlock`. The writer's exclusive
   lock and the reader's shared lock exclude each other, so no read is torn (a stamp always comes
   with the payload of the same write).
+- Rounds (`rounds()`, replay mode): when barriers already separate every read from every
+  conflicting write, one `Lock_all` epoch spans the run, `post` is Put + Flush per target rank and
+  `read` is Sync + copy: no per-post lock hand-shake (4 ranks on 2 cores: 2x the replay rate).
 
 Set-up is collective: a dist graph over the ranks that host a neighbour of a local agent (weights:
 the number of (local agent, neighbour there) pairs; self is a neighbour only when some edge joins
@@ -48,7 +51,9 @@ need the target, poll at least as often.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -173,6 +178,7 @@ class Mailboxes:
                                   for s, t in zip(np.r_[0, cut], np.r_[cut, b - a], strict=True)])
         self._send = np.zeros(self.width)
         self._spec = [self._send, MPI.DOUBLE]
+        self._rounds = False  # inside rounds(): one shared epoch on every rank, no locks
         self.puts = 0
         self.max_write_epoch_s = 0.0  # longest Lock..Unlock of one target rank in post()
         self.max_read_epoch_s = 0.0  # longest Lock..Unlock of read()
@@ -194,14 +200,35 @@ class Mailboxes:
         assert win is not None
         for q, disps in self._targets[j - self._lo]:
             t0 = time.perf_counter()
-            win.Lock(q, MPI.LOCK_EXCLUSIVE)
-            for d in disps:
-                win.Put(spec, q, d)
-            win.Unlock(q)
+            if self._rounds:
+                for d in disps:
+                    win.Put(spec, q, d)
+                win.Flush(q)
+            else:
+                win.Lock(q, MPI.LOCK_EXCLUSIVE)
+                for d in disps:
+                    win.Put(spec, q, d)
+                win.Unlock(q)
             dt = time.perf_counter() - t0
             if dt > self.max_write_epoch_s:
                 self.max_write_epoch_s = dt
             self.puts += len(disps)
+
+    @contextlib.contextmanager
+    def rounds(self) -> Iterator[None]:
+        """Collective. For callers that separate every read from every conflicting write by a
+        barrier (replay's conflict-free rounds: no agent of a round is written by another agent
+        of it): one `Lock_all` epoch on every rank, `post` = Put + Flush per target rank, `read` =
+        Sync + copy, no per-post lock hand-shake with the target's progress engine."""
+        win = self.win
+        assert win is not None
+        win.Lock_all()
+        self._rounds = True
+        try:
+            yield
+        finally:
+            self._rounds = False
+            win.Unlock_all()
 
     def read(self, i: int, out_models: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(stamps (deg,), models (deg, item)) of local agent i's slots, neighbours by id."""
@@ -212,12 +239,14 @@ class Mailboxes:
         win = self.win
         assert win is not None
         t0 = time.perf_counter()
-        win.Lock(self.rank, MPI.LOCK_SHARED)
+        if not self._rounds:
+            win.Lock(self.rank, MPI.LOCK_SHARED)
         win.Sync()  # memory barrier: see the writers' completed Puts
         blk = self._mem[a:b]
         stamps[:] = blk[:, 0]
         models[...] = blk[:, 1:]
-        win.Unlock(self.rank)
+        if not self._rounds:
+            win.Unlock(self.rank)
         dt = time.perf_counter() - t0
         if dt > self.max_read_epoch_s:
             self.max_read_epoch_s = dt
@@ -225,6 +254,8 @@ class Mailboxes:
 
     def poll(self) -> None:
         """Idle hook: drive MPI progress (or yield the CPU) according to `progress`."""
+        if self._rounds:
+            return
         if self.progress == "iprobe":
             self.dgraph.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
         elif self.progress == "flush" and self.win is not None:

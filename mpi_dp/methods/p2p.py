@@ -497,7 +497,8 @@ class P2P(Method):
         log = None
         if s.clock == "replay":
             rounds = C.cut_rounds(schedule, keep, P.graph, a.record_every)
-            C.replay(block, boxes, rounds, comm.Barrier, record, progress)
+            with boxes.rounds():  # the rounds exclude readers from writers: no locks needed
+                C.replay(block, boxes, rounds, comm.Barrier, record, progress)
         else:
             log = C.live(block, boxes, float(ctx.job["p2p.tau"]),
                          float(ctx.job["p2p.wall_budget"]), boxes.poll, progress)
