@@ -31,7 +31,14 @@ import numpy as np
 from ..comm.star import Star
 from ..errors import NumericalError
 from ..models import multinomial
-from ..privacy import GaussianEvent, LaplaceEvent, Ledger, gaussian_perturbation, laplace_perturbation
+from ..privacy import (
+    GaussianEvent,
+    LaplaceEvent,
+    Ledger,
+    gaussian_perturbation,
+    laplace_perturbation,
+    tap,
+)
 from ..rng import run_streams
 from . import admm_steps as steps
 from .common import agent_order_sum
@@ -151,8 +158,8 @@ class Agent:
         sens = np.broadcast_to(np.asarray(steps.sensitivity(terms_max, s.I, s.sens_mode, s.J)),
                                (s.runs,))
         b = np.broadcast_to(np.asarray(steps.laplace_scale(sens, s.eps_bar)), (s.runs,))
-        xi, _ = laplace_perturbation(self.gens, b, s.J * s.K, sens, self.ledger,
-                                     data_dependent=s.sens_mode != "global")
+        xi, ev = laplace_perturbation(self.gens, b, s.J * s.K, sens, self.ledger,
+                                      data_dependent=s.sens_mode != "global")
         xi = xi.reshape(self.z.shape)
         bound = s.box
         if s.method == "objt":
@@ -161,7 +168,7 @@ class Agent:
         else:
             eta = steps.eta_objp(t, s.prox_scale)
             z_new = steps.objp_update(w, self.lam, g, self.z, xi, rho, eta, bound)
-        self._finish(z_new, xi, b)
+        self._finish(z_new, xi, b, ev)
         self.lam = steps.dual_update(self.lam, rho, w, self.z)
 
     def step_outp(self, w: np.ndarray, t: int, rho: float) -> None:
@@ -171,18 +178,20 @@ class Agent:
         g = steps.outp_gradient(G, self.n, s.gamma, w)  # local average, regulariser at w^t
         inv_eta, ev = self._outp_noise(t, rho)
         z_new = steps.outp_update(w, self.lam, g, self.z, rho, inv_eta)
-        noise, _ = gaussian_perturbation(self.gens, ev.sigma, s.J * s.K, ev.l2_sensitivity,
-                                         ev.delta, self.ledger, certified=ev.certified)
+        noise, ev = gaussian_perturbation(self.gens, ev.sigma, s.J * s.K, ev.l2_sensitivity,
+                                          ev.delta, self.ledger, certified=ev.certified)
         noise = noise.reshape(self.z.shape)
-        self._finish(z_new + noise, noise, np.full(s.runs, ev.sigma))
+        self._finish(z_new + noise, noise, np.full(s.runs, ev.sigma), ev)
 
     def outp_dual(self, w: np.ndarray, rho: float) -> None:
         self.lam = steps.dual_update(self.lam, rho, w, self.z)
 
-    def _finish(self, z_new: np.ndarray, noise: np.ndarray, scale: np.ndarray) -> None:
+    def _finish(self, z_new: np.ndarray, noise: np.ndarray, scale: np.ndarray, event) -> None:
+        """z_new is the release: what the server receives (rho z - lam is post-processing)."""
         if not np.all(np.isfinite(z_new)):
             raise NumericalError(f"agent {self.agent}: non-finite local model (diverging?)")
         R = self.s.runs
+        tap.release(self.agent, z_new.reshape(R, -1), None, event)
         self.noise_mag = np.abs(noise).reshape(R, -1).mean(axis=1)
         self.scale = np.asarray(scale, dtype=np.float64)
         self.z_change = np.abs(z_new - self.z).reshape(R, -1).mean(axis=1)

@@ -34,7 +34,7 @@ import scipy.sparse as sp
 
 from .. import rng
 from ..comm import topology as tp
-from ..privacy import GaussianEvent, LaplaceEvent, Ledger, gaussian_sigma
+from ..privacy import GaussianEvent, LaplaceEvent, Ledger, gaussian_sigma, tap
 
 VARIANTS = ("laplace", "gaussian", "sparse", "minibatch")
 GAUSS_MODES = ("per_record", "total_T", "paper")
@@ -450,18 +450,21 @@ class Block:
             J = np.array([gauss_std(s.gauss_mode, delta2, e, s.delta, s.T, alpha=alpha, n=n,
                                     L=s.L, calibration=s.gauss_calibration) for e in self.eps])
             events: dict[float, GaussianEvent] = {}
+            charged = []
             for i, led in enumerate(self.ledgers):
                 ev = events.get(J[i])
                 if ev is None:
                     ev = events[J[i]] = GaussianEvent(delta2, float(J[i]), s.delta,
                                                       certified=s.gauss_mode != "paper")
                 led.charge(ev)
+                charged.append(ev)
             Z = self.noise.next() if np.any(J > 0) else None
             if Z is not None:
                 G = G + J[:, None, None] * Z
                 self.noise_l1 = alpha * J[:, None] * np.abs(Z).sum(axis=2)
             self.W = project_ball(B - alpha * G, s.radius)
             self.Pub[: self.k] = self.W
+            self._tap(charged)
             if self.on_release is not None:
                 self.on_release(t, self.agents, self.Pub[: self.k].copy())
         deg_active = np.zeros(self.k)
@@ -474,11 +477,13 @@ class Block:
         s = self.s
         mu = np.where(np.isinf(self.eps), 0.0, S / self.eps)
         events: dict[float, LaplaceEvent] = {}
+        charged = []
         for i, led in enumerate(self.ledgers):
             ev = events.get(mu[i])
             if ev is None:
                 ev = events[mu[i]] = LaplaceEvent(S, float(mu[i]), certified=s.certified)
             led.charge(ev)
+            charged.append(ev)
         if np.any(mu > 0):
             Z = self.noise.next()
             noise = mu[:, None, None] * Z
@@ -486,8 +491,14 @@ class Block:
             self.Pub[: self.k] = V + noise
         else:
             self.Pub[: self.k] = V
+        self._tap(charged)
         if self.on_release is not None:
             self.on_release(t, self.agents, self.Pub[: self.k].copy())
+
+    def _tap(self, events: list) -> None:
+        """Report every hosted agent's release (R, n) to the audit tap (no-op outside audits)."""
+        for i, a in enumerate(self.agents.tolist()):
+            tap.release(a, self.Pub[i], None, events[i])
 
 
 # -- metrics and the round loop ------------------------------------------------------------------

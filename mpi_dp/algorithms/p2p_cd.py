@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..models import p2p as M
-from ..privacy import LaplaceEvent, Ledger, PureEvent
+from ..privacy import LaplaceEvent, Ledger, PureEvent, tap
 from ..privacy import kairouz as K
 from ..rng import stream
 
@@ -266,12 +266,13 @@ class Block:
         clip = s.clip if (s.mode == "sound" and s.private) else math.inf
         g, frac = M.local_grad(P.loss, P.X[i], P.y[i], float(P.lam[i]), th, clip,
                                self.xnorm.get(i))
+        ev = None
         if s.private:
             sc = self.scales[i][k]
             g = g + sc * self.noise[i][:, k, :]
             self.clipped[i] += frac
-            self.ledgers[i].charge(LaplaceEvent(2.0 * s.L0 / int(P.m[i]), sc,
-                                                certified=s.certified))
+            ev = LaplaceEvent(2.0 * s.L0 / int(P.m[i]), sc, certified=s.certified)
+            self.ledgers[i].charge(ev)
         nb = nbr_models.reshape(-1, s.R, P.p)
         w = P.graph.weights(i) / P.deg[i]
         mixed = (w[:, None, None] * nb).sum(axis=0)  # fixed order, no BLAS: bitwise everywhere
@@ -279,6 +280,7 @@ class Block:
         new = (1.0 - a) * th + a * (mixed - (P.mu * P.conf[i]) * g)
         self.theta[i] = new
         self.k[i] = k + 1
+        tap.release(i, new, None, ev)  # the broadcast (post-processing of the noisy gradient)
         return new
 
     def done(self, i: int) -> bool:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from mpi_dp.privacy import tap
 from mpi_dp.privacy.events import GaussianEvent, LaplaceEvent
 
 
@@ -189,7 +190,10 @@ def laplace_mechanism(
     noise, event = laplace_perturbation(gens, scale, value.shape[-1], l1_sensitivity, ledger,
                                         runs, data_dependent=data_dependent,
                                         certified=certified, scalar=scalar)
-    return value + noise, event
+    out = value + noise
+    if ledger is not None:
+        tap.release(ledger.agent, out, runs, event)
+    return out, event
 
 
 def gaussian_perturbation(
@@ -215,7 +219,10 @@ def gaussian_mechanism(
     noise, event = gaussian_perturbation(gens, sigma, value.shape[-1], l2_sensitivity, delta,
                                          ledger, runs, data_dependent=data_dependent,
                                          certified=certified)
-    return value + noise, event
+    out = value + noise
+    if ledger is not None:
+        tap.release(ledger.agent, out, runs, event)
+    return out, event
 
 
 def clip_factors_l1(norms: np.ndarray, xi: float) -> np.ndarray:
