@@ -47,10 +47,12 @@ stopped, the iterations done so far stay readable.
 """
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+def _under_mpi(fn) -> int:
+    """Run a collective command: agreed user errors print once, a rank that raises (or a
+    SIGTERM from Slurm/mpiexec) stops every rank, never a hang."""
     from mpi4py import MPI
 
-    from .runner import AgreedError, run_job
+    from .runner import AgreedError
 
     comm = MPI.COMM_WORLD
 
@@ -59,7 +61,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _term)
     try:
-        run_job(args.job, args.set or [], args.out, comm=comm, progress=not args.quiet)
+        fn(comm)
     except AgreedError as e:
         # raised on every rank alike (the checks are collective): one message, from rank 0
         if comm.Get_rank() == 0:
@@ -84,6 +86,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
             comm.Abort(1)
         return 1
     return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .runner import run_job
+
+    return _under_mpi(lambda comm: run_job(args.job, args.set or [], args.out, comm=comm,
+                                           progress=not args.quiet))
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from .audit import run_audit
+
+    def go(comm) -> None:
+        path = run_audit(args.job, args.set or [], args.out, canary=args.canary,
+                         owner=args.owner, runs=args.runs, release=args.release, comm=comm,
+                         progress=not args.quiet)
+        if comm.Get_rank() == 0:
+            from .analysis.audit_report import audit_text
+
+            print(audit_text(path))
+            print(f"audit result: {path}  (mpi-dp analyze / mpi-dp plot it)")
+
+    return _under_mpi(go)
 
 
 def _cmd_synth(args: argparse.Namespace) -> int:
@@ -112,8 +137,11 @@ def _method_of(res):
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from .analysis import load, privacy_text, table
+    from .analysis import audit_report, load, privacy_text, table
 
+    if audit_report.is_audit(args.result):
+        print(audit_report.audit_text(args.result))
+        return 0
     with load.open_result(args.result) as res:
         method = _method_of(res)
         print(method.analyze(res, args.metric))
@@ -130,6 +158,12 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
     prefix = Path(args.out or str(Path(args.result).with_suffix("")))
     prefix.parent.mkdir(parents=True, exist_ok=True)
+    from .analysis import audit_report
+
+    if audit_report.is_audit(args.result):
+        for p in audit_report.plot_audit(args.result, prefix):
+            print(p)
+        return 0
     with load.open_result(args.result) as res:
         paths = _method_of(res).figures(res, prefix, args.metric)
     for p in paths:
@@ -189,6 +223,34 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", metavar="PATH", help="result file (overrides the job's output)")
     run.add_argument("--quiet", action="store_true", help="no progress messages")
     run.set_defaults(func=_cmd_run)
+
+    aud = sub.add_parser(
+        "audit", help="measure a job's privacy empirically (distinguishing game, eps_lower)",
+        description="Run the job on two neighbouring datasets D and D' (one record of one owner "
+        "differs) with R runs each, through the same code as `mpi-dp run`, record what leaves "
+        "that owner, and bound eps from below: eps_lower = ln((1 - delta - FNR) / FPR) with "
+        "Clopper-Pearson 95 %% bounds of the best threshold test (chosen on half the runs, "
+        "evaluated on the other half). Verdict: consistent (eps_lower <= the eps the owner's "
+        "ledger claims) or VIOLATION. The job must have one configuration. Launch under MPI like "
+        "run: mpiexec -n P mpi-dp audit JOB.toml", formatter_class=fmt)
+    aud.add_argument("job", help="the TOML job file (one configuration), e.g. "
+                     "jobs/audit_sync_star.toml")
+    aud.add_argument("--canary", default="worst", metavar="worst|INDEX",
+                     help="worst: record 0 of the owner becomes a max-norm record with opposite "
+                     "labels in the two worlds (default); INDEX: D keeps the owner's record INDEX, "
+                     "D' replaces it by the canary")
+    aud.add_argument("--owner", type=int, default=0, help="the audited data owner (default 0)")
+    aud.add_argument("--runs", type=int, default=20_000,
+                     help="runs per world, vectorised (default 20000; 1e5 for tight bounds)")
+    aud.add_argument("--release", default="1", metavar="k|all",
+                     help="audit the owner's k-th release (default 1) or all its releases "
+                     "together (a composition audit; keep T small)")
+    aud.add_argument("--set", action="append", metavar="KEY=VALUE",
+                     help="override a job key, as in run; repeatable")
+    aud.add_argument("--out", metavar="PATH",
+                     help="audit result (default results/<job name>_audit.h5; never overwritten)")
+    aud.add_argument("--quiet", action="store_true", help="no progress messages")
+    aud.set_defaults(func=_cmd_audit)
 
     data = sub.add_parser("data", help="make HDF5 shard files (one group per data owner)")
     dsub = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent / "mpi_dp"
 
 RANK = {
     "mpi_dp.cli": 6, "mpi_dp.__main__": 7,
-    "mpi_dp.runner": 5, "mpi_dp.job": 5,
+    "mpi_dp.runner": 5, "mpi_dp.job": 5, "mpi_dp.audit": 5,
     "mpi_dp.methods": 4, "mpi_dp.run_async": 4,
     "mpi_dp.algorithms": 3, "mpi_dp.analysis": 3,
     "mpi_dp.privacy": 2, "mpi_dp.models": 2, "mpi_dp.comm": 2, "mpi_dp.data": 2,

@@ -103,7 +103,9 @@ class ResultFile:
         tmp = self.path.with_name(self.path.name + f".tmp-{os.getpid()}")
         # no HDF5 file lock: one writer (rank 0), and readers may look while it runs or after
         # it was killed (a stale lock would make the partial result unreadable)
-        self.file = h5py.File(tmp, "w", libver=("earliest", "latest"), locking=False)
+        # libver v108: dense attribute storage, so attributes may exceed 64 KiB (e.g. the
+        # run ids of 1e5 vectorised runs)
+        self.file = h5py.File(tmp, "w", libver=("v108", "latest"), locking=False)
         os.replace(tmp, self.path)  # same inode: appear under the final name at once
         self.sweep = bool(sweep)
         a = self.file.attrs

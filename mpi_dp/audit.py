@@ -1,0 +1,216 @@
+"""`mpi-dp audit`: measure a method's privacy on the code `mpi-dp run` executes (collective).
+
+Two neighbouring shard files D and D' (mpi_dp.data.canary) are run through the job's own
+run path (runner.run_job, R runs vectorised) with the release tap (privacy.tap) open on the
+canary owner, so the adversary's view is exactly what leaves that owner. Rank 0 reduces each
+run's view to statistics (privacy.audit_stats), picks the test on one half of the runs,
+evaluates eps_lower on the other, compares it with the eps the owner's ledger claims and writes
+an HDF5 audit result. The two worlds' scratch files are removed; the audit result is never
+written over an existing file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import h5py
+import numpy as np
+from mpi4py import MPI
+
+from .comm.agree import collective
+from .data.canary import Canary, make_worlds
+from .errors import JobError
+from .job import load_job
+from .privacy import audit_stats as S
+from .privacy.tap import Tap, tapping
+from .runner import run_job
+
+FORMAT = "mpi_dp.audit"
+ALPHA = 0.05
+#: releases kept per run for `--release all` (a composition audit is for small T)
+KEEP_ALL = 10_000
+
+
+def _prepare(job_path: str, overrides: Sequence[str], out: str | None, runs: int,
+             owner: int, record: int | None) -> dict[str, Any]:
+    """Rank 0: check the job and the output path, write the two worlds (nothing else yet)."""
+    if runs < 20:
+        raise JobError(f"--runs must be >= 20 (two halves of runs per world), got {runs}")
+    job = load_job(job_path, list(overrides))
+    if len(job.configs()) != 1:
+        raise JobError(f"job file {job.path}: an audit needs exactly one configuration, this job "
+                       f"has {len(job.configs())} (pick one with --set, e.g. --set 'sweep.eps=[1]' "
+                       "or write an audit job without [sweep])")
+    cfg = job.configs()[0]
+    if any(k.endswith("shard") for k in cfg.params):
+        raise JobError("an audit replaces the job's data file; sweep.shard is not supported")
+    eps = cfg.eps
+    if isinstance(eps, list | tuple):
+        eps = eps[owner] if owner < len(eps) else eps[-1]
+    out_path = pathlib.Path(out) if out else pathlib.Path("results") / f"{job.name}_audit.h5"
+    if out_path.exists():
+        raise JobError(f"{out_path} exists: an audit never overwrites a result (choose --out)")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix=f".{out_path.stem}.", dir=out_path.parent))
+    try:
+        w0, w1, canary = make_worlds(job["data"], scratch, owner, record)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return {"job": job.record_text, "name": job.name, "algorithm": job.algorithm, "out": str(out_path),
+            "scratch": str(scratch), "worlds": [str(w0), str(w1)], "canary": canary,
+            "delta_job": float(job["privacy.delta"]), "eps_config": float(eps)}
+
+
+def _claimed(result_path: str, owner: int, events: list[Any], release: str
+             ) -> tuple[float, float, str]:
+    """(eps, delta, source) the owner claims for what was audited."""
+    if release == "all":
+        with h5py.File(result_path, "r") as f:
+            g = f["configs/000"] if "configs" in f else f
+            led = g["privacy/ledger"][()]
+        row = led[led["agent"] == owner]
+        if not len(row):
+            raise JobError(f"owner {owner} has no privacy ledger in the run")
+        eps = float(row["eps_pld"][0]) if math.isfinite(row["eps_pld"][0]) else float(
+            row["eps_basic"][0])
+        return eps, float(row["delta"][0]), "ledger total (PLD) over the audited releases"
+    ev = events[0]
+    return float(ev.eps), float(ev.delta), f"per-release event: {ev!r}"
+
+
+def _statistics(x0: np.ndarray, x1: np.ndarray, noise: str, delta: float, alpha: float
+                ) -> dict[str, dict[str, Any]]:
+    """Both statistics, each fitted and thresholded on the first half of the runs, evaluated
+    on the second half at alpha / (number of statistics)."""
+    h0, h1 = len(x0) // 2, len(x1) // 2
+    f0, f1, e0, e1 = x0[:h0], x1[:h1], x0[h0:], x1[h1:]
+    a = alpha / len(S.STATISTICS)
+    out: dict[str, dict[str, Any]] = {}
+    mu0, mu1 = S.location(f0, noise), S.location(f1, noise)
+    if noise == "laplace":
+        b = 0.5 * (np.abs(f0 - mu0).mean(axis=0) + np.abs(f1 - mu1).mean(axis=0))
+    else:
+        b = 0.5 * (f0.std(axis=0) + f1.std(axis=0))
+    tiny = 1e-12 * max(1.0, float(np.abs(np.concatenate([f0, f1])).max(initial=0.0)))
+    b = np.maximum(b, tiny)
+
+    def stat_llr(x: np.ndarray) -> np.ndarray:
+        return S.llr(x / b, mu0 / b, mu1 / b, noise, 1.0)
+
+    w = S.lda_direction(f0, f1)
+    for name, fn in (("llr", stat_llr), ("lda", lambda x: x @ w)):
+        t, d = S.choose_threshold(fn(f0), fn(f1), delta, a)
+        s0, s1 = fn(e0), fn(e1)
+        v = S.evaluate(s0, s1, t, d, delta, a)
+        out[name] = {"verdict": v, "s0": s0, "s1": s1, "roc": S.roc(s0, s1)}
+    return out
+
+
+def _views(values: list[np.ndarray], release: str, k: int) -> np.ndarray:
+    """(runs, d') adversary's view per run: release k, or all releases side by side."""
+    if release == "all":
+        return np.concatenate(values, axis=1)
+    if len(values) < k:
+        raise JobError(f"the canary owner made only {len(values)} release(s); --release {k} "
+                       "needs more (raise T)")
+    return values[k - 1]
+
+
+def run_audit(job_path: str, overrides: Sequence[str] = (), out: str | None = None,
+              canary: str = "worst", owner: int = 0, runs: int = 20_000, release: str = "1",
+              comm: MPI.Comm | None = None, progress: bool = True) -> pathlib.Path:
+    """Collective: run both worlds, audit, write the audit result; returns its path."""
+    comm = comm or MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    record = None if canary == "worst" else int(canary)
+    if release != "all" and not (release.isdigit() and int(release) >= 1):
+        raise JobError(f"--release must be a positive release number or 'all', got {release!r}")
+    k = 0 if release == "all" else int(release)
+    plan = collective(comm, lambda: _prepare(job_path, overrides, out, runs, owner, record)
+                      if rank == 0 else None)
+    plan = comm.bcast(plan, root=0)
+    t0 = time.perf_counter()
+    views, events = [], []
+    try:
+        for w, world in enumerate(plan["worlds"]):
+            if rank == 0 and progress:
+                print(f"mpi-dp audit: world {w} ({'D' if w == 0 else 'D prime'}): {runs} runs of "
+                      f"'{plan['name']}'", file=sys.stderr, flush=True)
+            tap = Tap(owner, runs, KEEP_ALL if release == "all" else k)
+            with tapping(tap):
+                run_job(job_path, list(overrides) + [f'data="{world}"', f"runs={runs}",
+                                                     "first_run=0"],
+                        str(pathlib.Path(plan["scratch"]) / f"run{w}.h5"), comm=comm,
+                        progress=False)
+            parts = comm.gather((tap.values, tap.events), root=0)
+            if rank == 0:
+                vals, evs = max(parts, key=lambda p: len(p[0]))
+                views.append(vals)
+                events.append(evs)
+        path = collective(comm, lambda: _finish(plan, views, events, release, k, runs, t0)
+                          if rank == 0 else None)
+        return pathlib.Path(comm.bcast(str(path) if path else None, root=0))
+    finally:
+        if rank == 0:
+            shutil.rmtree(plan["scratch"], ignore_errors=True)
+
+
+def _finish(plan: dict[str, Any], views: list[list[np.ndarray]], events: list[list[Any]],
+            release: str, k: int, runs: int, t0: float) -> pathlib.Path:
+    """Rank 0: statistics, verdict and the audit result file (written atomically)."""
+    c: Canary = plan["canary"]
+    if not views[0] or not views[1]:
+        raise JobError(f"owner {c.owner} released nothing the tap saw (is it a participant?)")
+    x0, x1 = _views(views[0], release, k), _views(views[1], release, k)
+    x0, x1 = x0[~np.isnan(x0).any(axis=1)], x1[~np.isnan(x1).any(axis=1)]
+    evs = events[0] if release == "all" else [events[0][k - 1]]
+    if any(e is None for e in evs):
+        raise JobError("the audited release was not private in this configuration "
+                       "(no mechanism event: eps = inf?)")
+    eps_claim, delta, source = _claimed(str(pathlib.Path(plan["scratch"]) / "run0.h5"), c.owner,
+                                        evs, release)
+    if release == "all":
+        delta = plan["delta_job"]
+    noise = "gaussian" if evs[0].mechanism == "gaussian" else "laplace"
+    res = _statistics(x0, x1, noise, delta, ALPHA)
+    best = max(res, key=lambda n: res[n]["verdict"].eps_lower)
+    eps_lower = res[best]["verdict"].eps_lower
+    verdict = "VIOLATION" if eps_lower > eps_claim else "consistent"
+    out = pathlib.Path(plan["out"])
+    tmp = out.with_name(f".{out.name}.tmp")
+    with h5py.File(tmp, "w") as f:
+        f.attrs.update({"format": FORMAT, "format_version": 1, "algorithm": plan["algorithm"],
+                        "name": plan["name"], "job": plan["job"], "runs": runs,
+                        "release": release, "runs_used": np.array([len(x0), len(x1)]),
+                        "claimed_eps": eps_claim, "claimed_delta": delta,
+                        "claimed_source": source, "eps_lower": eps_lower, "statistic": best,
+                        "confidence": 1 - ALPHA, "verdict": verdict, "noise": noise,
+                        "canary": json.dumps(c.__dict__), "eps_config": plan["eps_config"],
+                        "mechanism": evs[0].mechanism,
+                        "certified": bool(getattr(evs[0], "certified", True)),
+                        "wall_seconds": round(time.perf_counter() - t0, 3)})
+        for name, r in res.items():
+            g = f.create_group(f"statistics/{name}")
+            v = r["verdict"]
+            g.attrs.update({k_: getattr(v, k_) for k_ in (
+                "eps_lower", "threshold", "direction", "fpr", "fnr", "fpr_upper", "fnr_upper",
+                "eps_point", "alpha")})
+            g.create_dataset("s0", data=r["s0"])
+            g.create_dataset("s1", data=r["s1"])
+            g.create_dataset("roc_threshold", data=r["roc"].thresholds)
+            g.create_dataset("roc_fp", data=r["roc"].fp)
+            g.create_dataset("roc_tp", data=r["roc"].tp)
+    if out.exists():  # appeared while we ran: keep both, never replace
+        raise JobError(f"{out} appeared during the audit; the audit is in {tmp}")
+    os.replace(tmp, out)
+    return out

@@ -1,0 +1,88 @@
+"""`mpi-dp audit` on the code `mpi-dp run` executes: sound defaults are consistent and the audit
+is tight, the authors' scalar-noise code (seed 000 paper_code) and a run whose noise is
+monkeypatched away are caught, and an audit never overwrites a result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from helpers import mpi_run
+from mpi4py import MPI
+
+from mpi_dp.audit import run_audit
+from mpi_dp.errors import MpiDpError
+from mpi_dp.privacy import mechanisms
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _job(tmp_path: Path, name: str, **replace: str) -> Path:
+    text = (ROOT / "jobs" / f"{name}.toml").read_text()
+    text = text.replace('data = "data/demo_shards.h5"',
+                        f'data = "{ROOT / "data" / "demo_shards.h5"}"')
+    for k, v in replace.items():
+        text = text.replace(k, v)
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def _attrs(path: Path) -> dict:
+    with h5py.File(path, "r") as f:
+        return dict(f.attrs)
+
+
+def test_sound_sync_star_is_consistent_and_tight(tmp_path):
+    out = tmp_path / "a.h5"
+    cp = mpi_run(2, ["audit", str(_job(tmp_path, "audit_sync_star")), "--runs", "4000",
+                     "--out", str(out), "--quiet"])
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    a = _attrs(out)
+    assert a["verdict"] == "consistent" and a["claimed_eps"] == pytest.approx(1.0)
+    assert 0.5 <= a["eps_lower"] <= 1.0  # a loose audit would prove nothing
+    assert json.loads(a["canary"])["mode"] == "worst"
+    assert "VIOLATION" not in cp.stdout and "consistent" in cp.stdout
+    # the scratch worlds are gone, only the audit result is left
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".h5") == ["a.h5"]
+
+
+def test_scalar_laplace_of_the_authors_code_is_caught(tmp_path):
+    """Seed 000 `paper_code`: one Laplace value on every coordinate (spec: not DP)."""
+    out = tmp_path / "p.h5"
+    cp = mpi_run(2, ["audit", str(_job(tmp_path, "audit_async_star_paper_code")), "--runs",
+                     "4000", "--out", str(out), "--quiet"])
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    a = _attrs(out)
+    assert a["verdict"] == "VIOLATION" and a["eps_lower"] > a["claimed_eps"]
+    assert not a["certified"]
+
+
+def test_the_audit_runs_the_owners_own_noise(tmp_path, monkeypatch):
+    """No copy of the mechanism inside the audit: remove the owner's noise where `mpi-dp run`
+    draws it and the same audit must report a violation."""
+    assert MPI.COMM_WORLD.Get_size() == 1
+    job = _job(tmp_path, "audit_sync_star")
+    ok = run_audit(str(job), out=str(tmp_path / "ok.h5"), runs=400, progress=False)
+    assert _attrs(ok)["verdict"] == "consistent"
+    monkeypatch.setattr(mechanisms, "laplace_noise",
+                        lambda gens, scale, size: np.zeros((len(gens), int(size))))
+    bad = run_audit(str(job), out=str(tmp_path / "bad.h5"), runs=400, progress=False)
+    a = _attrs(bad)
+    assert a["verdict"] == "VIOLATION" and a["eps_lower"] > 3 * a["claimed_eps"]
+
+
+def test_an_audit_never_overwrites_and_needs_one_configuration(tmp_path):
+    job = _job(tmp_path, "audit_sync_star")
+    out = tmp_path / "x.h5"
+    out.write_bytes(b"keep me")
+    with pytest.raises(MpiDpError, match="never overwrites"):
+        run_audit(str(job), out=str(out), runs=100, progress=False)
+    assert out.read_bytes() == b"keep me"
+    with pytest.raises(MpiDpError, match="exactly one configuration"):
+        run_audit(str(job), ["sweep.eps=[1.0, 2.0]"], out=str(tmp_path / "y.h5"), runs=100,
+                  progress=False)
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())
