@@ -41,7 +41,7 @@ KEEP_ALL = 10_000
 
 
 def _prepare(job_path: str, overrides: Sequence[str], out: str | None, runs: int,
-             owner: int, record: int | None) -> dict[str, Any]:
+             owner: int, record: int | None, shape: str) -> dict[str, Any]:
     """Rank 0: check the job and the output path, write the two worlds (nothing else yet)."""
     if runs < 20:
         raise JobError(f"--runs must be >= 20 (two halves of runs per world), got {runs}")
@@ -62,7 +62,7 @@ def _prepare(job_path: str, overrides: Sequence[str], out: str | None, runs: int
     out_path.parent.mkdir(parents=True, exist_ok=True)
     scratch = pathlib.Path(tempfile.mkdtemp(prefix=f".{out_path.stem}.", dir=out_path.parent))
     try:
-        w0, w1, canary = make_worlds(job["data"], scratch, owner, record)
+        w0, w1, canary = make_worlds(job["data"], scratch, owner, record, shape)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
@@ -132,11 +132,14 @@ def run_audit(job_path: str, overrides: Sequence[str] = (), out: str | None = No
     """Collective: run both worlds, audit, write the audit result; returns its path."""
     comm = comm or MPI.COMM_WORLD
     rank = comm.Get_rank()
-    record = None if canary == "worst" else int(canary)
+    shape = "spread" if canary == "spread" else "axis"
+    if canary not in ("worst", "spread") and not canary.isdigit():
+        raise JobError(f"--canary must be worst, spread or a record index, got {canary!r}")
+    record = None if canary in ("worst", "spread") else int(canary)
     if release != "all" and not (release.isdigit() and int(release) >= 1):
         raise JobError(f"--release must be a positive release number or 'all', got {release!r}")
     k = 0 if release == "all" else int(release)
-    plan = collective(comm, lambda: _prepare(job_path, overrides, out, runs, owner, record)
+    plan = collective(comm, lambda: _prepare(job_path, overrides, out, runs, owner, record, shape)
                       if rank == 0 else None)
     plan = comm.bcast(plan, root=0)
     t0 = time.perf_counter()

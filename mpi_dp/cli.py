@@ -235,10 +235,11 @@ def build_parser() -> argparse.ArgumentParser:
         "run: mpiexec -n P mpi-dp audit JOB.toml", formatter_class=fmt)
     aud.add_argument("job", help="the TOML job file (one configuration), e.g. "
                      "jobs/audit_sync_star.toml")
-    aud.add_argument("--canary", default="worst", metavar="worst|INDEX",
-                     help="worst: record 0 of the owner becomes a max-norm record with opposite "
-                     "labels in the two worlds (default); INDEX: D keeps the owner's record INDEX, "
-                     "D' replaces it by the canary")
+    aud.add_argument("--canary", default="worst", metavar="worst|spread|INDEX",
+                     help="worst: record 0 of the owner becomes a max-norm record along feature 0 "
+                     "with opposite labels in the two worlds (default); spread: the same norm "
+                     "spread evenly over all features (largest L1 norm); INDEX: D keeps the "
+                     "owner's record INDEX, D' replaces it by the canary")
     aud.add_argument("--owner", type=int, default=0, help="the audited data owner (default 0)")
     aud.add_argument("--runs", type=int, default=20_000,
                      help="runs per world, vectorised (default 20000; 1e5 for tight bounds)")

@@ -14,6 +14,7 @@ from helpers import mpi_run
 from mpi4py import MPI
 
 from mpi_dp.audit import run_audit
+from mpi_dp.data.synth import write_synth
 from mpi_dp.errors import MpiDpError
 from mpi_dp.privacy import mechanisms
 
@@ -61,6 +62,26 @@ def test_scalar_laplace_of_the_authors_code_is_caught(tmp_path):
     assert not a["certified"]
 
 
+@pytest.mark.parametrize("job,verdict", [("audit_p2p", "consistent"),
+                                         ("audit_p2p_faithful", "VIOLATION")])
+def test_p2p_sound_mode_holds_and_faithful_mode_is_caught(tmp_path, job, verdict):
+    """Seed 004: clipping bounds the canary's gradient; the paper's L0 = 1 without clipping
+    (spec §5, mode faithful) does not once ||x||_1 > 1."""
+    data = tmp_path / "raw.h5"
+    write_synth(data, "p2p", 24, 0, 8, 0.05, 1, normalise="none")
+    path = _job(tmp_path, job, **{'data = "data/p2p_raw_p20.h5"': f'data = "{data}"',
+                                  "T = 200": "T = 48", "record_every = 200": "record_every = 48"})
+    out = tmp_path / "p.h5"
+    cp = mpi_run(2, ["audit", str(path), "--runs", "4000", "--out", str(out), "--quiet"])
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    a = _attrs(out)
+    assert a["verdict"] == verdict, a
+    if verdict == "consistent":
+        assert a["eps_lower"] >= 0.5 * a["claimed_eps"]
+    else:
+        assert a["eps_lower"] > 1.5 * a["claimed_eps"] and not a["certified"]
+
+
 def test_the_audit_runs_the_owners_own_noise(tmp_path, monkeypatch):
     """No copy of the mechanism inside the audit: remove the owner's noise where `mpi-dp run`
     draws it and the same audit must report a violation."""
@@ -86,3 +107,19 @@ def test_an_audit_never_overwrites_and_needs_one_configuration(tmp_path):
         run_audit(str(job), ["sweep.eps=[1.0, 2.0]"], out=str(tmp_path / "y.h5"), runs=100,
                   progress=False)
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())
+
+
+def test_composition_audit_claims_the_ledger_total(tmp_path):
+    """--release all: the view is all T releases side by side and the claim is the owner's
+    ledger total (PLD at the job's delta): three releases at eps 1/3 each."""
+    out = tmp_path / "c.h5"
+    cp = mpi_run(2, ["audit", str(_job(tmp_path, "audit_sync_star")), "--set", "T=3", "--set",
+                     "record_every=3", "--release", "all", "--runs", "4000", "--out", str(out),
+                     "--quiet"])
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    a = _attrs(out)
+    assert a["release"] == "all" and a["claimed_delta"] == pytest.approx(1e-5)
+    assert 0.9 < a["claimed_eps"] <= 1.0 + 1e-9  # PLD of 3 x Laplace(eps 1/3) at delta 1e-5
+    assert a["verdict"] == "consistent" and 0.2 < a["eps_lower"] <= a["claimed_eps"]
+    with h5py.File(out) as f:
+        assert f["statistics/llr/s0"].shape == (2000,)

@@ -280,7 +280,9 @@ class Block:
         new = (1.0 - a) * th + a * (mixed - (P.mu * P.conf[i]) * g)
         self.theta[i] = new
         self.k[i] = k + 1
-        tap.release(i, new, None, ev)  # the broadcast (post-processing of the noisy gradient)
+        # the audit sees the mechanism's output: the broadcast is (1 - a) theta_i + a (mixed -
+        # mu c_i g) with theta_i and the neighbours' models already public, a function of g
+        tap.release(i, g, None, ev)
         return new
 
     def done(self, i: int) -> bool:

@@ -33,7 +33,7 @@ def audit_text(path: str | pathlib.Path) -> str:
         f"{path}: privacy audit of '{a['name']}' ({a['algorithm']}), {a['runs']} runs per world "
         f"({int(a['runs_used'][0])} / {int(a['runs_used'][1])} with the release), "
         f"release {a['release']}",
-        f"canary: owner {c['owner']} record {c['record']} ({c['mode']}; ||x||_2 = "
+        f"canary: owner {c['owner']} record {c['record']} ({c['mode']}, {c.get('shape', 'axis')}; ||x||_2 = "
         f"{c['x_norm']:.4g}, labels {c['y0']} / {c['y1']}); mechanism {a['mechanism']}"
         f"{'' if a['certified'] else ' (recorded UNCERTIFIED by the run)'}",
         f"claimed: eps = {a['claimed_eps']:.4g} at delta = {a['claimed_delta']:.3g} "

@@ -1,6 +1,7 @@
 """Neighbouring shard files for a privacy audit: D and D' differ in one record of one owner.
 
-The worst-case canary (default) replaces record 0 of the owner by x_c = B e_1 with opposite
+The worst-case canary (default) replaces record 0 of the owner by x_c = B e_1 (or the spread
+shape, see make_worlds) with opposite
 labels in the two worlds (binary -1 / +1, multiclass 0 / 1, regression -Y / +Y), where B is the
 largest L2 row norm and Y the largest |label| anywhere in the file (so every public bound the
 original file meets still holds, and clipping, where a method clips, is what stops the canary).
@@ -32,6 +33,7 @@ class Canary:
     y0: float | None  # None: world 0 keeps the original record
     y1: float
     mode: str  # "worst" or "record"
+    shape: str = "axis"
 
 
 def _row_norm_max(shard: ShardFile) -> float:
@@ -75,9 +77,20 @@ def _replace_record(path: pathlib.Path, owner: int, record: int, x: np.ndarray, 
         g["y"].attrs["n"] = len(yy)
 
 
+SHAPES = ("axis", "spread")
+
+
 def make_worlds(source: str | pathlib.Path, out_dir: str | pathlib.Path, owner: int,
-                record: int | None = None) -> tuple[pathlib.Path, pathlib.Path, Canary]:
-    """Write world0.h5 (D) and world1.h5 (D') into out_dir; record None = worst-case canary."""
+                record: int | None = None, shape: str = "axis"
+                ) -> tuple[pathlib.Path, pathlib.Path, Canary]:
+    """Write world0.h5 (D) and world1.h5 (D') into out_dir; record None = worst-case canary.
+
+    shape "axis": x_c = B e_1 (the largest L_inf and L1 gradient change of any L2-bounded row
+    along one coordinate: a tight audit of coordinate-wise noise); "spread": x_c = B / sqrt(p)
+    (1, ..., 1), the largest L1 norm an L2 norm of B allows (catches an L1 bound assumed from an
+    L2 one, e.g. a Lipschitz constant that holds only for ||x||_1 <= 1)."""
+    if shape not in SHAPES:
+        raise DataError(f"canary shape must be one of {list(SHAPES)}, got {shape!r}")
     source, out_dir = pathlib.Path(source), pathlib.Path(out_dir)
     with ShardFile(source) as shard:
         if not 0 <= owner < shard.n_agents:
@@ -89,8 +102,7 @@ def make_worlds(source: str | pathlib.Path, out_dir: str | pathlib.Path, owner: 
         B = _row_norm_max(shard)
         y0, y1 = _labels(shard)
         p = shard.n_features
-    x = np.zeros(p)
-    x[0] = B
+    x = np.full(p, B / np.sqrt(p)) if shape == "spread" else np.eye(1, p).ravel() * B
     w0, w1 = out_dir / "world0.h5", out_dir / "world1.h5"
     shutil.copyfile(source, w0)
     shutil.copyfile(source, w1)
@@ -98,4 +110,4 @@ def make_worlds(source: str | pathlib.Path, out_dir: str | pathlib.Path, owner: 
         _replace_record(w0, owner, r, x, y0)
     _replace_record(w1, owner, r, x, y1)
     return w0, w1, Canary(owner, r, B, y0 if record is None else None, y1,
-                          "worst" if record is None else "record")
+                          "worst" if record is None else "record", shape)
