@@ -5,6 +5,7 @@ monkeypatched away are caught, and an audit never overwrites a result."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import h5py
@@ -21,10 +22,17 @@ from mpi_dp.privacy import mechanisms
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _job(tmp_path: Path, name: str, **replace: str) -> Path:
+@pytest.fixture(scope="module")
+def demo_shards(tmp_path_factory) -> Path:
+    """The demo's shard file, as `make demo` writes it (3 owners x 4000 records, p = 10)."""
+    return write_synth(tmp_path_factory.mktemp("audit") / "demo_shards.h5", "regression", 3,
+                       4000, 10, 0.5, 1, public=10000)
+
+
+def _job(tmp_path: Path, name: str, data: Path, **replace: str) -> Path:
+    """jobs/NAME.toml with its data file replaced by `data` (tests write their own shards)."""
     text = (ROOT / "jobs" / f"{name}.toml").read_text()
-    text = text.replace('data = "data/demo_shards.h5"',
-                        f'data = "{ROOT / "data" / "demo_shards.h5"}"')
+    text = re.sub(r'^data = ".*"$', f'data = "{data}"', text, count=1, flags=re.M)
     for k, v in replace.items():
         text = text.replace(k, v)
     path = tmp_path / f"{name}.toml"
@@ -37,9 +45,9 @@ def _attrs(path: Path) -> dict:
         return dict(f.attrs)
 
 
-def test_sound_sync_star_is_consistent_and_tight(tmp_path):
+def test_sound_sync_star_is_consistent_and_tight(tmp_path, demo_shards):
     out = tmp_path / "a.h5"
-    cp = mpi_run(2, ["audit", str(_job(tmp_path, "audit_sync_star")), "--runs", "4000",
+    cp = mpi_run(2, ["audit", str(_job(tmp_path, "audit_sync_star", demo_shards)), "--runs", "4000",
                      "--out", str(out), "--quiet"])
     assert cp.returncode == 0, cp.stderr[-3000:]
     a = _attrs(out)
@@ -51,10 +59,10 @@ def test_sound_sync_star_is_consistent_and_tight(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".h5") == ["a.h5"]
 
 
-def test_scalar_laplace_of_the_authors_code_is_caught(tmp_path):
+def test_scalar_laplace_of_the_authors_code_is_caught(tmp_path, demo_shards):
     """Seed 000 `paper_code`: one Laplace value on every coordinate (spec: not DP)."""
     out = tmp_path / "p.h5"
-    cp = mpi_run(2, ["audit", str(_job(tmp_path, "audit_async_star_paper_code")), "--runs",
+    cp = mpi_run(2, ["audit", str(_job(tmp_path, "audit_async_star_paper_code", demo_shards)), "--runs",
                      "4000", "--out", str(out), "--quiet"])
     assert cp.returncode == 0, cp.stderr[-3000:]
     a = _attrs(out)
@@ -69,8 +77,7 @@ def test_p2p_sound_mode_holds_and_faithful_mode_is_caught(tmp_path, job, verdict
     (spec §5, mode faithful) does not once ||x||_1 > 1."""
     data = tmp_path / "raw.h5"
     write_synth(data, "p2p", 24, 0, 8, 0.05, 1, normalise="none")
-    path = _job(tmp_path, job, **{'data = "data/p2p_raw_p20.h5"': f'data = "{data}"',
-                                  "T = 200": "T = 48", "record_every = 200": "record_every = 48"})
+    path = _job(tmp_path, job, data, **{"T = 200": "T = 48", "record_every = 200": "record_every = 48"})
     out = tmp_path / "p.h5"
     cp = mpi_run(2, ["audit", str(path), "--runs", "4000", "--out", str(out), "--quiet"])
     assert cp.returncode == 0, cp.stderr[-3000:]
@@ -82,11 +89,11 @@ def test_p2p_sound_mode_holds_and_faithful_mode_is_caught(tmp_path, job, verdict
         assert a["eps_lower"] > 1.5 * a["claimed_eps"] and not a["certified"]
 
 
-def test_the_audit_runs_the_owners_own_noise(tmp_path, monkeypatch):
+def test_the_audit_runs_the_owners_own_noise(tmp_path, monkeypatch, demo_shards):
     """No copy of the mechanism inside the audit: remove the owner's noise where `mpi-dp run`
     draws it and the same audit must report a violation."""
     assert MPI.COMM_WORLD.Get_size() == 1
-    job = _job(tmp_path, "audit_sync_star")
+    job = _job(tmp_path, "audit_sync_star", demo_shards)
     ok = run_audit(str(job), out=str(tmp_path / "ok.h5"), runs=400, progress=False)
     assert _attrs(ok)["verdict"] == "consistent"
     monkeypatch.setattr(mechanisms, "laplace_noise",
@@ -96,8 +103,8 @@ def test_the_audit_runs_the_owners_own_noise(tmp_path, monkeypatch):
     assert a["verdict"] == "VIOLATION" and a["eps_lower"] > 3 * a["claimed_eps"]
 
 
-def test_an_audit_never_overwrites_and_needs_one_configuration(tmp_path):
-    job = _job(tmp_path, "audit_sync_star")
+def test_an_audit_never_overwrites_and_needs_one_configuration(tmp_path, demo_shards):
+    job = _job(tmp_path, "audit_sync_star", demo_shards)
     out = tmp_path / "x.h5"
     out.write_bytes(b"keep me")
     with pytest.raises(MpiDpError, match="never overwrites"):
@@ -109,11 +116,11 @@ def test_an_audit_never_overwrites_and_needs_one_configuration(tmp_path):
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())
 
 
-def test_composition_audit_claims_the_ledger_total(tmp_path):
+def test_composition_audit_claims_the_ledger_total(tmp_path, demo_shards):
     """--release all: the view is all T releases side by side and the claim is the owner's
     ledger total (PLD at the job's delta): three releases at eps 1/3 each."""
     out = tmp_path / "c.h5"
-    cp = mpi_run(2, ["audit", str(_job(tmp_path, "audit_sync_star")), "--set", "T=3", "--set",
+    cp = mpi_run(2, ["audit", str(_job(tmp_path, "audit_sync_star", demo_shards)), "--set", "T=3", "--set",
                      "record_every=3", "--release", "all", "--runs", "4000", "--out", str(out),
                      "--quiet"])
     assert cp.returncode == 0, cp.stderr[-3000:]
