@@ -90,8 +90,9 @@ def _claimed(result_path: str, owner: int, events: list[Any], release: str
 
 def _statistics(x0: np.ndarray, x1: np.ndarray, noise: str, delta: float, alpha: float
                 ) -> dict[str, dict[str, Any]]:
-    """Both statistics, each fitted and thresholded on the first half of the runs, evaluated
-    on the second half at alpha / (number of statistics)."""
+    """The statistics (S.STATISTICS), each fitted and thresholded on the first half of the
+    runs, evaluated on the second half at alpha / (number of statistics). "scale" is the
+    distance from the pooled centre in noise units: it sees a noise scale set from the data."""
     h0, h1 = len(x0) // 2, len(x1) // 2
     f0, f1, e0, e1 = x0[:h0], x1[:h1], x0[h0:], x1[h1:]
     a = alpha / len(S.STATISTICS)
@@ -108,7 +109,12 @@ def _statistics(x0: np.ndarray, x1: np.ndarray, noise: str, delta: float, alpha:
         return S.llr(x / b, mu0 / b, mu1 / b, noise, 1.0)
 
     w = S.lda_direction(f0, f1)
-    for name, fn in (("llr", stat_llr), ("lda", lambda x: x @ w)):
+    centre = S.location(np.concatenate([f0, f1]), noise)
+
+    def stat_scale(x: np.ndarray) -> np.ndarray:  # how far from the centre, in noise units
+        return np.abs((x - centre) / b).sum(axis=1)
+
+    for name, fn in (("llr", stat_llr), ("lda", lambda x: x @ w), ("scale", stat_scale)):
         t, d = S.choose_threshold(fn(f0), fn(f1), delta, a)
         s0, s1 = fn(e0), fn(e1)
         v = S.evaluate(s0, s1, t, d, delta, a)
@@ -128,14 +134,14 @@ def _views(values: list[np.ndarray], release: str, k: int) -> np.ndarray:
 
 def run_audit(job_path: str, overrides: Sequence[str] = (), out: str | None = None,
               canary: str = "worst", owner: int = 0, runs: int = 20_000, release: str = "1",
-              comm: MPI.Comm | None = None, progress: bool = True) -> pathlib.Path:
+              comm: MPI.Comm | None = None, progress: bool = True, shape: str = "axis"
+              ) -> pathlib.Path:
     """Collective: run both worlds, audit, write the audit result; returns its path."""
     comm = comm or MPI.COMM_WORLD
     rank = comm.Get_rank()
-    shape = "spread" if canary == "spread" else "axis"
-    if canary not in ("worst", "spread") and not canary.isdigit():
-        raise JobError(f"--canary must be worst, spread or a record index, got {canary!r}")
-    record = None if canary in ("worst", "spread") else int(canary)
+    if canary != "worst" and not canary.isdigit():
+        raise JobError(f"--canary must be worst or a record index, got {canary!r}")
+    record = None if canary == "worst" else int(canary)
     if release != "all" and not (release.isdigit() and int(release) >= 1):
         raise JobError(f"--release must be a positive release number or 'all', got {release!r}")
     k = 0 if release == "all" else int(release)

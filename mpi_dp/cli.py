@@ -101,7 +101,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     def go(comm) -> None:
         path = run_audit(args.job, args.set or [], args.out, canary=args.canary,
                          owner=args.owner, runs=args.runs, release=args.release, comm=comm,
-                         progress=not args.quiet)
+                         progress=not args.quiet, shape=args.shape)
         if comm.Get_rank() == 0:
             from .analysis.audit_report import audit_text
 
@@ -235,11 +235,14 @@ def build_parser() -> argparse.ArgumentParser:
         "run: mpiexec -n P mpi-dp audit JOB.toml", formatter_class=fmt)
     aud.add_argument("job", help="the TOML job file (one configuration), e.g. "
                      "jobs/audit_sync_star.toml")
-    aud.add_argument("--canary", default="worst", metavar="worst|spread|INDEX",
-                     help="worst: record 0 of the owner becomes a max-norm record along feature 0 "
-                     "with opposite labels in the two worlds (default); spread: the same norm "
-                     "spread evenly over all features (largest L1 norm); INDEX: D keeps the "
-                     "owner's record INDEX, D' replaces it by the canary")
+    aud.add_argument("--canary", default="worst", metavar="worst|INDEX",
+                     help="worst: record 0 of the owner becomes the canary, with opposite labels "
+                     "in the two worlds (default); INDEX: D keeps the owner's record INDEX, D' "
+                     "replaces it by the canary")
+    aud.add_argument("--shape", default="axis", choices=("axis", "spread"),
+                     help="canary features: axis = the file's largest |x_ij| on feature 0 "
+                     "(default; tight for coordinate-wise noise); spread = that value on every "
+                     "feature (the largest L1 norm; for sensitivities that grow with ||x||_1)")
     aud.add_argument("--owner", type=int, default=0, help="the audited data owner (default 0)")
     aud.add_argument("--runs", type=int, default=20_000,
                      help="runs per world, vectorised (default 20000; 1e5 for tight bounds)")

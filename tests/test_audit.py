@@ -86,7 +86,7 @@ def test_p2p_sound_mode_holds_and_faithful_mode_is_caught(tmp_path, job, verdict
     if verdict == "consistent":
         assert a["eps_lower"] >= 0.5 * a["claimed_eps"]
     else:
-        assert a["eps_lower"] > 1.5 * a["claimed_eps"] and not a["certified"]
+        assert a["eps_lower"] > 1.1 * a["claimed_eps"] and not a["certified"]
 
 
 def test_the_audit_runs_the_owners_own_noise(tmp_path, monkeypatch, demo_shards):
@@ -130,3 +130,20 @@ def test_composition_audit_claims_the_ledger_total(tmp_path, demo_shards):
     assert a["verdict"] == "consistent" and 0.2 < a["eps_lower"] <= a["claimed_eps"]
     with h5py.File(out) as f:
         assert f["statistics/llr/s0"].shape == (2000,)
+
+
+@pytest.mark.parametrize("job,verdict", [("audit_admm_objt", "consistent"),
+                                         ("audit_admm_objt_local_max", "VIOLATION")])
+def test_admm_global_sensitivity_holds_and_local_max_is_caught(tmp_path, job, verdict):
+    """Seed 002: with sens_mode = local_max the Laplace scale follows the agent's own records,
+    so a canary of large ||x||_1 changes the noise scale itself (the scale statistic sees it)."""
+    data = write_synth(tmp_path / "mc.h5", "multiclass", 4, 200, 6, 0.35, 5, public=300,
+                       classes=3)
+    out = tmp_path / "m.h5"
+    cp = mpi_run(2, ["audit", str(_job(tmp_path, job, data)), "--canary", "0", "--shape",
+                     "spread", "--runs", "8000", "--out", str(out), "--quiet"])
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    a = _attrs(out)
+    assert a["verdict"] == verdict, (a["eps_lower"], a["statistic"])
+    if verdict == "VIOLATION":
+        assert a["statistic"] == "scale"

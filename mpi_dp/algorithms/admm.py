@@ -168,7 +168,10 @@ class Agent:
         else:
             eta = steps.eta_objp(t, s.prox_scale)
             z_new = steps.objp_update(w, self.lam, g, self.z, xi, rho, eta, bound)
-        self._finish(z_new, xi, b, ev)
+        # the audit sees the perturbed linear term g + xi: z_new (what the server gets) is a
+        # function of it and of w, lam, z, which the server already knows
+        tap.release(self.agent, (g + xi).reshape(s.runs, -1), None, ev)
+        self._finish(z_new, xi, b)
         self.lam = steps.dual_update(self.lam, rho, w, self.z)
 
     def step_outp(self, w: np.ndarray, t: int, rho: float) -> None:
@@ -181,17 +184,16 @@ class Agent:
         noise, ev = gaussian_perturbation(self.gens, ev.sigma, s.J * s.K, ev.l2_sensitivity,
                                           ev.delta, self.ledger, certified=ev.certified)
         noise = noise.reshape(self.z.shape)
-        self._finish(z_new + noise, noise, np.full(s.runs, ev.sigma), ev)
+        tap.release(self.agent, (z_new + noise).reshape(s.runs, -1), None, ev)  # the release
+        self._finish(z_new + noise, noise, np.full(s.runs, ev.sigma))
 
     def outp_dual(self, w: np.ndarray, rho: float) -> None:
         self.lam = steps.dual_update(self.lam, rho, w, self.z)
 
-    def _finish(self, z_new: np.ndarray, noise: np.ndarray, scale: np.ndarray, event) -> None:
-        """z_new is the release: what the server receives (rho z - lam is post-processing)."""
+    def _finish(self, z_new: np.ndarray, noise: np.ndarray, scale: np.ndarray) -> None:
         if not np.all(np.isfinite(z_new)):
             raise NumericalError(f"agent {self.agent}: non-finite local model (diverging?)")
         R = self.s.runs
-        tap.release(self.agent, z_new.reshape(R, -1), None, event)
         self.noise_mag = np.abs(noise).reshape(R, -1).mean(axis=1)
         self.scale = np.asarray(scale, dtype=np.float64)
         self.z_change = np.abs(z_new - self.z).reshape(R, -1).mean(axis=1)

@@ -1,10 +1,10 @@
 """Neighbouring shard files for a privacy audit: D and D' differ in one record of one owner.
 
 The worst-case canary (default) replaces record 0 of the owner by x_c = B e_1 (or the spread
-shape, see make_worlds) with opposite
-labels in the two worlds (binary -1 / +1, multiclass 0 / 1, regression -Y / +Y), where B is the
-largest L2 row norm and Y the largest |label| anywhere in the file (so every public bound the
-original file meets still holds, and clipping, where a method clips, is what stops the canary).
+shape, see make_worlds) with opposite labels in the two worlds (binary -1 / +1, multiclass 0 / 1,
+regression -Y / +Y), where B is the largest |x_ij| and Y the largest |label| anywhere in the file:
+every coordinate box and label range the original file meets still holds (e.g. features in
+[0, 1]), and clipping, where a method clips, is what has to stop the canary.
 A named record INDEX instead keeps D as it is and replaces that record in D' by the canary
 record of world 1 (a membership-style audit of that record).
 """
@@ -36,17 +36,14 @@ class Canary:
     shape: str = "axis"
 
 
-def _row_norm_max(shard: ShardFile) -> float:
-    best = 0.0
+def _abs_max(shard: ShardFile) -> float:
+    """The largest |x_ij| over every owner's records (1 if all are zero)."""
+    amax = 0.0
     for i in range(shard.n_agents):
         X, _ = shard.read_agent(i)
-        if sp.issparse(X):
-            norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
-        else:
-            norms = np.linalg.norm(X, axis=1)
-        if norms.size:
-            best = max(best, float(norms.max()))
-    return best if best > 0 else 1.0
+        vals = np.abs(X.data) if sp.issparse(X) else np.abs(X).ravel()
+        amax = max(amax, float(vals.max(initial=0.0)))
+    return amax if amax > 0 else 1.0
 
 
 def _labels(shard: ShardFile) -> tuple[float, float]:
@@ -85,10 +82,10 @@ def make_worlds(source: str | pathlib.Path, out_dir: str | pathlib.Path, owner: 
                 ) -> tuple[pathlib.Path, pathlib.Path, Canary]:
     """Write world0.h5 (D) and world1.h5 (D') into out_dir; record None = worst-case canary.
 
-    shape "axis": x_c = B e_1 (the largest L_inf and L1 gradient change of any L2-bounded row
-    along one coordinate: a tight audit of coordinate-wise noise); "spread": x_c = B / sqrt(p)
-    (1, ..., 1), the largest L1 norm an L2 norm of B allows (catches an L1 bound assumed from an
-    L2 one, e.g. a Lipschitz constant that holds only for ||x||_1 <= 1)."""
+    shape "axis": x_c = B e_1, B = max |x_ij| (one coordinate moves: a tight audit of
+    coordinate-wise noise); "spread": every coordinate B, the largest L1 norm the file's
+    coordinate range allows (for sensitivities that scale with ||x||_1, e.g. seed 002's 4 J / I;
+    a method that bounds L2 row norms rejects it)."""
     if shape not in SHAPES:
         raise DataError(f"canary shape must be one of {list(SHAPES)}, got {shape!r}")
     source, out_dir = pathlib.Path(source), pathlib.Path(out_dir)
@@ -99,10 +96,14 @@ def make_worlds(source: str | pathlib.Path, out_dir: str | pathlib.Path, owner: 
         r = 0 if record is None else int(record)
         if not 0 <= r < m:
             raise DataError(f"canary record {r} is not in 0..{m - 1} (owner {owner} holds {m})")
-        B = _row_norm_max(shard)
+        amax = _abs_max(shard)
         y0, y1 = _labels(shard)
         p = shard.n_features
-    x = np.full(p, B / np.sqrt(p)) if shape == "spread" else np.eye(1, p).ravel() * B
+    if shape == "spread":
+        x = np.full(p, amax)
+    else:
+        x = np.eye(1, p).ravel() * amax
+    B = float(np.linalg.norm(x))
     w0, w1 = out_dir / "world0.h5", out_dir / "world1.h5"
     shutil.copyfile(source, w0)
     shutil.copyfile(source, w1)

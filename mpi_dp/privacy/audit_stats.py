@@ -23,7 +23,7 @@ import numpy as np
 from scipy import stats
 
 #: statistics a release can be reduced to
-STATISTICS = ("llr", "lda")
+STATISTICS = ("llr", "lda", "scale")
 
 
 def cp_upper(k: np.ndarray | int, n: int, alpha: float) -> np.ndarray:
