@@ -186,8 +186,14 @@ def _finish(plan: dict[str, Any], views: list[list[np.ndarray]], events: list[li
     if any(e is None for e in evs):
         raise JobError("the audited release was not private in this configuration "
                        "(no mechanism event: eps = inf?)")
-    eps_claim, delta, source = _claimed(str(pathlib.Path(plan["scratch"]) / "run0.h5"), c.owner,
-                                        evs, release)
+    eps_ledger, delta, source = _claimed(str(pathlib.Path(plan["scratch"]) / "run0.h5"), c.owner,
+                                         evs, release)
+    # the owner's budget in the job bounds every release too: a calibration that records its
+    # real (larger) eps honestly in the ledger still breaks the eps the job asked for
+    eps_job = plan["eps_config"]
+    eps_claim = min(eps_ledger, eps_job)
+    if eps_job < eps_ledger:
+        source = f"the job's eps = {eps_job:g} (the ledger records {eps_ledger:.4g}: {source})"
     if release == "all":
         delta = plan["delta_job"]
     noise = "gaussian" if evs[0].mechanism == "gaussian" else "laplace"
@@ -202,6 +208,7 @@ def _finish(plan: dict[str, Any], views: list[list[np.ndarray]], events: list[li
                         "name": plan["name"], "job": plan["job"], "runs": runs,
                         "release": release, "runs_used": np.array([len(x0), len(x1)]),
                         "claimed_eps": eps_claim, "claimed_delta": delta,
+                        "ledger_eps": eps_ledger, "job_eps": eps_job,
                         "claimed_source": source, "eps_lower": eps_lower, "statistic": best,
                         "confidence": 1 - ALPHA, "verdict": verdict, "noise": noise,
                         "canary": json.dumps(c.__dict__), "eps_config": plan["eps_config"],

@@ -147,3 +147,22 @@ def test_admm_global_sensitivity_holds_and_local_max_is_caught(tmp_path, job, ve
     assert a["verdict"] == verdict, (a["eps_lower"], a["statistic"])
     if verdict == "VIOLATION":
         assert a["statistic"] == "scale"
+
+
+@pytest.mark.parametrize("job,verdict", [("audit_dola_gaussian", "consistent"),
+                                         ("audit_dola_gaussian_paper", "VIOLATION")])
+def test_dola_per_record_gaussian_holds_and_the_paper_calibration_is_caught(tmp_path, job,
+                                                                            verdict):
+    """Seed 003, Alg. 2: the paper's J (proportional to alpha) adds far less noise than the
+    job's eps needs when alpha is small; its ledger records the larger eps honestly, so the
+    verdict is against the job's eps, the owner's whole budget."""
+    data = write_synth(tmp_path / "on.h5", "online", 8, 200, 10, 0.05, 3)
+    out = tmp_path / "d.h5"
+    cp = mpi_run(2, ["audit", str(_job(tmp_path, job, data)), "--runs", "4000", "--out",
+                     str(out), "--quiet"])
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    a = _attrs(out)
+    assert a["verdict"] == verdict, (a["eps_lower"], a["claimed_eps"])
+    assert a["claimed_eps"] == pytest.approx(1.0) and a["job_eps"] == pytest.approx(1.0)
+    if verdict == "VIOLATION":
+        assert a["ledger_eps"] > a["eps_lower"] > 2.0  # the ledger is honest; the job's eps not
