@@ -66,8 +66,8 @@ def _prepare(job_path: str, overrides: Sequence[str], out: str | None, runs: int
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
-    return {"job": job.record_text, "name": job.name, "algorithm": job.algorithm, "out": str(out_path),
-            "scratch": str(scratch), "worlds": [str(w0), str(w1)], "canary": canary,
+    return {"job": job.record_text, "name": job.name, "algorithm": job.algorithm,
+            "out": str(out_path), "scratch": str(scratch), "worlds": [str(w0), str(w1)], "canary": canary,
             "delta_job": float(job["privacy.delta"]), "eps_config": float(eps)}
 
 
@@ -139,11 +139,16 @@ def run_audit(job_path: str, overrides: Sequence[str] = (), out: str | None = No
     """Collective: run both worlds, audit, write the audit result; returns its path."""
     comm = comm or MPI.COMM_WORLD
     rank = comm.Get_rank()
-    if canary != "worst" and not canary.isdigit():
-        raise JobError(f"--canary must be worst or a record index, got {canary!r}")
+
+    def check() -> None:  # the same on every rank; raised together as one agreed error
+        if canary != "worst" and not canary.isdigit():
+            raise JobError(f"--canary must be worst or a record index, got {canary!r}")
+        if release != "all" and not (release.isdigit() and int(release) >= 1):
+            raise JobError(f"--release must be a positive release number or 'all', got "
+                           f"{release!r}")
+
+    collective(comm, check)
     record = None if canary == "worst" else int(canary)
-    if release != "all" and not (release.isdigit() and int(release) >= 1):
-        raise JobError(f"--release must be a positive release number or 'all', got {release!r}")
     k = 0 if release == "all" else int(release)
     plan = collective(comm, lambda: _prepare(job_path, overrides, out, runs, owner, record, shape)
                       if rank == 0 else None)
