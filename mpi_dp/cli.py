@@ -83,6 +83,8 @@ def _under_mpi(fn) -> int:
         if os.environ.get("MPI_DP_TRACEBACK") or not isinstance(e, MpiDpError):
             traceback.print_exc()
         if comm.Get_size() > 1:
+            sys.stderr.flush()
+            time.sleep(0.5)  # let mpiexec forward the message before the abort kills the ranks
             comm.Abort(1)
         return 1
     return 0
