@@ -497,6 +497,8 @@ class Block:
 
     def _tap(self, events: list) -> None:
         """Report every hosted agent's release (R, n) to the audit tap (no-op outside audits)."""
+        if not tap.enabled():
+            return
         for i, a in enumerate(self.agents.tolist()):
             tap.release(a, self.Pub[i], None, events[i])
 

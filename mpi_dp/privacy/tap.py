@@ -47,6 +47,11 @@ class Tap:
         self.count[idx] += 1
 
 
+def enabled() -> bool:
+    """Whether an audit listens (lets a block of many agents skip its per-agent reports)."""
+    return _ACTIVE is not None
+
+
 def release(agent: int, values: np.ndarray, runs: np.ndarray | None = None,
             event: Any = None) -> None:
     """Report release `values` (one row per run in `runs`, all runs when None) of `agent`."""
