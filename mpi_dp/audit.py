@@ -216,7 +216,7 @@ def _finish(plan: dict[str, Any], views: list[list[np.ndarray]], events: list[li
                         "ledger_eps": eps_ledger, "job_eps": eps_job,
                         "claimed_source": source, "eps_lower": eps_lower, "statistic": best,
                         "confidence": 1 - ALPHA, "verdict": verdict, "noise": noise,
-                        "canary": json.dumps(c.__dict__), "eps_config": plan["eps_config"],
+                        "canary": json.dumps(c.__dict__),
                         "mechanism": evs[0].mechanism,
                         "certified": bool(getattr(evs[0], "certified", True)),
                         "wall_seconds": round(time.perf_counter() - t0, 3)})

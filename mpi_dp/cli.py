@@ -232,9 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
         "differs) with R runs each, through the same code as `mpi-dp run`, record what leaves "
         "that owner, and bound eps from below: eps_lower = ln((1 - delta - FNR) / FPR) with "
         "Clopper-Pearson 95 %% bounds of the best threshold test (chosen on half the runs, "
-        "evaluated on the other half). Verdict: consistent (eps_lower <= the eps the owner's "
-        "ledger claims) or VIOLATION. The job must have one configuration. Launch under MPI like "
-        "run: mpiexec -n P mpi-dp audit JOB.toml", formatter_class=fmt)
+        "evaluated on the other half). Verdict: consistent (eps_lower <= the claim: the smaller "
+        "of the owner's ledger eps and the job's eps) or VIOLATION. The job must have one "
+        "configuration. Launch under MPI like run: mpiexec -n P mpi-dp audit JOB.toml",
+        formatter_class=fmt)
     aud.add_argument("job", help="the TOML job file (one configuration), e.g. "
                      "jobs/audit_sync_star.toml")
     aud.add_argument("--canary", default="worst", metavar="worst|INDEX",

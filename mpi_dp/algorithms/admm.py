@@ -170,7 +170,8 @@ class Agent:
             z_new = steps.objp_update(w, self.lam, g, self.z, xi, rho, eta, bound)
         # the audit sees the perturbed linear term g + xi: z_new (what the server gets) is a
         # function of it and of w, lam, z, which the server already knows
-        tap.release(self.agent, (g + xi).reshape(s.runs, -1), None, ev)
+        if tap.enabled():
+            tap.release(self.agent, (g + xi).reshape(s.runs, -1), None, ev)
         self._finish(z_new, xi, b)
         self.lam = steps.dual_update(self.lam, rho, w, self.z)
 
@@ -184,8 +185,9 @@ class Agent:
         noise, ev = gaussian_perturbation(self.gens, ev.sigma, s.J * s.K, ev.l2_sensitivity,
                                           ev.delta, self.ledger, certified=ev.certified)
         noise = noise.reshape(self.z.shape)
-        tap.release(self.agent, (z_new + noise).reshape(s.runs, -1), None, ev)  # the release
-        self._finish(z_new + noise, noise, np.full(s.runs, ev.sigma))
+        released = z_new + noise
+        tap.release(self.agent, released.reshape(s.runs, -1), None, ev)
+        self._finish(released, noise, np.full(s.runs, ev.sigma))
 
     def outp_dual(self, w: np.ndarray, rho: float) -> None:
         self.lam = steps.dual_update(self.lam, rho, w, self.z)

@@ -67,15 +67,19 @@ class Roc:
     n0: int
     n1: int
 
-    def eps(self, delta: float, alpha: float) -> np.ndarray:
-        """Per threshold, both directions ("s >= t" says 1, or "s < t" says 1): the larger
-        eps_lower with Clopper-Pearson bounds at alpha / 2 each (joint confidence 1 - alpha)."""
+    def eps_by_direction(self, delta: float, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per threshold, eps_lower of "s >= t says 1" and of "s < t says 1", with
+        Clopper-Pearson bounds at alpha / 2 per rate (joint confidence 1 - alpha)."""
         a = alpha / 2
         up = eps_from_rates(cp_upper(self.fp, self.n0, a), cp_upper(self.n1 - self.tp, self.n1, a),
                             delta)
         down = eps_from_rates(cp_upper(self.n0 - self.fp, self.n0, a),
                               cp_upper(self.tp, self.n1, a), delta)
-        return np.maximum(up, down)
+        return up, down
+
+    def eps(self, delta: float, alpha: float) -> np.ndarray:
+        """Per threshold, the larger eps_lower of the two directions."""
+        return np.maximum(*self.eps_by_direction(delta, alpha))
 
 
 def roc(s0: np.ndarray, s1: np.ndarray) -> Roc:
@@ -109,9 +113,7 @@ def choose_threshold(s0: np.ndarray, s1: np.ndarray, delta: float, alpha: float
                      ) -> tuple[float, int]:
     """The threshold and direction with the largest bounded eps on these (fit) runs."""
     r = roc(s0, s1)
-    a = alpha / 2
-    up = eps_from_rates(cp_upper(r.fp, r.n0, a), cp_upper(r.n1 - r.tp, r.n1, a), delta)
-    down = eps_from_rates(cp_upper(r.n0 - r.fp, r.n0, a), cp_upper(r.tp, r.n1, a), delta)
+    up, down = r.eps_by_direction(delta, alpha)
     iu, idn = int(np.argmax(up)), int(np.argmax(down))
     if up[iu] >= down[idn]:
         return float(r.thresholds[iu]), 1
