@@ -4,11 +4,18 @@ Every random draw in mpi_dp comes from one of these streams, so results do not d
 are laid out over MPI ranks, and run r of an R-run job draws exactly what the single-run job with run
 index r draws. Configurations of a sweep share streams (common random numbers), which makes
 comparisons across eps and n much less noisy than independent draws would.
+
+`run_streams` gives the streams of many runs as one `mpi_dp.pcg.RunStreams`, which draws a block
+for all runs at once and produces exactly the bits of the single-run `stream` of each run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
+
+from .pcg import RunStreams
 
 #: Stable integer codes for the purposes a stream serves. Never renumber: results depend on them.
 PURPOSES: dict[str, int] = {
@@ -45,8 +52,8 @@ def stream(seed: int, purpose: str, agent: int = 0, run: int = 0) -> np.random.G
     return np.random.Generator(np.random.PCG64(seed_sequence(seed, purpose, agent, run)))
 
 
-def run_streams(
-    seed: int, purpose: str, agent: int, runs: np.ndarray | list[int]
-) -> list[np.random.Generator]:
-    """One stream per run index in `runs`, for vectorised Monte-Carlo replicates."""
-    return [stream(seed, purpose, agent, int(r)) for r in runs]
+def run_streams(seed: int, purpose: str, agent: int, runs: np.ndarray | Sequence[int]) -> RunStreams:
+    """The streams of the run indices `runs` as one vectorised RunStreams: row r draws exactly
+    the bits of ``stream(seed, purpose, agent, runs[r])`` (mpi_dp.pcg), all rows in one pass."""
+    seed_sequence(seed, purpose, agent, 0)  # the same argument checks
+    return RunStreams(int(seed), (PURPOSES[purpose], int(agent)), np.asarray(list(runs), dtype=np.int64))

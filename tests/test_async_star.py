@@ -272,6 +272,6 @@ def test_response_message_carries_exactly_k_owner_run_status_and_noisy_answer():
     assert msg[:5].tolist() == [7, 1, 0, 0, ANSWERED] and np.array_equal(msg[5:], r[0])
     clean = linear.clipped_grad_sum("squared", *data[0], th, 1.0)[0][0] / 250
     fresh = async_star.DataOwner(LocalShard(0, *data[0]), 1.0, 20, s)
-    noise = fresh.noise_gens[0].laplace(0.0, 1.0, 5) * own.lap_scale
+    noise = fresh.noise_gens.laplace(5, [0])[0] * own.lap_scale
     np.testing.assert_allclose(r[0], clean + noise, rtol=1e-12)  # noisy, not clean
     assert np.abs(r[0] - clean).min() > 0

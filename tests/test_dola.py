@@ -15,7 +15,7 @@ import scipy.sparse as sp
 from scipy.sparse import csgraph
 from scipy.stats import spearmanr
 
-from mpi_dp import rng
+from mpi_dp import pcg, rng
 from mpi_dp.algorithms import dola
 from mpi_dp.comm import topology as tp
 from mpi_dp.data.synth import synth_online
@@ -168,7 +168,7 @@ def _plain(s, g, agents, w_star):
                 eps = s.eps[i]
                 if s.variant == "gaussian":
                     J = dola.gauss_std(s.gauss_mode, 2 / s.h, eps, s.delta, s.T)
-                    z = gens[i][r].standard_normal(n) if J > 0 else 0.0
+                    z = pcg.generator_normal(gens[i][r], n) if J > 0 else 0.0
                     v = b - alpha * (gr + J * z)
                     nv = np.linalg.norm(v)
                     W[i, r] = v * min(1, s.radius / nv) if nv > 0 else v
@@ -182,7 +182,7 @@ def _plain(s, g, agents, w_star):
                     v = b - alpha * gr
                     nv = np.linalg.norm(v)
                     W[i, r] = v = v * min(1, s.radius / nv) if nv > 0 else v
-                noise = (S / eps) * gens[i][r].laplace(0, 1, n) if math.isfinite(eps) else 0.0
+                noise = (S / eps) * pcg.generator_laplace(gens[i][r], n) if math.isfinite(eps) else 0.0
                 new_pub[i, r] = v + noise
         pub = new_pub
     return W, pub, loss_own

@@ -156,7 +156,7 @@ class DataOwner:
         stats = self.shard.squared_stats if self.loss == "squared" else None
         grad_sum, clipped = linear.clipped_grad_sum(self.loss, self.shard.X, self.shard.y,
                                                     thetas[ok], self.xi, stats)
-        gens = [self.noise_gens[r] for r in r_ok]
+        gens = self.noise_gens.subset(r_ok)
         resp[ok], _ = laplace_mechanism(grad_sum / self.shard.n, gens, self.lap_scale,
                                         self.sensitivity, self.ledger, r_ok,
                                         certified=self.certified, scalar=self.scalar_noise)

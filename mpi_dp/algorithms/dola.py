@@ -265,7 +265,7 @@ class Noise:
                  kind: str, rounds: int | None = None) -> None:
         self.kind = kind
         self.left = rounds  # rounds still to draw (None: unbounded); caps the chunk
-        self.gens = [[rng.stream(seed, "noise", int(a), int(r)) for r in run_ids] for a in agents]
+        self.gens = [rng.run_streams(seed, "noise", int(a), run_ids) for a in agents]
         self.k, self.R, self.n = len(agents), len(run_ids), n
         self.C = max(1, NOISE_DOUBLES // max(1, len(run_ids) * n))
         self._buf = np.zeros((self.k, self.R, 0, n))
@@ -276,9 +276,8 @@ class Noise:
             C = self.C if self.left is None else max(1, min(self.C, self.left))
             buf = np.empty((self.k, self.R, C, self.n))
             for a, gens in enumerate(self.gens):
-                for r, g in enumerate(gens):
-                    buf[a, r] = (g.laplace(0.0, 1.0, (C, self.n)) if self.kind == "laplace"
-                                 else g.standard_normal((C, self.n)))
+                draw = gens.laplace if self.kind == "laplace" else gens.standard_normal
+                buf[a] = draw(C * self.n).reshape(self.R, C, self.n)
             self._buf, self._j = buf, 0
         out = self._buf[:, :, self._j]
         self._j += 1

@@ -32,7 +32,7 @@ import numpy as np
 from ..models import p2p as M
 from ..privacy import LaplaceEvent, Ledger, PureEvent, tap
 from ..privacy import kairouz as K
-from ..rng import stream
+from ..rng import run_streams, stream
 
 MODES = ("sound", "faithful")
 INITS = ("zero", "local", "private_ws")
@@ -241,9 +241,8 @@ class Block:
         self.noise: dict[int, np.ndarray] = {}
         for i in self.agents:  # standard Laplace, drawn up front from the agent's run streams
             n_i = len(budgets[int(i)])
-            self.noise[int(i)] = (np.stack([stream(s.seed, "noise", int(i), r).laplace(
-                0.0, 1.0, (n_i, p)) for r in s.runs], axis=0) if s.private and n_i
-                else np.zeros((R, 0, p)))
+            self.noise[int(i)] = (run_streams(s.seed, "noise", int(i), s.runs).laplace(
+                n_i * p).reshape(R, n_i, p) if s.private and n_i else np.zeros((R, 0, p)))
         self.xnorm = {int(i): np.abs(problem.X[int(i)]).sum(axis=1) for i in self.agents
                       if problem.X[int(i)] is not None}
         self.clipped = {int(i): np.zeros(R) for i in self.agents}

@@ -109,8 +109,8 @@ def settings_attrs(settings: Any) -> dict[str, Any]:
         if v is None:
             continue
         if isinstance(v, tuple | list):
-            v = np.asarray(v, dtype=np.int64 if all(isinstance(x, int) for x in v) and v
-                           else np.float64)
+            a = np.asarray(v)
+            v = a.astype(np.int64 if len(v) and a.dtype.kind in "biu" else np.float64)
         out[name] = v
     return out
 

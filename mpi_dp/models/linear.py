@@ -200,6 +200,9 @@ def clipped_grad_sum(
     T = as_runs(Theta)
     _check_finite(T, "clipped_grad_sum")
     y = _check_shapes(X, y, T)
+    if T.shape[0] > 1 and not np.any(T != T[0]):  # every run at one model (a first step)
+        g, c = clipped_grad_sum(loss, X, y, T[:1], xi, stats)
+        return np.repeat(g, T.shape[0], axis=0), np.repeat(c, T.shape[0])
     if stats is not None and loss == "squared":
         if not np.isfinite(xi):
             return 2.0 * (T @ stats.gram - stats.xty), np.zeros(T.shape[0], dtype=np.int64)

@@ -13,8 +13,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from mpi_dp.pcg import RunStreams, RunStreamsView, generator_laplace, generator_normal
 from mpi_dp.privacy import tap
 from mpi_dp.privacy.events import GaussianEvent, LaplaceEvent
+
+#: a noise source: one stream per row, vectorised (RunStreams) or a list of numpy Generators
+Streams = RunStreams | RunStreamsView | Sequence[np.random.Generator]
 
 
 def _check_number(name: str, value: float) -> float:
@@ -113,37 +117,53 @@ def _row_scales(scale: float | np.ndarray, rows: int) -> np.ndarray:
 
 
 def _scaled_noise(
-    gens: Sequence[np.random.Generator], scale: float | np.ndarray, size: int, draw
+    gens: Streams, scale: float | np.ndarray, size: int, draw: str
 ) -> np.ndarray:
-    """Rows draw(gens[r], size) * scale[r]; rows of scale 0 are zeros and draw nothing."""
+    """Rows draw(row r's stream, size) * scale[r]; rows of scale 0 are zeros and draw nothing.
+
+    `gens` is a RunStreams (vectorised) or a list of numpy Generators (one per row); both give the
+    same bits for the same stream state (mpi_dp.pcg)."""
     if size < 0:
         raise ValueError(f"size must be >= 0, got {size}")
     s = _row_scales(scale, len(gens))
+    if isinstance(gens, RunStreams | RunStreamsView):  # all rows in one vectorised block
+        rows = np.flatnonzero(s != 0.0)
+        if rows.size == len(gens):
+            z = getattr(gens, draw)(int(size))
+            z *= s[:, None]
+            return z
+        out = np.zeros((len(gens), int(size)), dtype=np.float64)
+        if rows.size:
+            out[rows] = getattr(gens, draw)(int(size), rows) * s[rows, None]
+        return out
     out = np.zeros((len(gens), int(size)), dtype=np.float64)
+    one = generator_laplace if draw == "laplace" else generator_normal
     for r, gen in enumerate(gens):
         if s[r] != 0.0:
-            out[r] = draw(gen, int(size)) * s[r]
+            out[r] = one(gen, int(size)) * s[r]
     return out
 
 
 def laplace_noise(
-    gens: Sequence[np.random.Generator], scale: float | np.ndarray, size: int
+    gens: Streams, scale: float | np.ndarray, size: int
 ) -> np.ndarray:
-    """I.i.d. Laplace(0, scale) noise, shape (len(gens), size); row r from gens[r] only.
+    """I.i.d. Laplace(0, scale) noise, shape (len(gens), size); row r from row r's stream only.
 
-    Row r is ``gens[r].laplace(0.0, 1.0, size) * scale[r]`` (scale: scalar or one per row), so the
-    draws are exactly proportional across scales and do not depend on the other rows. A row of scale
-    0 (eps = inf) is zeros and does *not* advance its generator.
+    Row r is ``size`` standard Laplace draws of that stream (numpy's algorithm, mpi_dp.pcg) times
+    scale[r] (scale: scalar or one per row), so the draws are exactly proportional across scales
+    and do not depend on the other rows. A row of scale 0 (eps = inf) is zeros and does *not*
+    advance its stream.
     """
-    return _scaled_noise(gens, scale, size, lambda g, k: g.laplace(0.0, 1.0, k))
+    return _scaled_noise(gens, scale, size, "laplace")
 
 
 def gaussian_noise(
-    gens: Sequence[np.random.Generator], sigma: float | np.ndarray, size: int
+    gens: Streams, sigma: float | np.ndarray, size: int
 ) -> np.ndarray:
-    """I.i.d. N(0, sigma^2) noise, shape (len(gens), size); row r is
-    ``gens[r].standard_normal(size) * sigma[r]``. Rows of sigma 0 are zeros and draw nothing."""
-    return _scaled_noise(gens, sigma, size, lambda g, k: g.standard_normal(k))
+    """I.i.d. N(0, sigma^2) noise, shape (len(gens), size); row r is ``size`` standard normal
+    draws of row r's stream (inverse CDF, mpi_dp.pcg) times sigma[r]. Rows of sigma 0 are zeros
+    and draw nothing."""
+    return _scaled_noise(gens, sigma, size, "standard_normal")
 
 
 def _event_run(sens: float | np.ndarray, scale: float | np.ndarray) -> tuple[float, float]:
@@ -159,7 +179,7 @@ def _event_run(sens: float | np.ndarray, scale: float | np.ndarray) -> tuple[flo
 
 
 def laplace_perturbation(
-    gens: Sequence[np.random.Generator], scale: float | np.ndarray, size: int,
+    gens: Streams, scale: float | np.ndarray, size: int,
     l1_sensitivity: float | np.ndarray, ledger=None, runs: np.ndarray | None = None, *,
     data_dependent: bool = False, certified: bool = True, scalar: bool = False,
 ) -> tuple[np.ndarray, LaplaceEvent]:
@@ -182,7 +202,7 @@ def laplace_perturbation(
 
 
 def laplace_mechanism(
-    value: np.ndarray, gens: Sequence[np.random.Generator], scale: float | np.ndarray,
+    value: np.ndarray, gens: Streams, scale: float | np.ndarray,
     l1_sensitivity: float | np.ndarray, ledger=None, runs: np.ndarray | None = None, *,
     data_dependent: bool = False, certified: bool = True, scalar: bool = False,
 ) -> tuple[np.ndarray, LaplaceEvent]:
@@ -197,7 +217,7 @@ def laplace_mechanism(
 
 
 def gaussian_perturbation(
-    gens: Sequence[np.random.Generator], sigma: float | np.ndarray, size: int,
+    gens: Streams, sigma: float | np.ndarray, size: int,
     l2_sensitivity: float | np.ndarray, delta: float, ledger=None,
     runs: np.ndarray | None = None, *, data_dependent: bool = False, certified: bool = True,
 ) -> tuple[np.ndarray, GaussianEvent]:
@@ -211,7 +231,7 @@ def gaussian_perturbation(
 
 
 def gaussian_mechanism(
-    value: np.ndarray, gens: Sequence[np.random.Generator], sigma: float | np.ndarray,
+    value: np.ndarray, gens: Streams, sigma: float | np.ndarray,
     l2_sensitivity: float | np.ndarray, delta: float, ledger=None,
     runs: np.ndarray | None = None, *, data_dependent: bool = False, certified: bool = True,
 ) -> tuple[np.ndarray, GaussianEvent]:
