@@ -2,7 +2,7 @@
 vectorised, tap, statistics) against a plain NumPy loop that makes the same releases one at a
 time (per run: its own generator, the owner's clipped mean gradient at theta_0, Laplace noise).
 
-    python benchmarks/audit_rate.py [--runs 10000] [--blocks 3]       (one rank; or mpiexec)
+    python benchmarks/audit_rate.py [--runs 100000] [--blocks 3]      (one rank; or mpiexec)
 
 Seed 001 shapes: the demo's regression shards (3 owners x 4000 records, d = 10), Alg. 2 at
 eps = 1, T = 1, worst-case canary on owner 0. Interleaved blocks; prints the median and spread
@@ -59,7 +59,7 @@ def plain_loop(world: pathlib.Path, runs: int, xi: float, eps: float) -> np.ndar
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=int, default=10_000)
+    ap.add_argument("--runs", type=int, default=100_000)
     ap.add_argument("--blocks", type=int, default=3)
     a = ap.parse_args()
     comm = MPI.COMM_WORLD

@@ -74,7 +74,7 @@ def _prepare(job_path: str, overrides: Sequence[str], out: str | None, runs: int
 def _claimed(result_path: str, owner: int, events: list[Any], release: str
              ) -> tuple[float, float, str]:
     """(eps, delta, source) the owner claims for what was audited."""
-    if release == "all":
+    if release in ("all", "final"):  # the final model is post-processing of all releases
         with h5py.File(result_path, "r") as f:
             g = f["configs/000"] if "configs" in f else f
             led = g["privacy/ledger"][()]
@@ -122,10 +122,24 @@ def _statistics(x0: np.ndarray, x1: np.ndarray, noise: str, delta: float, alpha:
     return out
 
 
+def _final_models(result: pathlib.Path, runs: int) -> list[np.ndarray]:
+    """[(runs, d')]: the final model of every run, from a run's result file."""
+    with h5py.File(result, "r") as f:
+        g = f["configs/000"] if "configs" in f else f
+        if "models/final" not in g:
+            raise JobError(f"this method writes no final model ({result.name} has no "
+                           "models/final); audit its releases instead (--release k or all)")
+        m = g["models/final"][()]
+    return [m.reshape(runs, -1)]
+
+
 def _views(values: list[np.ndarray], release: str, k: int) -> np.ndarray:
-    """(runs, d') adversary's view per run: release k, or all releases side by side."""
+    """(runs, d') adversary's view per run: release k, all releases side by side, or the final
+    model (values holds it alone)."""
     if release == "all":
         return np.concatenate(values, axis=1)
+    if release == "final":
+        return values[0]
     if len(values) < k:
         raise JobError(f"the canary owner made only {len(values)} release(s); --release {k} "
                        "needs more (raise T)")
@@ -143,13 +157,13 @@ def run_audit(job_path: str, overrides: Sequence[str] = (), out: str | None = No
     def check() -> None:  # the same on every rank; raised together as one agreed error
         if canary != "worst" and not canary.isdigit():
             raise JobError(f"--canary must be worst or a record index, got {canary!r}")
-        if release != "all" and not (release.isdigit() and int(release) >= 1):
-            raise JobError(f"--release must be a positive release number or 'all', got "
-                           f"{release!r}")
+        if release not in ("all", "final") and not (release.isdigit() and int(release) >= 1):
+            raise JobError(f"--release must be a positive release number, 'all' or 'final', "
+                           f"got {release!r}")
 
     collective(comm, check)
     record = None if canary == "worst" else int(canary)
-    k = 0 if release == "all" else int(release)
+    k = int(release) if release.isdigit() else 0
     plan = collective(comm, lambda: _prepare(job_path, overrides, out, runs, owner, record, shape)
                       if rank == 0 else None)
     plan = comm.bcast(plan, root=0)
@@ -160,16 +174,16 @@ def run_audit(job_path: str, overrides: Sequence[str] = (), out: str | None = No
             if rank == 0 and progress:
                 print(f"mpi-dp audit: world {w} ({'D' if w == 0 else 'D prime'}): {runs} runs of "
                       f"'{plan['name']}'", file=sys.stderr, flush=True)
-            tap = Tap(owner, runs, KEEP_ALL if release == "all" else k)
+            tap = Tap(owner, runs, KEEP_ALL if release == "all" else max(k, 1))
+            result = pathlib.Path(plan["scratch"]) / f"run{w}.h5"
             with tapping(tap):
                 run_job(job_path, list(overrides) + [f'data="{world}"', f"runs={runs}",
                                                      "first_run=0"],
-                        str(pathlib.Path(plan["scratch"]) / f"run{w}.h5"), comm=comm,
-                        progress=False)
+                        str(result), comm=comm, progress=False)
             parts = comm.gather((tap.values, tap.events), root=0)
             if rank == 0:
                 vals, evs = max(parts, key=lambda p: len(p[0]))
-                views.append(vals)
+                views.append(_final_models(result, runs) if release == "final" else vals)
                 events.append(evs)
         path = collective(comm, lambda: _finish(plan, views, events, release, k, runs, t0)
                           if rank == 0 else None)
@@ -187,7 +201,9 @@ def _finish(plan: dict[str, Any], views: list[list[np.ndarray]], events: list[li
         raise JobError(f"owner {c.owner} released nothing the tap saw (is it a participant?)")
     x0, x1 = _views(views[0], release, k), _views(views[1], release, k)
     x0, x1 = x0[~np.isnan(x0).any(axis=1)], x1[~np.isnan(x1).any(axis=1)]
-    evs = events[0] if release == "all" else [events[0][k - 1]]
+    evs = [events[0][k - 1]] if k else events[0]
+    if not evs:
+        raise JobError(f"owner {c.owner} made no release the tap saw (is it a participant?)")
     if any(e is None for e in evs):
         raise JobError("the audited release was not private in this configuration "
                        "(no mechanism event: eps = inf?)")
@@ -199,7 +215,7 @@ def _finish(plan: dict[str, Any], views: list[list[np.ndarray]], events: list[li
     eps_claim = min(eps_ledger, eps_job)
     if eps_job < eps_ledger:
         source = f"the job's eps = {eps_job:g} (the ledger records {eps_ledger:.4g}: {source})"
-    if release == "all":
+    if release in ("all", "final"):
         delta = plan["delta_job"]
     noise = "gaussian" if evs[0].mechanism == "gaussian" else "laplace"
     res = _statistics(x0, x1, noise, delta, ALPHA)

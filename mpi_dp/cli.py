@@ -249,9 +249,11 @@ def build_parser() -> argparse.ArgumentParser:
     aud.add_argument("--owner", type=int, default=0, help="the audited data owner (default 0)")
     aud.add_argument("--runs", type=int, default=20_000,
                      help="runs per world, vectorised (default 20000; 1e5 for tight bounds)")
-    aud.add_argument("--release", default="1", metavar="k|all",
-                     help="audit the owner's k-th release (default 1) or all its releases "
-                     "together (a composition audit; keep T small)")
+    aud.add_argument("--release", default="1", metavar="k|all|final",
+                     help="audit the owner's k-th release (default 1), all its releases "
+                     "together (a composition audit; keep T small), or the final model the "
+                     "method outputs (post-processing of all releases; claimed: the ledger "
+                     "total)")
     aud.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override a job key, as in run; repeatable")
     aud.add_argument("--out", metavar="PATH",

@@ -103,6 +103,35 @@ def test_the_audit_runs_the_owners_own_noise(tmp_path, monkeypatch, demo_shards)
     assert a["verdict"] == "VIOLATION" and a["eps_lower"] > 3 * a["claimed_eps"]
 
 
+def test_final_model_audit_and_no_evaluation_inside_an_audit(tmp_path, monkeypatch, demo_shards):
+    """--release final: the view is each run's final model, the claim the ledger total; an
+    audit skips the per-run evaluation records (the oracle sees only the reference's models)."""
+    from mpi_dp.algorithms import common
+
+    seen: list[int] = []
+    real = common.Oracle.loss_sums
+
+    def counted(self, thetas, *a, **k):
+        seen.append(len(thetas))
+        return real(self, thetas, *a, **k)
+
+    monkeypatch.setattr(common.Oracle, "loss_sums", counted)
+    job = _job(tmp_path, "audit_sync_star", demo_shards)
+    ok = run_audit(str(job), ["T=2", "record_every=2"], out=str(tmp_path / "f.h5"), runs=400,
+                   release="final", progress=False)
+    a = _attrs(ok)
+    assert a["release"] == "final" and a["verdict"] == "consistent"
+    assert 0.9 < a["claimed_eps"] <= 1.0 + 1e-9  # the ledger total of two releases at eps 1/2
+    with h5py.File(ok) as f:
+        assert f["statistics/lda/s0"].shape == (200,)
+    assert seen and max(seen) < 400  # a record would evaluate 2 x 400 models at once
+    monkeypatch.setattr(mechanisms, "laplace_noise",
+                        lambda gens, scale, size: np.zeros((len(gens), int(size))))
+    bad = run_audit(str(job), ["T=2", "record_every=2"], out=str(tmp_path / "g.h5"), runs=400,
+                    release="final", progress=False)
+    assert _attrs(bad)["verdict"] == "VIOLATION"
+
+
 def test_an_audit_never_overwrites_and_needs_one_configuration(tmp_path, demo_shards):
     job = _job(tmp_path, "audit_sync_star", demo_shards)
     out = tmp_path / "x.h5"
@@ -166,3 +195,20 @@ def test_dola_per_record_gaussian_holds_and_the_paper_calibration_is_caught(tmp_
     assert a["claimed_eps"] == pytest.approx(1.0) and a["job_eps"] == pytest.approx(1.0)
     if verdict == "VIOLATION":
         assert a["ledger_eps"] > a["eps_lower"] > 2.0  # the ledger is honest; the job's eps not
+
+
+@pytest.mark.parametrize("job,verdict", [("audit_admm_outp", "consistent"),
+                                         ("audit_admm_outp_sigma_sq", "VIOLATION")])
+def test_outp_huang_sigma_holds_and_the_authors_sigma_squared_is_caught(tmp_path, job, verdict):
+    """Seed 002 OutP: noise std sigma^2 (the authors' code) instead of sigma adds less noise than
+    the record needs once sigma < ||x (h - y)|| / I_p (the jobs' small prox_scale)."""
+    data = write_synth(tmp_path / "mc.h5", "multiclass", 4, 200, 6, 0.35, 5, public=300,
+                       classes=3)
+    out = tmp_path / "o.h5"
+    cp = mpi_run(2, ["audit", str(_job(tmp_path, job, data)), "--shape", "spread", "--runs",
+                     "8000", "--out", str(out), "--quiet"])
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    a = _attrs(out)
+    assert a["verdict"] == verdict, (a["eps_lower"], a["claimed_eps"])
+    if verdict == "VIOLATION":
+        assert a["eps_lower"] > 4 * a["claimed_eps"] and not a["certified"]

@@ -88,3 +88,17 @@ def test_lda_catches_one_noise_draw_shared_by_all_coordinates():
     t, di = A.choose_threshold(x0[:h] @ w, x1[:h] @ w, 0.0, 0.05)
     v = A.evaluate(s0, s1, t, di, 0.0, 0.05)
     assert v.fpr == 0 and v.fnr == 0 and v.eps_lower > 5.0
+
+
+@pytest.mark.parametrize("shift,n0,n1", [(0.0, 3000, 3000), (0.3, 5000, 4000), (2.0, 4000, 4000),
+                                         (6.0, 2000, 2500)])
+def test_branch_and_bound_finds_the_full_argmax(shift, n0, n1):
+    """Roc.best_by_direction equals max / first argmax of eps_by_direction (all thresholds)."""
+    g = np.random.default_rng(int(10 * shift) + n0)
+    s0 = np.round(g.laplace(0.0, 1.0, n0), 2)  # rounding makes ties among thresholds
+    s1 = np.round(g.laplace(shift, 1.0, n1), 2)
+    r = A.roc(s0, s1)
+    for delta in (0.0, 1e-5):
+        full = r.eps_by_direction(delta, 0.05)
+        for (e, i), arr in zip(r.best_by_direction(delta, 0.05), full, strict=True):
+            assert e == arr.max() and i == int(np.argmax(arr))

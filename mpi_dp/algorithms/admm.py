@@ -240,6 +240,8 @@ def run_config(star: Star, agents: list[Agent], s: Settings, test: tuple | None,
     last_print = t0
 
     def record(k: int, rho: float) -> None:
+        if not tap.evaluating():  # an audit: evaluation-only, nothing here leaves an owner
+            return
         vals = np.array([a.metrics(w) for a in agents]).reshape(len(agents), 5 * R)
         g = star.gather_agents(vals, (5 * R,))
         if g is None:

@@ -20,7 +20,7 @@ import numpy as np
 from ..comm.star import Star
 from ..errors import BudgetExceededError, JobError, NumericalError
 from ..models import linear
-from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, laplace_mechanism
+from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, laplace_mechanism, tap
 from ..rng import run_streams
 from .common import LocalShard, Oracle, Reference, agent_order_sum
 
@@ -144,6 +144,8 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
     last_print = t0
 
     def record(k: int, mu: float) -> np.ndarray | None:
+        if not tap.evaluating():  # an audit: evaluation-only, nothing here leaves an owner
+            return None
         clipped = np.array([o.last_clipped for o in owners]).reshape(len(owners), R)
         sums = oracle.loss_sums(np.concatenate([theta_avg, theta]), extra_local=clipped)
         if sums is None:

@@ -17,6 +17,7 @@ plots. Pure NumPy/SciPy: no MPI, no method knowledge.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -77,9 +78,57 @@ class Roc:
                               cp_upper(self.tp, self.n1, a), delta)
         return up, down
 
+    def best_by_direction(self, delta: float, alpha: float) -> tuple[tuple[float, int], ...]:
+        """((eps, index) of "s >= t", (eps, index) of "s < t"): the largest entries of
+        `eps_by_direction` and their first indices, without bounding every threshold."""
+        a = alpha / 2
+        return (_best(self.fp, self.n0, self.n1 - self.tp, self.n1, delta, a),
+                _best(self.n0 - self.fp, self.n0, self.tp, self.n1, delta, a))
+
     def eps(self, delta: float, alpha: float) -> np.ndarray:
         """Per threshold, the larger eps_lower of the two directions."""
         return np.maximum(*self.eps_by_direction(delta, alpha))
+
+
+@functools.lru_cache(maxsize=16)
+def _cp_grid(n: int, a: float) -> tuple[np.ndarray, np.ndarray]:
+    """Counts (every one up to 256, then 0.1 % apart) and their cp_upper(count, n, a)."""
+    m = max(n, 256)
+    grid = np.unique(np.concatenate([np.arange(min(n, 256) + 1), np.geomspace(
+        256, m, int(math.log(m / 256) / 0.001) + 2).astype(np.int64), [n]]))
+    grid = grid[grid <= n]
+    return grid, cp_upper(grid, n, a)
+
+
+def _cp_upper_floor(k: np.ndarray, n: int, a: float) -> np.ndarray:
+    """A lower bound on cp_upper(k, n, a) (which grows with k): its value at the largest grid
+    count <= k."""
+    grid, u = _cp_grid(int(n), float(a))
+    return u[np.searchsorted(grid, k, side="right") - 1]
+
+
+def _best(kfp: np.ndarray, n0: int, kfn: np.ndarray, n1: int, delta: float, a: float,
+          batch: int = 256) -> tuple[float, int]:
+    """max and first argmax of eps_from_rates(cp_upper(kfp), cp_upper(kfn)) by branch and
+    bound: cp_upper grows with the count, so its value at the grid count just below (a few
+    hundred counts per n) caps each threshold's eps, and only thresholds whose cap reaches the
+    best value so far get their own (costly) beta quantiles."""
+    cap = eps_from_rates(_cp_upper_floor(kfp, n0, a), _cp_upper_floor(kfn, n1, a), delta)
+    order = np.argsort(-cap, kind="stable")
+    best, at = 0.0, -1
+    for i in range(0, order.size, batch):
+        idx = order[i:i + batch]
+        if cap[idx[0]] < best or cap[idx[0]] <= 0.0:
+            break
+        e = eps_from_rates(cp_upper(kfp[idx], n0, a), cp_upper(kfn[idx], n1, a), delta)
+        m = e.max()
+        if m > best:
+            best, at = float(m), int(idx[e == m].min())
+        elif m == best and m > 0:
+            at = min(at, int(idx[e == m].min()))
+    if at < 0:  # nothing above 0: every eps is 0 and argmax is the first threshold
+        return 0.0, 0
+    return best, at
 
 
 def roc(s0: np.ndarray, s1: np.ndarray) -> Roc:
@@ -113,9 +162,8 @@ def choose_threshold(s0: np.ndarray, s1: np.ndarray, delta: float, alpha: float
                      ) -> tuple[float, int]:
     """The threshold and direction with the largest bounded eps on these (fit) runs."""
     r = roc(s0, s1)
-    up, down = r.eps_by_direction(delta, alpha)
-    iu, idn = int(np.argmax(up)), int(np.argmax(down))
-    if up[iu] >= down[idn]:
+    (eu, iu), (ed, idn) = r.best_by_direction(delta, alpha)
+    if eu >= ed:
         return float(r.thresholds[iu]), 1
     return float(r.thresholds[idn]), -1
 

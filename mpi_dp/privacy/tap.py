@@ -20,13 +20,17 @@ _ACTIVE: Tap | None = None
 class Tap:
     """The first `keep` releases of owner `agent` in each of `runs` run positions.
 
+    `evaluate=False` (an audit's default) lets methods skip their evaluation-only records
+    (`evaluating()`), which change nothing that leaves an owner.
+
     values[k] (runs, d) is release k of every run (NaN where a run made fewer releases);
     events[k] the mechanism event the owner charged for it (the first one reported)."""
 
-    def __init__(self, agent: int, runs: int, keep: int) -> None:
+    def __init__(self, agent: int, runs: int, keep: int, evaluate: bool = False) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.agent, self.runs, self.keep = int(agent), int(runs), int(keep)
+        self.evaluate = bool(evaluate)
         self.count = np.zeros(self.runs, dtype=np.int64)
         self.values: list[np.ndarray] = []
         self.events: list[Any] = []
@@ -50,6 +54,12 @@ class Tap:
 def enabled() -> bool:
     """Whether an audit listens (lets a block of many agents skip its per-agent reports)."""
     return _ACTIVE is not None
+
+
+def evaluating() -> bool:
+    """Whether evaluation-only records are wanted: always outside an audit (collective: every
+    process of a run has the same tap state)."""
+    return _ACTIVE is None or _ACTIVE.evaluate
 
 
 def release(agent: int, values: np.ndarray, runs: np.ndarray | None = None,
