@@ -90,7 +90,7 @@ def test_missing_drop_and_error(tmp_path):
     _eq(t.X, [[2, 6], [4, 20]])
     _eq(t.y, [30, 50])
     assert t.info["rows_dropped"]["missing feature value"] == 3 and t.info["n_rows"] == 2
-    with pytest.raises(DataError, match=r"m\.csv.*missing values.*'a' \(1\).*'b' \(2\).*line 2"):
+    with pytest.raises(DataError, match=r"m\.csv.*missing values.*'a' \(1\).*'b' \(2\).*in record 1 "):
         read_csv(path, "y", missing="error")
 
 
@@ -177,20 +177,27 @@ def test_explicit_categorical_and_converters(tmp_path):
     _eq(t.X, [[1, 36, 1], [0, 60, 0], [1, 36, 2]])
     assert t.info["encodings"]["zip"]["levels"] == ["10", "9"]
     assert t.info["column_kinds"] == {"zip": "categorical", "term": "converted", "grade": "categorical"}
-    expected = r"e\.csv.*converter for column 'term' failed on '36 months' at line 2"
+    expected = r"e\.csv.*converter for column 'term' failed on '36 months' in record 1 "
     with pytest.raises(DataError, match=expected):
         read_csv(path, "y", categorical=["grade"], converters={"term": float})
 
 
 def test_target_map_and_non_numeric_target(tmp_path):
     path = _write(tmp_path, "t.csv", "x,status\n1,Fully Paid\n2,Charged Off\n3,Current\n4,Fully Paid\n")
-    with pytest.raises(DataError, match=r"t\.csv.*target column 'status' is not numeric.*target_map"):
+    with pytest.raises(DataError, match=r"t\.csv.*target column 'status' is not numeric.*--target-map.*"
+                                        r"--positive"):
         read_csv(path, "status")
-    t = read_csv(path, "status", target_map={"Fully Paid": 1, "Charged Off": -1})
+    # a label the map lacks is an error naming it and its rows, never a silent drop
+    with pytest.raises(DataError, match=r"t\.csv: target 'status' has value\(s\) the target map does "
+                                        r"not map: 'Current' \(1 row\)"):
+        read_csv(path, "status", target_map={"Fully Paid": 1, "Charged Off": -1})
+    t = read_csv(path, "status", target_map={"Fully Paid": 1, "Charged Off": -1, "Current": None})
     _eq(t.y, [1, -1, 1])
     _eq(t.X[:, 0], [1, 2, 4])
-    assert t.info["rows_dropped"]["target not in target_map"] == 1
-    assert t.info["target_unmapped_levels"] == {"Current": 1}
+    assert t.info["rows_dropped"] == {"target mapped to null": 1}
+    assert t.info["target_map"] == {"Fully Paid": 1.0, "Charged Off": -1.0, "Current": None}
+    with pytest.raises(DataError, match="either a target map or a positive value"):
+        read_csv(path, "status", target_map={"Fully Paid": 1}, positive="Fully Paid")
 
 
 def test_delimiters_quotes_and_compression(tmp_path):
@@ -198,9 +205,13 @@ def test_delimiters_quotes_and_compression(tmp_path):
     _eq(plain.X, [[1, 0], [3, 1]])
     assert plain.info["encodings"]["name"]["levels"] == ["x, y", "z"]
     for sep in (";", "\t", "|"):
-        t = read_csv(_write(tmp_path, "s.txt", f'a{sep}name{sep}y\n1{sep}"x, y"{sep}2\n3{sep}z{sep}4\n'), "y")
-        assert t.info["delimiter"] == sep
+        path = _write(tmp_path, "s.txt", f'a{sep}name{sep}y\n1{sep}"x, y"{sep}2\n3{sep}z{sep}4\n')
+        t = read_csv(path, "y")
+        assert t.info["delimiter"] == "sniffed" and t.info["parser"].startswith("pandas ")
         _eq(t.X, plain.X)
+        given = read_csv(path, "y", delimiter=sep)
+        assert given.info["delimiter"] == sep
+        _eq(given.X, plain.X)
     raw = b'a,name,y\n1,"x, y",2\n3,z,4\n'
     for suffix, compress in ((".gz", gzip.compress), (".bz2", bz2.compress), (".xz", lzma.compress)):
         path = tmp_path / f"c.csv{suffix}"
@@ -210,12 +221,14 @@ def test_delimiters_quotes_and_compression(tmp_path):
         assert t.info["files"][0]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_short_rows_padded_long_rows_rejected(tmp_path):
+def test_short_rows_padded_long_rows_dropped(tmp_path):
     t = read_csv(_write(tmp_path, "s.csv", "a,b,y\n1,2,3\n4,5,6\n7,8"), "b")
     _eq(t.X, [[1, 3], [4, 6], [7, 0]])
-    assert t.info["short_rows_padded"] == {"count": 1, "lines": [4]}
-    with pytest.raises(DataError, match=r"l\.csv: line 3 has 4 fields but the header has 3"):
-        read_csv(_write(tmp_path, "l.csv", "a,b,y\n1,2,3\n4,5,6,7\n"), "y")
+    assert t.info["short_rows_padded"] == {"count": 1, "records": [3]}
+    assert t.info["cells_imputed"] == {"short row": 1} and t.info["rows_dropped"] == {}
+    long = read_csv(_write(tmp_path, "l.csv", "a,b,y\n1,2,3\n4,5,6,7\n8,9,10\n"), "y")
+    _eq(long.X, [[1, 2], [8, 9]])
+    assert long.info["rows_dropped"] == {"ragged row": 1} and long.info["n_rows_read"] == 3
 
 
 # ----------------------------------------------------------------------------------------------

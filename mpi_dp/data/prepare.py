@@ -2,8 +2,9 @@
 
 A recipe or the generic CSV/LIBSVM path builds a `Prepared` (per-agent records plus everything
 that says how they were made); `write_prepared` stores it atomically with its provenance as root
-attributes (recipe, options, source files with SHA-256, preprocessing steps, partition, notes), so
-a shard file says how it was made; `summary_text` prints what a user checks first.
+attributes (recipe, options, source files with SHA-256, preprocessing steps, partition, notes and
+the decisions: rows dropped, columns dropped, cells imputed and values clipped, each counted by
+reason), so a shard file says how it was made; `summary_text` prints what a user checks first.
 """
 
 from __future__ import annotations
@@ -42,6 +43,28 @@ class Prepared:
     partition: dict[str, Any] = dataclasses.field(default_factory=dict)
     parts: list[np.ndarray] | None = None  # each agent's record indices in the source (stored)
     public_index: np.ndarray | None = None  # the hold-out's record indices in the source
+    decisions: dict[str, Any] = dataclasses.field(default_factory=dict)  # see `reader_decisions`
+
+
+def reader_decisions(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The decisions record of a reader's ``info``: rows read, rows dropped by reason, columns
+    dropped with their reasons, cells imputed by reason (and per column), non-finite values per
+    column, category level counts. Later steps add their own drops (the partition's) and
+    ``values_clipped``, so that rows read = records in the shard file + rows dropped."""
+    options = info.get("options", {})
+    return {
+        "rows_read": int(info.get("n_rows_read", info.get("n_rows", 0))),
+        "rows_dropped": dict(info.get("rows_dropped", {})),
+        "columns_dropped": dict(info.get("dropped_columns", {})),
+        "cells_imputed": dict(info.get("cells_imputed", {})),
+        "imputation": options.get("missing"),
+        "imputed_by_column": dict(info.get("imputed", {})),
+        "nonfinite_by_column": dict(info.get("nonfinite_values", {})),
+        "ragged_rows": info.get("ragged_rows"),
+        "short_rows_padded": info.get("short_rows_padded"),
+        "category_levels": {k: len(v["levels"]) for k, v in info.get("encodings", {}).items()},
+        "values_clipped": {},
+    }
 
 
 def _jsonable(v: Any) -> Any:
@@ -71,6 +94,8 @@ def write_prepared(prep: Prepared, out: str | os.PathLike[str], *, recipe: str,
         "notes": _json(prep.notes),
         "prepared_by": "mpi-dp data prepare",
     }
+    if prep.decisions:
+        attrs["decisions"] = _json(prep.decisions)
     names: list[str] | None = list(prep.feature_names)
     if sum(len(n) + 1 for n in names) > 32_768:  # HDF5 attributes are limited to 64 KiB
         attrs["feature_names_omitted"] = (f"{len(names)} names, too long for an attribute; "
@@ -120,6 +145,8 @@ def summary(prep: Prepared, path: Path, seconds: float) -> dict[str, Any]:
         "test_global": 0 if prep.test_global is None else _rows(prep.test_global[0]),
         "bytes": path.stat().st_size, "seconds": seconds,
     }
+    if prep.decisions:
+        out["decisions"] = prep.decisions
     if prep.task != "regression":
         values, counts = np.unique(labels, return_counts=True)
         out["classes"] = {float(v): int(c) for v, c in zip(values, counts, strict=True)}
@@ -154,9 +181,35 @@ def summary_text(s: Mapping[str, Any]) -> str:
         extra.append(f"global test {s['test_global']:,}")
     if extra:
         lines.append("  other records     " + ", ".join(extra))
+    if "decisions" in s:
+        lines.extend(decisions_text(s["decisions"]))
     lines.append(f"  size on disk      {_human(s['bytes'])}")
     lines.append(f"  time              {s['seconds']:.1f} s")
     return "\n".join(lines)
+
+
+def _counts(counts: Mapping[str, Any]) -> str:
+    """'3 (ragged row: 1, missing target: 2)' for {'ragged row': 1, 'missing target': 2}."""
+    total = sum(int(v) for v in counts.values())
+    if not total:
+        return "0"
+    return f"{total:,} (" + ", ".join(f"{k}: {int(v):,}" for k, v in counts.items() if v) + ")"
+
+
+def decisions_text(d: Mapping[str, Any]) -> list[str]:
+    """Summary lines saying what was dropped, imputed and clipped, each by reason."""
+    cols = d.get("columns_dropped", {})
+    shown = ", ".join(f"{k}: {v}" for k, v in list(cols.items())[:8])
+    more = f", ... ({len(cols)} in all)" if len(cols) > 8 else ""
+    imputed = _counts(d.get("cells_imputed", {}))
+    how = f" with missing={d['imputation']}" if d.get("imputation") and imputed != "0" else ""
+    return [
+        f"  rows read         {d.get('rows_read', 0):,}",
+        f"  rows dropped      {_counts(d.get('rows_dropped', {}))}",
+        f"  columns dropped   {len(cols)}" + (f" ({shown}{more})" if cols else ""),
+        f"  cells imputed     {imputed}{how}",
+        f"  values clipped    {_counts(d.get('values_clipped', {}))}",
+    ]
 
 
 def run_prepare(build, out: str | os.PathLike[str], *, recipe: str, options: Mapping[str, Any],
@@ -178,7 +231,7 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
     with ShardFile(path) as f:
         a = f.attrs
     out = {}
-    for k in ("recipe", "options", "source_files", "preprocessing", "partition", "notes"):
+    for k in ("recipe", "options", "source_files", "preprocessing", "partition", "notes", "decisions"):
         if k in a:
             out[k] = json.loads(a[k]) if isinstance(a[k], str) and k != "recipe" else a[k]
     return out

@@ -1,9 +1,16 @@
-"""Arguments and command of `mpi-dp data prepare` (recipes by name, or a CSV/LIBSVM file)."""
+"""Arguments and command of `mpi-dp data prepare` (recipes by name, or a CSV/LIBSVM file).
+
+Every flag that does not apply to what is prepared is an error, not silently ignored: a user who
+writes `--key hospital` expects agents per hospital and must not get an i.i.d. split instead.
+"""
 
 from __future__ import annotations
 
 import argparse
 import ast
+import functools
+import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +19,7 @@ import numpy as np
 from mpi_dp.data import partition as part
 from mpi_dp.data import preprocess as pre
 from mpi_dp.data import readers, recipes
-from mpi_dp.data.prepare import Prepared, as_pairs, run_prepare
+from mpi_dp.data.prepare import Prepared, as_pairs, reader_decisions, run_prepare
 from mpi_dp.errors import DataError
 
 EPILOG = """\
@@ -25,14 +32,43 @@ examples:
   mpi-dp data prepare mnist                                     # files from `mpi-dp data fetch mnist`
   mpi-dp data prepare csv my.csv --target price --partition iid --agents 8 --public 1000 \\
       --pca 10 --out data/my.h5
-  mpi-dp data prepare csv visits.csv.gz --target los --key hospital --min-records 500 \\
-      --categorical auto --encoding auto --standardise
+  mpi-dp data prepare csv visits.csv.gz --target los --partition key --key hospital \\
+      --min-records 500 --categorical auto --encoding auto --standardise
+  mpi-dp data prepare csv adult.data --no-header --names @adult_names.txt --target income \\
+      --target-map '{{">50K": 1, "<=50K": -1}}' --task binary --agents 8 --public 1000
+  mpi-dp data prepare csv adult.data --no-header --names age,workclass,education,income \\
+      --target income --positive '>50K' --opt delimiter=','
   mpi-dp data prepare libsvm rcv1.bz2 --partition iid --agents 64 --task binary
+
+CSV files: pandas parses the text (gzip/bz2/xz/zip by suffix, quoted fields, the delimiter
+sniffed from the first line unless --opt delimiter=X). Cells are stripped; empty, NA, N/A, n/a,
+NaN, nan, null, NULL and None are missing. Nothing is dropped or changed silently: the summary
+counts every row dropped, by reason (ragged row = more fields than the header, missing target,
+target mapped to null, non-finite target or feature value such as inf or 1e400, missing feature
+value under --missing drop, partition remainder, key group under --min-records, missing key),
+every column dropped, every cell imputed by reason (missing value, short row) and every value
+clipped (--row-norm), and the shard file keeps the same record in its 'decisions' attribute.
+A short row (fewer fields than the header) keeps its record; its lacking cells are imputed.
 
 Source files are looked up under --source (repeatable) and then the fetch cache
 ($MPI_DP_DATA_CACHE or ~/.cache/mpi_dp/data). The shard file records the recipe, options,
-source files (SHA-256), preprocessing steps and partition as attributes.
+source files (SHA-256), preprocessing steps, partition and decisions as attributes.
 """
+
+#: --opt keys of the file paths, with the type each value must have
+FILE_OPTS: dict[str, dict[str, type]] = {
+    "csv": {"delimiter": str, "onehot_max_levels": int},
+    "libsvm": {"n_features": int},
+}
+#: --opt keys people try that are flags of their own
+_OPT_HINTS = {"target_map": "--target-map", "positive": "--positive", "names": "--names",
+              "header": "--no-header", "target": "--target", "key": "--key"}
+#: flags that apply to CSV files only (dest names); libsvm and recipes refuse them
+_CSV_ONLY = ("target", "drop", "columns", "categorical", "encoding", "missing", "max_missing_frac",
+             "key", "min_records", "no_header", "names", "target_map", "positive")
+#: flags of the generic file path (csv and libsvm); recipes refuse them
+_FILE_ONLY = (*_CSV_ONLY, "task", "partition", "agents", "sizes", "alpha", "public", "pca",
+              "standardise", "max_normalise", "row_norm", "test_frac", "seed")
 
 
 def _recipe_lines() -> str:
@@ -52,10 +88,27 @@ def add_prepare_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--source", action="append", metavar="DIR", default=[],
                     help="folder holding the original files (repeatable)")
     ap.add_argument("--opt", action="append", metavar="KEY=VALUE", default=[],
-                    help="recipe option (Python literal value), e.g. --opt public=500")
+                    help="option (Python literal value): a recipe's, e.g. --opt public=500; for "
+                    "csv delimiter=';' (skips sniffing) or onehot_max_levels=N; for libsvm "
+                    "n_features=N. An unknown key is an error")
     ap.add_argument("--quiet", action="store_true", help="no summary")
     g = ap.add_argument_group("csv / libsvm files")
     g.add_argument("--target", help="target column (csv)")
+    g.add_argument("--no-header", action="store_true",
+                   help="the CSV has no header row (its first row is a record): name the columns "
+                   "with --names, e.g. --no-header --names age,workclass,income")
+    g.add_argument("--names", metavar="A,B,C|@FILE",
+                   help="column names of a CSV without a header row (needs --no-header): "
+                   "comma-separated, or @FILE with one name per line; exactly as many as the "
+                   "file's rows have fields")
+    g.add_argument("--target-map", metavar="JSON",
+                   help="JSON object mapping the raw target values to numbers, e.g. "
+                   "--target-map '{\">50K\": 1, \"<=50K\": -1}'; values are compared with blanks "
+                   "around them stripped; a value the map lacks is an error naming it and its "
+                   "row count; null drops that value's rows (counted in the summary)")
+    g.add_argument("--positive", metavar="VALUE",
+                   help="binary target: rows whose target is VALUE get label +1, every other "
+                   "value -1 (implies --task binary), e.g. --positive '>50K'")
     g.add_argument("--drop", nargs="*", default=[], help="columns to leave out")
     g.add_argument("--columns", nargs="*", help="feature columns to keep (default all)")
     g.add_argument("--categorical", default="auto",
@@ -66,24 +119,34 @@ def add_prepare_arguments(ap: argparse.ArgumentParser) -> None:
                    help="missing values: set to 0, drop the row, impute, or fail")
     g.add_argument("--max-missing-frac", type=float, default=1.0,
                    help="drop feature columns missing in more than this share of rows")
-    g.add_argument("--task", choices=("regression", "binary", "multiclass"), default="regression",
-                   help="binary maps the two label values to -1/+1")
+    g.add_argument("--task", choices=("regression", "binary", "multiclass"),
+                   help="regression (default); binary: labels -1/+1 (two numeric label values map "
+                   "the lower to -1, the higher to +1; string labels need --target-map or "
+                   "--positive); multiclass: labels 0..K-1")
     g.add_argument("--partition", default="iid",
                    choices=("iid", "equal", "blocks", "key", "dirichlet"),
                    help="how records become agents")
     g.add_argument("--agents", type=int, default=4, help="number of agents (iid/equal/dirichlet)")
     g.add_argument("--sizes", type=int, nargs="*", help="block sizes (blocks)")
-    g.add_argument("--key", help="key column: one agent per value (partition key)")
-    g.add_argument("--min-records", type=int, default=1, help="smallest agent kept (key)")
+    g.add_argument("--key", help="key column, one agent per value (needs --partition key), e.g. "
+                   "--partition key --key hospital")
+    g.add_argument("--min-records", type=int,
+                   help="(--partition key) smallest agent kept, default 1; smaller key groups "
+                   "are dropped and counted")
     g.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration (dirichlet)")
     g.add_argument("--public", type=int, default=0, help="last M records as public hold-out")
     g.add_argument("--pca", type=int, help="PCA to K components fitted on the hold-out (whitened)")
     g.add_argument("--standardise", action="store_true",
                    help="z-score columns with hold-out statistics (all rows without one)")
     g.add_argument("--max-normalise", action="store_true", help="divide columns by their max |x|")
-    g.add_argument("--row-norm", choices=("l1", "l2"), help="scale rows to norm <= 1")
+    g.add_argument("--row-norm", choices=("l1", "l2"),
+                   help="scale rows to norm <= 1 (rows above 1 are counted as clipped)")
     g.add_argument("--test-frac", type=float, default=0.0, help="per-agent test share")
     g.add_argument("--seed", type=int, default=1, help="seed of random partitions")
+
+
+# ----------------------------------------------------------------------------------------------
+# checking and parsing the arguments
 
 
 def _parse_opts(items: list[str]) -> dict[str, Any]:
@@ -99,41 +162,156 @@ def _parse_opts(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def file_opts(what: str, items: list[str]) -> dict[str, Any]:
+    """The --opt values of the csv/libsvm path; DataError naming an unknown key or a bad value."""
+    known = FILE_OPTS[what]
+    opts = _parse_opts(items)
+    for key, value in opts.items():
+        if key not in known:
+            hint = f" (use {_OPT_HINTS[key]})" if key in _OPT_HINTS else ""
+            raise DataError(f"--opt {key!r} is not an option of 'data prepare {what}'{hint}; "
+                            f"known: {', '.join(known)}")
+        kind = known[key]
+        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 1) \
+                or (kind is str and not value):
+            want = "a positive integer" if kind is int else "a non-empty string"
+            raise DataError(f"--opt {key}={value!r}: must be {want}")
+    return opts
+
+
+def _given(args: argparse.Namespace, dest: str) -> bool:
+    """Whether a flag was given (differs from its default)."""
+    return getattr(args, dest) != _defaults().get(dest)
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """DataError for flags that do not apply or contradict each other (nothing is ignored)."""
+    if args.what not in ("csv", "libsvm"):
+        given = [_flag(d) for d in _FILE_ONLY if _given(args, d)]
+        if given:
+            raise DataError(f"{', '.join(given)}: for 'data prepare csv|libsvm FILE' only; recipe "
+                            f"{args.what!r} takes --opt KEY=VALUE (see --help)")
+        return
+    if args.what == "libsvm":
+        given = [_flag(d) for d in _CSV_ONLY if _given(args, d)]
+        if given:
+            raise DataError(f"{', '.join(given)}: for CSV files only, not 'data prepare libsvm'")
+        if args.partition == "key":
+            raise DataError("--partition key needs a key column, which LIBSVM files do not have")
+    _check_csv_args(args)
+    _check_partition_args(args)
+
+
+def _check_csv_args(args: argparse.Namespace) -> None:
+    """The header, names and target flags of a CSV file."""
+    if args.what != "csv":
+        return
+    if args.no_header and args.names is None:
+        raise DataError("--no-header needs --names A,B,C (or --names @FILE, one name per line) to "
+                        "name the columns")
+    if args.names is not None and not args.no_header:
+        raise DataError("--names names the columns of a file without a header row: add "
+                        "--no-header (a file with a header row takes its names from it)")
+    if args.target_map is not None and args.positive is not None:
+        raise DataError("--target-map and --positive both say how to read the target: give one")
+    if args.positive is not None and args.task not in (None, "binary"):
+        raise DataError(f"--positive makes a binary target (+1/-1); it cannot go with --task "
+                        f"{args.task}")
+
+
+def _check_partition_args(args: argparse.Namespace) -> None:
+    """--key and --min-records only with --partition key (and the reverse)."""
+    if args.key and args.partition != "key":
+        raise DataError(f"--key {args.key} needs --partition key (one agent per {args.key!r} "
+                        f"value); without it the split would be --partition {args.partition}")
+    if args.min_records is not None and args.partition != "key":
+        raise DataError("--min-records applies to --partition key only")
+    if args.partition == "key" and not args.key:
+        raise DataError("--partition key needs --key COLUMN")
+
+
+def parse_names(arg: str) -> list[str]:
+    """Column names from --names: 'a,b,c' or '@FILE' (one name per line, blank lines skipped)."""
+    if arg.startswith("@"):
+        path = Path(arg[1:])
+        try:
+            lines = path.read_text(encoding="utf-8-sig").splitlines()
+        except OSError as exc:
+            raise DataError(f"--names {arg}: cannot read {path} ({exc.strerror or exc})") from None
+        names = [ln.strip() for ln in lines if ln.strip()]
+    else:
+        names = [n.strip() for n in arg.split(",")]
+    if not names or not any(names):
+        raise DataError(f"--names {arg!r}: no column names")
+    return names
+
+
+def parse_target_map(text: str) -> dict[str, float | None]:
+    """The --target-map JSON object, validated (label -> finite number or null)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"--target-map is not valid JSON ({exc}); write e.g. "
+                        f"--target-map '{{\">50K\": 1, \"<=50K\": -1}}'") from None
+    if not isinstance(value, dict):
+        raise DataError(f"--target-map must be a JSON object of label: number, got {text!r}")
+    return readers.target_table(value)
+
+
+def _task(args: argparse.Namespace) -> str:
+    """The task: binary with --positive, else --task, else regression."""
+    if args.positive is not None:
+        return "binary"
+    return args.task or "regression"
+
+
+# ----------------------------------------------------------------------------------------------
+# the generic file path
+
+
 def _sources(args: argparse.Namespace) -> list[Path]:
     from mpi_dp.data.fetch import default_cache_dir
 
     return [Path(s) for s in args.source] + [default_cache_dir()]
 
 
-def build_file(args: argparse.Namespace) -> Prepared:
-    """The generic path: read a CSV/LIBSVM file, preprocess, partition."""
-    if not args.file:
-        raise DataError(f"'data prepare {args.what}' needs the file to read")
-    path = Path(args.file)
-    if not path.exists():
-        raise DataError(f"file '{path}' not found")
-    keys = (args.key,) if args.key else ()
-    if args.what == "csv":
-        if not args.target:
-            raise DataError("'data prepare csv' needs --target COLUMN")
-        cat = {"auto": "auto", "none": None}.get(args.categorical, None)
-        if args.categorical not in ("auto", "none"):
-            cat = [c.strip() for c in args.categorical.split(",") if c.strip()]
-        t = readers.read_csv(path, args.target, columns=args.columns, drop=args.drop, keys=keys,
-                             categorical=cat, encoding=args.encoding, missing=args.missing,
-                             max_missing_frac=args.max_missing_frac)
-    else:
-        t = readers.read_libsvm(path)
-    X, y = t.X, np.asarray(t.y, dtype=np.float64)
-    steps: list[dict[str, Any]] = [{"step": f"read_{args.what}", **t.info.get("options", {})}]
-    if args.task == "binary":
-        vals = np.unique(y)
-        if len(vals) != 2:
-            raise DataError(f"'{path}': --task binary needs 2 label values, found {len(vals)}")
-        y = np.where(y == vals[1], 1.0, -1.0)
-        steps.append({"step": "labels", "map": {str(vals[0]): -1, str(vals[1]): 1}})
-    n = X.shape[0]
-    pub = np.arange(n - args.public, n) if args.public else None
+def _read(args: argparse.Namespace, path: Path) -> readers.Table:
+    """The CSV or LIBSVM file as a Table, with the flags and --opt values applied."""
+    opts = file_opts(args.what, args.opt)
+    if args.what == "libsvm":
+        return readers.read_libsvm(path, n_features=opts.get("n_features"))
+    if not args.target:
+        raise DataError("'data prepare csv' needs --target COLUMN")
+    cat = {"auto": "auto", "none": None}.get(args.categorical, None)
+    if args.categorical not in ("auto", "none"):
+        cat = [c.strip() for c in args.categorical.split(",") if c.strip()]
+    return readers.read_csv(
+        path, args.target, columns=args.columns, drop=args.drop, keys=(args.key,) if args.key else (),
+        categorical=cat, encoding=args.encoding, missing=args.missing,
+        max_missing_frac=args.max_missing_frac, onehot_max_levels=opts.get("onehot_max_levels", 16),
+        delimiter=opts.get("delimiter"), names=parse_names(args.names) if args.names else None,
+        target_map=parse_target_map(args.target_map) if args.target_map is not None else None,
+        positive=args.positive)
+
+
+def _binary_labels(y: np.ndarray, path: Path, steps: list[dict[str, Any]]) -> np.ndarray:
+    """Two label values -> -1 (the lower) and +1 (the higher), recorded as a step."""
+    vals = np.unique(y)
+    if len(vals) != 2:
+        raise DataError(f"'{path}': --task binary needs 2 label values, found {len(vals)} "
+                        f"({', '.join(f'{v:g}' for v in vals[:10])}); map them with --target-map "
+                        f"or name the positive class with --positive")
+    steps.append({"step": "labels", "map": {str(vals[0]): -1, str(vals[1]): 1}})
+    return np.where(y == vals[1], 1.0, -1.0)
+
+
+def _preprocess(args: argparse.Namespace, X: Any, pub: np.ndarray | None, steps: list[dict[str, Any]],
+                clipped: dict[str, int]) -> tuple[Any, dict[str, np.ndarray]]:
+    """Standardise, max-normalise, PCA and row-normalise as asked; records steps and clipping."""
     public_extra: dict[str, np.ndarray] = {}
     if args.standardise:
         params = pre.fit_standardise(X, pub)
@@ -150,8 +328,58 @@ def build_file(args: argparse.Namespace) -> Prepared:
         public_extra.update(pca_V=params["V"], pca_D=params["D"])
         steps.append({"step": "pca", "k": args.pca, "whiten": True, "centred": False})
     if args.row_norm:
-        X = pre.row_normalise(X, args.row_norm)
-        steps.append({"step": "row_normalise", "norm": args.row_norm})
+        Y = pre.row_normalise(X, args.row_norm)
+        scaled = int(np.count_nonzero(_row_changed(X, Y)))
+        if scaled:
+            clipped[f"rows scaled to {args.row_norm} norm 1 (--row-norm)"] = scaled
+        X = Y
+        steps.append({"step": "row_normalise", "norm": args.row_norm, "rows_scaled": scaled})
+    return X, public_extra
+
+
+def _row_changed(X: Any, Y: Any) -> np.ndarray:
+    """Mask of the rows `row_normalise` changed (those whose norm exceeded 1; others are kept
+    bitwise). Dense or CSR."""
+    largest = abs(Y - X).max(axis=1)
+    if hasattr(largest, "toarray"):
+        largest = largest.toarray()
+    return np.asarray(largest).ravel() > 0
+
+
+def _key_partition(args: argparse.Namespace, t: readers.Table, pub: np.ndarray | None,
+                   dropped: dict[str, int]) -> list[np.ndarray]:
+    """One agent per key value; records with a missing key and small key groups are counted."""
+    keys = np.asarray(t.keys[args.key])
+    kind = t.info.get("keys", {}).get(args.key, {}).get("kind")
+    missing = keys == -1 if kind == "codes" else (np.isnan(keys) if keys.dtype.kind == "f" else
+                                                  np.zeros(len(keys), dtype=bool))
+    exclude = missing.copy()
+    if pub is not None:
+        exclude[pub] = True
+    missing_outside = int(np.count_nonzero(missing & ~_mask(len(keys), pub)))
+    if missing_outside:
+        dropped["missing key"] = missing_outside
+    clean = np.where(missing, 0, keys) if keys.dtype.kind == "f" else keys
+    min_records = args.min_records or 1
+    parts, _ = part.by_key(clean, min_records=min_records, exclude=exclude)
+    small = int((~exclude).sum()) - sum(len(p) for p in parts)
+    if small:
+        dropped[f"key group under --min-records {min_records}"] = small
+    return parts
+
+
+def _mask(n: int, idx: np.ndarray | None) -> np.ndarray:
+    out = np.zeros(n, dtype=bool)
+    if idx is not None:
+        out[idx] = True
+    return out
+
+
+def _partition(args: argparse.Namespace, t: readers.Table, y: np.ndarray, n: int,
+               pub: np.ndarray | None, dropped: dict[str, int]) -> list[np.ndarray]:
+    """Records -> agents as --partition says; records no agent gets are counted by reason."""
+    if args.partition == "key":
+        return _key_partition(args, t, pub, dropped)
     if args.partition == "iid":
         parts = part.iid(n, args.agents, args.seed, exclude=pub)
     elif args.partition == "equal":
@@ -160,30 +388,64 @@ def build_file(args: argparse.Namespace) -> Prepared:
         if not args.sizes:
             raise DataError("--partition blocks needs --sizes N1 N2 ...")
         parts = part.blocks(n, args.sizes, exclude=pub)
-    elif args.partition == "key":
-        if not args.key:
-            raise DataError("--partition key needs --key COLUMN")
-        parts, _ = part.by_key(t.keys[args.key], min_records=args.min_records, exclude=pub)
     else:
         parts = part.dirichlet(y, args.agents, args.alpha, args.seed, exclude=pub)
+    left = n - (0 if pub is None else len(pub)) - sum(len(p) for p in parts)
+    if left:
+        why = "beyond the --sizes blocks" if args.partition == "blocks" else \
+            f"partition remainder ({args.partition}: equal shares of {len(parts[0]):,})"
+        dropped[why] = left
+    return parts
+
+
+def build_file(args: argparse.Namespace) -> Prepared:
+    """The generic path: read a CSV/LIBSVM file, preprocess, partition; every decision counted."""
+    if not args.file:
+        raise DataError(f"'data prepare {args.what}' needs the file to read")
+    path = Path(args.file)
+    if not path.exists():
+        raise DataError(f"file '{path}' not found")
+    t = _read(args, path)
+    decisions = reader_decisions(t.info)
+    X, y = t.X, np.asarray(t.y, dtype=np.float64)
+    steps: list[dict[str, Any]] = [{"step": f"read_{args.what}", **t.info.get("options", {})}]
+    notes: list[str] = []
+    task = _task(args)
+    if task == "binary":
+        y = _binary_labels(y, path, steps)
+    elif task == "regression" and len(np.unique(y)) == 2:
+        notes.append(f"the target has only 2 values ({', '.join(f'{v:g}' for v in np.unique(y))}); "
+                     "add --task binary if this is a classification")
+    n = X.shape[0]
+    pub = np.arange(n - args.public, n) if args.public else None
+    X, public_extra = _preprocess(args, X, pub, steps, decisions["values_clipped"])
+    parts = _partition(args, t, y, n, pub, decisions["rows_dropped"])
     tests = None
     if args.test_frac > 0:
         # seed + 1: the split streams must not repeat the shuffle stream of iid/dirichlet
         parts, test_parts = part.train_test_split(parts, args.test_frac, args.seed + 1)
         tests = list(as_pairs(X, y, test_parts))
     names = t.feature_names if not args.pca else [f"pc{j + 1}" for j in range(args.pca)]
-    return Prepared(agents=as_pairs(X, y, parts), task=args.task, feature_names=list(names),
+    return Prepared(agents=as_pairs(X, y, parts), task=task, feature_names=list(names),
                     public=None if pub is None else (X[pub], y[pub]), public_extra=public_extra,
                     tests=tests, steps=steps, source_files=list(t.info.get("files", [])),
                     partition={"kind": args.partition, **part.summary(parts)},
-                    parts=parts, public_index=pub)
+                    parts=parts, public_index=pub, notes=notes, decisions=decisions)
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """The arguments as stored in the shard file (the resolved task included)."""
+    opts = {k: v for k, v in vars(args).items() if k not in ("func", "command", "data_command")}
+    opts["task"] = _task(args)
+    return opts
 
 
 def run_prepare_command(args: argparse.Namespace) -> int:
+    check_args(args)
     if args.what in ("csv", "libsvm"):
+        file_opts(args.what, args.opt)  # fail before reading the file
         out = args.out or f"data/{Path(args.file or 'prepared').name.split('.')[0]}.h5"
-        opts = {k: v for k, v in vars(args).items() if k not in ("func", "command", "data_command")}
-        run_prepare(lambda: build_file(args), out, recipe=args.what, options=opts,
+        run_prepare(lambda: build_file(args), out, recipe=args.what, options=_options(args),
                     source=str(args.file), quiet=args.quiet)
         return 0
     r = recipes.get(args.what)
@@ -196,3 +458,11 @@ def run_prepare_command(args: argparse.Namespace) -> int:
     run_prepare(lambda: r.build(paths, o), out, recipe=r.name, options=o,
                 source=", ".join(str(p) for p in paths), quiet=args.quiet)
     return 0
+
+
+@functools.cache
+def _defaults() -> Mapping[str, Any]:
+    """Every flag's default, to tell which flags a user gave."""
+    ap = argparse.ArgumentParser(add_help=False)
+    add_prepare_arguments(ap)
+    return vars(ap.parse_args(["x"]))

@@ -1,10 +1,13 @@
 """Readers: real dataset files (CSV, LIBSVM, IDX/MNIST, LEAF JSON, MovieLens) into in-memory tables.
 
 Reading only turns bytes into numbers: no scaling, centring or partitioning happens here (that is
-preprocessing). Every reader records in ``info`` what it read (path, size, sha256) and every
-decision it took (dropped rows and columns with reasons, category levels, imputed values), so a
-prepared dataset can say exactly where each number came from. All failures a user can cause raise
-``DataError`` with a message naming the file and the problem.
+preprocessing). CSV text is parsed by pandas (compression, quoting, delimiter sniffing); this
+module keeps the project's own part, the decisions: which cells are missing, which columns are
+numeric or categorical, which rows and columns are dropped and why, which cells are imputed and
+why. Every reader records in ``info`` what it read (path, size, sha256) and every decision it took,
+so a prepared dataset can say exactly where each number came from and nothing is dropped or
+changed silently. All failures a user can cause raise ``DataError`` with a message naming the file
+and the problem.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import scipy.sparse
 
 from mpi_dp.errors import DataError
@@ -32,11 +36,23 @@ from mpi_dp.errors import DataError
 #: cell values (after stripping blanks) that mean "missing"
 MISSING_TOKENS = ("", "NA", "N/A", "n/a", "NaN", "nan", "null", "NULL", "None")
 _MISSING = np.array(MISSING_TOKENS)
-_DELIMITERS = (",", "\t", "|", ";")
 _MISSING_POLICIES = ("zero", "drop", "mean", "median", "error")
 _ENCODINGS = ("codes", "onehot", "frequency", "auto")
 _COMPRESSION = {".gz": ("gzip", gzip.open), ".bz2": ("bzip2", bz2.open), ".xz": ("xz", lzma.open)}
 _DECOMPRESS_ERRORS = (EOFError, OSError, lzma.LZMAError, zlib.error)
+#: compressions pandas infers from a CSV file's suffix (names for messages)
+_PANDAS_COMPRESSION = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zip": "zip", ".zst": "zstd"}
+
+#: reasons a CSV row is dropped, in the order they are checked (a row counts under the first)
+DROP_RAGGED = "ragged row"
+DROP_MISSING_TARGET = "missing target"
+DROP_NULL_TARGET = "target mapped to null"
+DROP_NONFINITE_TARGET = "non-finite target"
+DROP_NONFINITE_FEATURE = "non-finite feature value"
+DROP_MISSING_FEATURE = "missing feature value"
+
+#: reasons a feature cell is missing and so imputed (or its row dropped under missing="drop")
+_WHY_MISSING = {1: "missing value", 2: "short row", 3: "converter gave no number"}
 
 
 @dataclasses.dataclass
@@ -99,26 +115,50 @@ def _decode(data: bytes) -> tuple[str, str]:
 
 
 # ----------------------------------------------------------------------------------------------
-# CSV: parsing text into string columns
+# CSV: pandas parses the text into string cells
 
 
-def _sniff_delimiter(text: str) -> str:
-    """The candidate delimiter giving the most header fields with consistent row widths."""
-    head = text[: 1 << 16]
-    if len(text) > len(head) and "\n" in head:
-        head = head[: head.rindex("\n")]
-    best, best_score = ",", (False, 1)
-    for d in _DELIMITERS:
+def _pandas_rows(source: Any, delimiter: str | None, encoding: str) -> tuple[pd.DataFrame, list[int]]:
+    """Every row as str cells (NaN where a row is shorter than the first), and the field counts
+    of the rows longer than the first, which pandas hands back and which are left out."""
+    long_rows: list[int] = []
+
+    def ragged(fields: list[str]) -> None:
+        long_rows.append(len(fields))
+        return None
+
+    # header=None: no index column is ever inferred, and pandas 2 and 3 both hand long rows to
+    # `ragged` (with index_col=False pandas 2 truncates them instead, with only a warning)
+    rows = pd.read_csv(source, header=None, sep=delimiter, engine="python", dtype=str,
+                       keep_default_na=False, na_filter=False, encoding=encoding, on_bad_lines=ragged)
+    return rows, long_rows
+
+
+def _parse_text(source: str | Path | bytes, where: str, delimiter: str | None
+                ) -> tuple[pd.DataFrame, list[int], str]:
+    """`_pandas_rows` of a file (compression from its suffix) or of bytes, trying UTF-8 then
+    Latin-1; pandas' errors become DataError naming `where`. Returns (rows, long rows, encoding)."""
+    kind = _PANDAS_COMPRESSION.get(Path(where).suffix.lower())
+    for encoding in ("utf-8-sig", "latin-1"):
+        src = io.BytesIO(source) if isinstance(source, bytes) else source
         try:
-            rows = [r for r in csv.reader(io.StringIO(head, newline=""), delimiter=d) if r][:50]
-        except csv.Error:
+            rows, long_rows = _pandas_rows(src, delimiter, encoding)
+            return rows, long_rows, "utf-8" if encoding == "utf-8-sig" else encoding
+        except UnicodeDecodeError:
             continue
-        if not rows or len(rows[0]) < 2:
-            continue
-        score = (all(len(r) == len(rows[0]) for r in rows[1:]), len(rows[0]))
-        if score > best_score:
-            best, best_score = d, score
-    return best
+        except pd.errors.EmptyDataError:
+            raise DataError(f"{where}: is empty") from None
+        except pd.errors.ParserError as exc:
+            raise DataError(f"{where}: malformed CSV ({exc})") from None
+        except csv.Error as exc:
+            raise DataError(f"{where}: cannot tell the delimiter from the first line ({exc}; is it "
+                            "empty?); name it, e.g. --opt delimiter=';'") from None
+        except (*_DECOMPRESS_ERRORS, zipfile.BadZipFile) as exc:
+            what = f"truncated or corrupt {kind} file" if kind else "cannot read file"
+            raise DataError(f"{where}: {what} ({type(exc).__name__}: {exc})") from None
+        except ValueError as exc:  # e.g. a .zip holding several files
+            raise DataError(f"{where}: cannot read ({exc})") from None
+    raise AssertionError("latin-1 decodes any bytes")  # pragma: no cover
 
 
 def _header_names(header: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -139,47 +179,69 @@ def _header_names(header: list[str]) -> tuple[list[str], dict[str, str]]:
     return names, renamed
 
 
-def _parse_csv(text: str, delimiter: str, path: Path) -> tuple[list[str], list[tuple], np.ndarray, dict]:
-    """Header names, string columns, physical line number of each record, and parse notes."""
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
-    try:
-        header = next(reader, None)
-        while header is not None and not any(f.strip() for f in header):
-            header = next(reader, None)
-        if header is None:
-            raise DataError(f"{path}: is empty (a header row is required)")
-        names, renamed = _header_names(header)
-        width = len(names)
-        rows: list[list[str]] = []
-        lines: list[int] = []
-        short: list[int] = []
-        for row in reader:
-            if not row:
-                continue
-            if len(row) != width:
-                if len(row) > width:
-                    raise DataError(f"{path}: line {reader.line_num} has {len(row)} fields but the "
-                                    f"header has {width} (delimiter {delimiter!r})")
-                short.append(reader.line_num)
-                row = row + [""] * (width - len(row))
-            rows.append(row)
-            lines.append(reader.line_num)
-    except csv.Error as exc:
-        raise DataError(f"{path}: malformed CSV at line {reader.line_num} ({exc})") from None
-    if not rows:
-        raise DataError(f"{path}: has a header but no records")
+def _check_names(names: Sequence[str], width: int, where: str) -> list[str]:
+    """The given column names of a headerless file: as many as its first row has fields, distinct."""
+    names = [str(n).strip() for n in names]
+    if len(names) != width:
+        raise DataError(f"{where}: {len(names)} column names given but the first row has {width} "
+                        f"fields; give exactly {width} names")
+    blank = [j + 1 for j, n in enumerate(names) if not n]
+    if blank:
+        raise DataError(f"{where}: column name number(s) {blank} are blank")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise DataError(f"{where}: column name(s) {', '.join(map(repr, repeated))} given more than once")
+    return names
+
+
+def _split_header(rows: pd.DataFrame, where: str, names: Sequence[str] | None, n_long: int = 0
+                  ) -> tuple[list[str], pd.DataFrame, dict[str, Any]]:
+    """Column names (the header row, or `names` for a file without one) and the record rows;
+    `n_long` rows were left out for having more fields than the first row."""
     notes: dict[str, Any] = {}
-    if renamed:
-        notes["renamed_columns"] = renamed
-    if short:
-        notes["short_rows_padded"] = {"count": len(short), "lines": short[:20]}
-    return names, list(zip(*rows, strict=True)), np.asarray(lines, dtype=np.int64), notes
+    if names is None:
+        if rows.empty:
+            raise DataError(f"{where}: is empty (a header row is required)")
+        names, renamed = _header_names(rows.iloc[0].tolist())
+        if renamed:
+            notes["renamed_columns"] = renamed
+        rows = rows.iloc[1:]
+        if rows.empty and n_long:
+            raise DataError(f"{where}: all {n_long} records have more fields than the header's "
+                            f"{len(names)} (a header cell missing, or the wrong delimiter?)")
+        if rows.empty:
+            raise DataError(f"{where}: has a header but no records")
+    else:
+        names = _check_names(names, rows.shape[1], where)
+        notes["header"] = "none (names given)"
+    rows = rows.set_axis(names, axis=1).reset_index(drop=True)
+    return names, rows, notes
 
 
-def _clean(column: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Stripped string values and the missing mask of one column."""
-    values = np.char.strip(np.asarray(column, dtype=str))
-    return values, np.isin(values, _MISSING)
+def _row_notes(rows: pd.DataFrame, long_rows: list[int], width: int, header: bool) -> dict[str, Any]:
+    """What the parse left for the record: rows dropped as too long, rows padded as too short."""
+    notes: dict[str, Any] = {}
+    if long_rows:
+        counts = np.unique(long_rows, return_counts=True)
+        notes["ragged_rows"] = {
+            "count": len(long_rows), "expected_fields": width,
+            "than": "the header" if header else "the first row",
+            "field_counts": {str(int(k)): int(c) for k, c in zip(*counts, strict=True)}}
+    short = np.flatnonzero(rows.isna().to_numpy().any(axis=1))
+    if short.size:
+        notes["short_rows_padded"] = {"count": int(short.size), "records": (short[:20] + 1).tolist()}
+    return notes
+
+
+# ----------------------------------------------------------------------------------------------
+# CSV: typing string cells
+
+
+def _cells(column: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Stripped string values, the missing mask, and the mask of cells a short row lacked."""
+    short = column.isna().to_numpy()
+    values = np.char.strip(column.fillna("").to_numpy(dtype=str))
+    return values, np.isin(values, _MISSING) | short, short
 
 
 def _to_float(values: np.ndarray) -> np.ndarray | None:
@@ -200,7 +262,8 @@ def _to_float(values: np.ndarray) -> np.ndarray | None:
 
 
 def _numeric(values: np.ndarray, miss: np.ndarray) -> np.ndarray | None:
-    """float64 column with NaN where missing, or None if a non-missing value is not a number."""
+    """float64 column with NaN where missing, or None if a non-missing value is not a number.
+    Overflowing numbers such as 1e400 parse as inf (non-finite, counted by the caller)."""
     parsed = _to_float(values[~miss])
     if parsed is None:
         return None
@@ -209,9 +272,9 @@ def _numeric(values: np.ndarray, miss: np.ndarray) -> np.ndarray | None:
     return out
 
 
-def _convert(values: np.ndarray, miss: np.ndarray, fn: Callable[[str], float], path: Path,
-             name: str, lines: np.ndarray) -> np.ndarray:
-    """A user converter applied to each non-missing value; NaN results count as missing."""
+def _convert(values: np.ndarray, miss: np.ndarray, fn: Callable[[str], float], where: str,
+             name: str) -> np.ndarray:
+    """A user converter applied to each non-missing value (NaN where missing or it gives NaN)."""
     out = np.full(values.shape, np.nan)
     cache: dict[str, float] = {}
     for i in np.flatnonzero(~miss):
@@ -220,8 +283,8 @@ def _convert(values: np.ndarray, miss: np.ndarray, fn: Callable[[str], float], p
             try:
                 cache[v] = float(fn(v))
             except Exception as exc:  # a recipe's parser may raise anything
-                raise DataError(f"{path}: converter for column {name!r} failed on {v!r} at line "
-                                f"{lines[i]} ({type(exc).__name__}: {exc})") from None
+                raise DataError(f"{where}: converter for column {name!r} failed on {v!r} in record "
+                                f"{i + 1} ({type(exc).__name__}: {exc})") from None
         out[i] = cache[v]
     return out
 
@@ -237,11 +300,18 @@ def _preview(names: Sequence[str], k: int = 25) -> str:
     return shown if len(names) <= k else f"{shown}, ... ({len(names)} columns in all)"
 
 
+def _drop(info: dict[str, Any], reason: str, mask: np.ndarray) -> None:
+    """Count the rows of `mask` as dropped for `reason` (only reasons that dropped a row appear)."""
+    count = int(np.count_nonzero(mask))
+    if count:
+        info["rows_dropped"][reason] = info["rows_dropped"].get(reason, 0) + count
+
+
 # ----------------------------------------------------------------------------------------------
-# CSV: target, features, keys
+# CSV: target
 
 
-def _check_options(path: Path, names: list[str], target: str, columns, drop, keys, categorical,
+def _check_options(where: str, names: list[str], target: str, columns, drop, keys, categorical,
                    converters, encoding: str, missing: str, max_missing_frac: float) -> None:
     """DataError for unknown column names, contradictory roles and invalid option values."""
     if encoding not in _ENCODINGS:
@@ -253,7 +323,7 @@ def _check_options(path: Path, names: list[str], target: str, columns, drop, key
     if isinstance(categorical, str) and categorical != "auto":
         raise DataError(f"categorical must be 'auto', None or a list of columns, got {categorical!r}")
     if target not in names:
-        raise DataError(f"{path}: target column {target!r} not found; available columns: "
+        raise DataError(f"{where}: target column {target!r} not found; the columns are: "
                         f"{_preview(names)}")
     known = set(names)
     lists = {"columns": columns or (), "drop": drop, "keys": keys, "converters": converters or {}}
@@ -262,49 +332,125 @@ def _check_options(path: Path, names: list[str], target: str, columns, drop, key
     for what, given in lists.items():
         unknown = [c for c in given if c not in known]
         if unknown:
-            raise DataError(f"{path}: unknown column(s) in {what}: {', '.join(map(repr, unknown))}; "
-                            f"available columns: {_preview(names)}")
+            raise DataError(f"{where}: unknown column(s) in {what}: {', '.join(map(repr, unknown))}; "
+                            f"the columns are: {_preview(names)}")
     if target in drop or target in keys:
-        raise DataError(f"{path}: the target {target!r} cannot be listed in drop or keys")
+        raise DataError(f"{where}: the target {target!r} cannot be listed in drop or keys")
     clash = sorted(set(keys) & set(drop))
     if clash:
-        raise DataError(f"{path}: column(s) {', '.join(map(repr, clash))} are both keys and dropped")
+        raise DataError(f"{where}: column(s) {', '.join(map(repr, clash))} are both keys and dropped")
 
 
-def _target(values: np.ndarray, miss: np.ndarray, path: Path, name: str, lines: np.ndarray,
-            target_map: Mapping[str, float] | None, converter: Callable | None,
+def target_table(target_map: Mapping[str, Any]) -> dict[str, float | None]:
+    """A validated target map: stripped label -> finite number, or None (drop those rows)."""
+    if not isinstance(target_map, Mapping) or not target_map:
+        raise DataError(f"a target map must be a non-empty mapping of label -> number, got {target_map!r}")
+    table: dict[str, float | None] = {}
+    for label, value in target_map.items():
+        key = str(label).strip()
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not np.isfinite(value)):
+            raise DataError(f"target map: the value of {key!r} must be a finite number or null, "
+                            f"got {value!r}")
+        if key in table:
+            raise DataError(f"target map: label {key!r} is given twice (labels are compared stripped)")
+        table[key] = None if value is None else float(value)
+    return table
+
+
+def _value_counts(values: np.ndarray, k: int = 5) -> str:
+    """The k most frequent values with their row counts, e.g. "'>50K.' (12 rows), 'x' (1 row)"."""
+    levels, counts = np.unique(values, return_counts=True)
+    order = np.argsort(-counts, kind="stable")
+    shown = [f"{str(levels[i])!r} ({counts[i]} row{'s' if counts[i] != 1 else ''})" for i in order[:k]]
+    more = f" and {len(levels) - k} more value(s)" if len(levels) > k else ""
+    return ", ".join(shown) + more
+
+
+def _map_target(values: np.ndarray, keep: np.ndarray, where: str, name: str,
+                target_map: Mapping[str, Any], info: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Target values through the map; an unmapped value is an error, a null drops its rows."""
+    table = target_table(target_map)
+    unmapped = keep & ~np.isin(values, list(table))
+    if unmapped.any():
+        raise DataError(f"{where}: target {name!r} has value(s) the target map does not map: "
+                        f"{_value_counts(values[unmapped])}; add them to the map (null drops "
+                        f"those rows)")
+    y = np.full(values.shape, np.nan)
+    nulls = np.zeros(values.shape, dtype=bool)
+    counts: dict[str, int] = {}
+    for label, value in table.items():
+        hit = keep & (values == label)
+        counts[label] = int(hit.sum())
+        if value is None:
+            nulls |= hit
+        else:
+            y[hit] = value
+    _drop(info, DROP_NULL_TARGET, nulls)
+    info["target_map"] = table
+    info["target_counts"] = counts
+    return y, keep & ~nulls
+
+
+def _matches(values: np.ndarray, positive: str) -> np.ndarray:
+    """Cells equal to `positive` as strings, or as numbers when both parse ('1.0' matches '1')."""
+    wanted = positive.strip()
+    hit = values == wanted
+    number = _to_float(np.array([wanted]))
+    if number is None:
+        return hit
+    for level in np.unique(values[~hit]):
+        parsed = _to_float(np.array([level]))
+        if parsed is not None and parsed[0] == number[0]:
+            hit |= values == level
+    return hit
+
+
+def _positive_target(values: np.ndarray, keep: np.ndarray, where: str, name: str, positive: str,
+                     info: dict) -> np.ndarray:
+    """+1 where the target equals `positive`, -1 for every other (non-missing) value."""
+    hit = keep & _matches(values, str(positive))
+    if not hit.any():
+        raise DataError(f"{where}: --positive {positive!r} matches no row of target {name!r}; its "
+                        f"values are {_value_counts(values[keep])}")
+    if not (keep & ~hit).any():
+        raise DataError(f"{where}: every row of target {name!r} is {positive!r}: no negative class")
+    info["positive"] = {"value": str(positive), "rows_positive": int(hit.sum()),
+                        "rows_negative": int((keep & ~hit).sum()),
+                        "negative_values": sorted(set(values[keep & ~hit].tolist()))[:50]}
+    return np.where(hit, 1.0, -1.0)
+
+
+def _target(values: np.ndarray, miss: np.ndarray, where: str, name: str,
+            target_map: Mapping[str, Any] | None, positive: str | None, converter: Callable | None,
             info: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Target values (float64) and the mask of records to keep; unmapped labels are dropped."""
+    """Target values (float64) and the mask of records to keep, each drop counted by reason."""
     keep = ~miss
-    info["rows_dropped"]["missing target"] = int(miss.sum())
+    _drop(info, DROP_MISSING_TARGET, miss)
     if target_map is not None:
-        table = {str(k).strip(): float(v) for k, v in target_map.items()}
-        mapped = np.isin(values, list(table)) & keep
-        unmapped = keep & ~mapped
-        if unmapped.any():
-            levels, counts = np.unique(values[unmapped], return_counts=True)
-            info["rows_dropped"]["target not in target_map"] = int(unmapped.sum())
-            info["target_unmapped_levels"] = {str(v): int(c) for v, c in zip(levels, counts, strict=True)}
-        y = np.full(values.shape, np.nan)
-        for label, v in table.items():
-            y[mapped & (values == label)] = v
-        info["target_map"] = table
-        keep = mapped
+        y, keep = _map_target(values, keep, where, name, target_map, info)
+    elif positive is not None:
+        y = _positive_target(values, keep, where, name, positive, info)
     elif converter is not None:
-        y = _convert(values, miss, converter, path, name, lines)
+        y = _convert(values, miss, converter, where, name)
     else:
         y = _numeric(values, miss)
         if y is None:
-            raise DataError(f"{path}: target column {name!r} is not numeric (values such as "
-                            f"{_examples(values, miss)}); give a target_map, e.g. "
-                            f"{{'yes': 1, 'no': -1}}")
+            raise DataError(f"{where}: target column {name!r} is not numeric (values such as "
+                            f"{_examples(values, miss)}); map it to numbers with a target map "
+                            f"(--target-map '{{\"yes\": 1, \"no\": -1}}') or name the positive "
+                            f"class (--positive yes)")
     bad = keep & ~np.isfinite(y)
-    if bad.any():
-        info["rows_dropped"]["target not a finite number"] = int(bad.sum())
-        keep = keep & ~bad
+    _drop(info, DROP_NONFINITE_TARGET, bad)
+    keep = keep & ~bad
     if not keep.any():
-        raise DataError(f"{path}: no record has a usable value of target {name!r}")
+        raise DataError(f"{where}: no record has a usable value of target {name!r} "
+                        f"(rows dropped: {info['rows_dropped']})")
     return y, keep
+
+
+# ----------------------------------------------------------------------------------------------
+# CSV: features and keys
 
 
 @dataclasses.dataclass
@@ -314,73 +460,89 @@ class _Feature:
     name: str
     kind: str  # "numeric" | "converted" | "categorical"
     values: np.ndarray  # float64 for numeric kinds, str for categorical
-    miss: np.ndarray
+    why: np.ndarray  # int8 per cell: 0 present, else the key of its reason in _WHY_MISSING
+
+    @property
+    def miss(self) -> np.ndarray:
+        return self.why > 0
+
+    def take(self, rows: np.ndarray) -> None:
+        self.values, self.why = self.values[rows], self.why[rows]
 
 
-def _type_features(path: Path, cols: dict[str, tuple], feature_names: list[str], keep: np.ndarray,
-                   lines: np.ndarray, categorical, converters: Mapping, max_missing_frac: float,
-                   info: dict) -> list[_Feature]:
-    """Typed feature columns on the kept rows; drops all-missing and too-often-missing columns."""
-    explicit = set(categorical) if categorical is not None and not isinstance(categorical, str) else None
-    feats: list[_Feature] = []
-    for name in feature_names:
-        values, miss = _clean(cols[name])
-        values, miss = values[keep], miss[keep]
-        if name in converters:
-            conv = _convert(values, miss, converters[name], path, name, lines[keep])
-            miss = np.isnan(conv)
-        if miss.all():
-            info["dropped_columns"][name] = "entirely missing"
-            continue
-        frac = float(miss.mean())
-        if frac > max_missing_frac:
-            info["dropped_columns"][name] = f"missing share {frac:.4g} > max_missing_frac {max_missing_frac}"
-            continue
-        if name in converters:
-            feats.append(_Feature(name, "converted", conv, miss))
-            continue
-        numeric = None if explicit is not None and name in explicit else _numeric(values, miss)
-        if numeric is not None:
-            nonfinite = ~miss & ~np.isfinite(numeric)
-            if nonfinite.any():
-                info.setdefault("nonfinite_as_missing", {})[name] = int(nonfinite.sum())
-                numeric[nonfinite] = np.nan
-                miss = miss | nonfinite
-            feats.append(_Feature(name, "numeric", numeric, miss))
-            continue
-        if categorical is None or (explicit is not None and name not in explicit):
-            raise DataError(f"{path}: column {name!r} is not numeric (values such as "
-                            f"{_examples(values, miss)}); declare it categorical (--categorical "
-                            f"{name}), drop it (--drop {name}) or give a converter")
-        feats.append(_Feature(name, "categorical", values, miss))
-    return feats
+def _missing_why(miss: np.ndarray, short: np.ndarray) -> np.ndarray:
+    """Reason code per cell: 1 missing token, 2 lacking in a short row, 0 present."""
+    return np.where(short, 2, np.where(miss, 1, 0)).astype(np.int8)
 
 
-def _missing_rows(path: Path, feats: list[_Feature], lines: np.ndarray, policy: str,
+def _type_feature(where: str, name: str, column: pd.Series, keep: np.ndarray, categorical,
+                  converters: Mapping) -> tuple[_Feature, np.ndarray]:
+    """One feature on the kept rows, and the mask of its non-finite numbers (inf, nan, 1e400)."""
+    values, miss, short = (a[keep] for a in _cells(column))
+    why = _missing_why(miss, short)
+    explicit = categorical is not None and not isinstance(categorical, str)
+    if name in converters:
+        conv = _convert(values, miss, converters[name], where, name)
+        why[~miss & np.isnan(conv)] = 3
+        return _Feature(name, "converted", conv, why), ~np.isnan(conv) & ~np.isfinite(conv)
+    numeric = None if explicit and name in categorical else _numeric(values, miss)
+    if numeric is not None:
+        return _Feature(name, "numeric", numeric, why), ~miss & ~np.isfinite(numeric)
+    if categorical is None or (explicit and name not in categorical):
+        raise DataError(f"{where}: column {name!r} is not numeric (values such as "
+                        f"{_examples(values, miss)}); declare it categorical (--categorical "
+                        f"{name}), drop it (--drop {name}) or give a converter")
+    return _Feature(name, "categorical", values, why), np.zeros(len(values), dtype=bool)
+
+
+def _drop_sparse_columns(feats: list[_Feature], max_missing_frac: float, info: dict) -> list[_Feature]:
+    """The features left after dropping the entirely missing and the too-often missing ones."""
+    kept = []
+    for f in feats:
+        frac = float(f.miss.mean())
+        if f.miss.all():
+            info["dropped_columns"][f.name] = "entirely missing"
+        elif frac > max_missing_frac:
+            info["dropped_columns"][f.name] = (f"missing share {frac:.4g} > max_missing_frac "
+                                               f"{max_missing_frac}")
+        else:
+            kept.append(f)
+    return kept
+
+
+def _missing_rows(where: str, feats: list[_Feature], records: np.ndarray, policy: str,
                   info: dict) -> np.ndarray:
     """Mask (over the kept rows) of records to keep under the missing-value policy."""
-    any_miss = np.zeros(len(lines), dtype=bool)
+    any_miss = np.zeros(len(records), dtype=bool)
     for f in feats:
         any_miss |= f.miss
     if policy == "error" and any_miss.any():
         counts = {f.name: int(f.miss.sum()) for f in feats if f.miss.any()}
-        first = int(lines[np.flatnonzero(any_miss)[0]])
+        first = int(records[np.flatnonzero(any_miss)[0]])
         listed = ", ".join(f"{k!r} ({v})" for k, v in list(counts.items())[:10])
-        raise DataError(f"{path}: missing values in {len(counts)} feature column(s): {listed}; first "
-                        f"at line {first} (use missing='drop', 'zero', 'mean' or 'median')")
+        raise DataError(f"{where}: missing values in {len(counts)} feature column(s): {listed}; first "
+                        f"in record {first} (use missing='drop', 'zero', 'mean' or 'median')")
     if policy == "drop":
-        info["rows_dropped"]["missing feature value"] = int(any_miss.sum())
+        _drop(info, DROP_MISSING_FEATURE, any_miss)
         return ~any_miss
-    return np.ones(len(lines), dtype=bool)
+    return np.ones(len(records), dtype=bool)
+
+
+def _count_imputed(feats: list[_Feature], info: dict) -> None:
+    """Count the feature cells about to be imputed, by why they are missing."""
+    why = np.concatenate([f.why for f in feats])
+    codes, counts = np.unique(why[why > 0], return_counts=True)
+    info["cells_imputed"] = {_WHY_MISSING[int(c)]: int(n) for c, n in zip(codes, counts, strict=True)}
 
 
 def _encode(f: _Feature, encoding: str, max_levels: int, info: dict) -> tuple[np.ndarray, list[str]]:
     """Float64 block (n, k) with NaN where missing, and its column names, for one feature."""
     if f.kind != "categorical":
         return f.values[:, None], [f.name]
-    levels, inverse, counts = np.unique(f.values[~f.miss], return_inverse=True, return_counts=True)
+    miss = f.miss
+    levels, inverse, counts = np.unique(f.values[~miss], return_inverse=True, return_counts=True)
     codes = np.full(len(f.values), -1, dtype=np.int64)
-    codes[~f.miss] = inverse
+    codes[~miss] = inverse
     chosen = encoding
     if encoding == "auto":
         chosen = "onehot" if len(levels) <= max_levels else "frequency"
@@ -394,9 +556,9 @@ def _encode(f: _Feature, encoding: str, max_levels: int, info: dict) -> tuple[np
     else:
         freq = counts / counts.sum()
         record["frequencies"] = freq.tolist()
-        block = np.where(f.miss, 0.0, freq[np.maximum(codes, 0)])[:, None]
+        block = np.where(miss, 0.0, freq[np.maximum(codes, 0)])[:, None]
         names = [f.name]
-    block[f.miss] = np.nan
+    block[miss] = np.nan
     info["encodings"][f.name] = record
     return block, names
 
@@ -412,7 +574,8 @@ def _impute(X: np.ndarray, names: list[str], policy: str, info: dict) -> None:
 
 
 def _key_column(values: np.ndarray, miss: np.ndarray, name: str, info: dict) -> np.ndarray:
-    """A key column: int64 if integral and complete, float64 (NaN missing) if numeric, else codes."""
+    """A key column: int64 if integral and complete, float64 (NaN missing) if numeric, else codes
+    (-1 missing)."""
     numeric = _numeric(values, miss)
     record: dict[str, Any] = {"missing": int(miss.sum())}
     if numeric is not None:
@@ -430,65 +593,110 @@ def _key_column(values: np.ndarray, miss: np.ndarray, name: str, info: dict) -> 
     return out
 
 
+def _features(where: str, rows: pd.DataFrame, feature_names: list[str], keep: np.ndarray,
+              categorical, converters: Mapping, max_missing_frac: float, info: dict) -> list[_Feature]:
+    """Typed features on the rows to keep; clears `keep` (in place) for rows with a non-finite
+    number; drops entirely and too-often missing columns."""
+    feats, nonfinite = [], np.zeros(int(keep.sum()), dtype=bool)
+    for name in feature_names:
+        f, bad = _type_feature(where, name, rows[name], keep, categorical, converters)
+        if bad.any():
+            info["nonfinite_values"][name] = int(bad.sum())
+        nonfinite |= bad
+        feats.append(f)
+    _drop(info, DROP_NONFINITE_FEATURE, nonfinite)
+    for f in feats:
+        f.take(~nonfinite)
+    keep[np.flatnonzero(keep)[nonfinite]] = False
+    return _drop_sparse_columns(feats, max_missing_frac, info)
+
+
 def read_csv(path: str | Path, target: str, *, columns: Sequence[str] | None = None,
              drop: Sequence[str] = (), keys: Sequence[str] = (),
              categorical: str | Sequence[str] | None = "auto", encoding: str = "codes",
              onehot_max_levels: int = 16, missing: str = "zero", max_missing_frac: float = 1.0,
-             target_map: Mapping[str, float] | None = None,
+             target_map: Mapping[str, Any] | None = None, positive: str | None = None,
              converters: Mapping[str, Callable[[str], float]] | None = None,
-             delimiter: str | None = None) -> Table:
-    """Read a delimited text file with a header row into a dense Table.
+             delimiter: str | None = None, names: Sequence[str] | None = None) -> Table:
+    """Read a delimited text file into a dense Table; pandas parses, the decisions are recorded.
 
-    Numeric columns parse as floats ('13.5%' -> 13.5); the tokens in MISSING_TOKENS are missing.
-    Non-numeric features are categorical (encoded as codes, one-hot or frequency) as allowed by
-    `categorical`; `keys` columns go to ``Table.keys``. Rows are dropped for a missing target, a
-    target label outside `target_map`, and (missing='drop') any missing feature; columns are
-    dropped when entirely missing or missing more often than `max_missing_frac`. Features keep
-    the header order. Category levels are the sorted distinct strings of the kept rows, and
-    frequencies are shares among the non-missing values. Rows shorter than the header (such as a
-    truncated last line) are padded with missing values and noted in info. Key columns never
-    cause rows to be dropped: a missing key is NaN (numeric keys) or code -1 (string keys).
+    The first row is the header unless `names` is given (a file without a header row: the names
+    must match its first row's field count). The delimiter is sniffed from the first line unless
+    given. Cells are stripped; the tokens in MISSING_TOKENS are missing. Numeric columns parse as
+    floats ('13.5%' -> 13.5); non-numeric features are categorical (codes, one-hot or frequency) as
+    `categorical` allows; `keys` columns go to ``Table.keys`` and never drop a row.
+
+    The target is numeric, or mapped by `target_map` (stripped label -> number; a label mapped to
+    None drops its rows; a label the map lacks is an error naming it and its row count), or
+    binary by `positive` (that value -> +1, every other -> -1). Rows are dropped, and counted in
+    ``info["rows_dropped"]`` by reason, for: more fields than the header ("ragged row"), a missing
+    target, a target mapped to None, a non-finite target, a non-finite feature number (inf, a nan
+    spelling outside MISSING_TOKENS, overflow such as 1e400), and under missing='drop' a missing
+    feature value. Rows shorter than the header are kept with the lacking cells missing. Columns
+    are dropped when entirely missing or missing more often than `max_missing_frac`. Missing
+    cells are imputed (0, mean or median) and counted in ``info["cells_imputed"]`` by reason.
+    Category levels are the sorted distinct strings of the kept rows. Records are numbered from 1
+    after the header in messages.
     """
     path = Path(path)
     for what, given in (("columns", columns), ("drop", drop), ("keys", keys)):
         if isinstance(given, str):
-            raise DataError(f"{what} must be a list of column names, got the string {given!r}")
-    drop, keys = list(drop), list(keys)
-    converters = dict(converters or {})
-    text, text_encoding = _decode(_read_bytes(path))
-    delim = delimiter or _sniff_delimiter(text)
-    names, cols_list, lines, notes = _parse_csv(text, delim, path)
-    _check_options(path, names, target, columns, drop, keys, categorical, converters, encoding,
+            raise DataError(f"{what}: must be a list of column names, got the string {given!r}")
+    if target_map is not None and positive is not None:
+        raise DataError("give either a target map or a positive value, not both")
+    drop, keys, converters = list(drop), list(keys), dict(converters or {})
+    _require_file(path)
+    raw, long_rows, text_encoding = _parse_text(path, str(path), delimiter)
+    columns_read, rows, notes = _split_header(raw, str(path), names, len(long_rows))
+    _check_options(str(path), columns_read, target, columns, drop, keys, categorical, converters, encoding,
                    missing, max_missing_frac)
-    cols = dict(zip(names, cols_list, strict=True))
     info: dict[str, Any] = {
-        "reader": "csv", "files": [_file_record(path)], "text_encoding": text_encoding,
-        "delimiter": delim, "n_rows_read": len(lines), "n_columns_read": len(names),
+        "reader": "csv", "files": [_file_record(path)], "parser": f"pandas {pd.__version__}",
+        "text_encoding": text_encoding, "delimiter": delimiter or "sniffed",
+        "n_rows_read": len(rows) + len(long_rows), "n_columns_read": len(columns_read),
         "options": {"target": target, "columns": list(columns) if columns is not None else None,
                     "drop": drop, "keys": keys,
                     "categorical": categorical if categorical is None or isinstance(categorical, str)
                     else list(categorical),
                     "encoding": encoding, "onehot_max_levels": onehot_max_levels, "missing": missing,
-                    "max_missing_frac": max_missing_frac, "converters": sorted(converters)},
-        **notes, "rows_dropped": {}, "dropped_columns": {}, "encodings": {}, "imputed": {}, "keys": {},
+                    "max_missing_frac": max_missing_frac, "converters": sorted(converters),
+                    "positive": positive, "names": None if names is None else list(names)},
+        **notes, **_row_notes(rows, long_rows, len(columns_read), names is None),
+        "rows_dropped": {}, "dropped_columns": {}, "nonfinite_values": {}, "encodings": {},
+        "imputed": {}, "cells_imputed": {}, "keys": {},
     }
+    _drop(info, DROP_RAGGED, np.ones(len(long_rows), dtype=bool))
+    return _build_table(str(path), rows, columns_read, target, columns, drop, keys, categorical, encoding,
+                        onehot_max_levels, missing, max_missing_frac, target_map, positive,
+                        converters, info)
+
+
+def _build_table(where: str, rows: pd.DataFrame, names: list[str], target: str, columns, drop, keys,
+                 categorical, encoding: str, onehot_max_levels: int, missing: str,
+                 max_missing_frac: float, target_map, positive, converters: dict, info: dict) -> Table:
+    """The decisions of `read_csv` on parsed rows: target, features, rows, encodings, keys."""
     for name in drop:
         info["dropped_columns"][name] = "listed in drop"
-    values, miss = _clean(cols[target])
-    y, keep = _target(values, miss, path, target, lines, target_map, converters.get(target), info)
-    chosen = [c for c in names if columns is None or c in set(columns)]
-    feature_names = [c for c in chosen if c != target and c not in keys and c not in drop]
-    feats = _type_features(path, cols, feature_names, keep, lines, categorical, converters,
-                           max_missing_frac, info)
+    for name in names:
+        if columns is not None and name not in columns and name not in (target, *keys, *drop):
+            info["dropped_columns"][name] = "not listed in columns"
+    values, miss, _ = _cells(rows[target])
+    y, keep = _target(values, miss, where, target, target_map, positive, converters.get(target), info)
+    feature_names = [c for c in names if (columns is None or c in set(columns))
+                     and c != target and c not in keys and c not in drop]
+    feats = _features(where, rows, feature_names, keep, categorical, converters, max_missing_frac, info)
     if not feats:
-        raise DataError(f"{path}: no feature columns left (dropped: {info['dropped_columns']})")
-    rows = _missing_rows(path, feats, lines[keep], missing, info)
-    keep[np.flatnonzero(keep)[~rows]] = False
+        raise DataError(f"{where}: no feature columns left (dropped: {info['dropped_columns']})")
+    kept = _missing_rows(where, feats, np.flatnonzero(keep) + 1, missing, info)
+    keep[np.flatnonzero(keep)[~kept]] = False
     if not keep.any():
-        raise DataError(f"{path}: no records left after dropping rows ({info['rows_dropped']})")
+        raise DataError(f"{where}: no records left after dropping rows ({info['rows_dropped']})")
+    for f in feats:
+        f.take(kept)
+    if missing != "drop":
+        _count_imputed(feats, info)
     blocks, out_names = [], []
     for f in feats:
-        f.values, f.miss = f.values[rows], f.miss[rows]
         block, block_names = _encode(f, encoding, onehot_max_levels, info)
         blocks.append(block)
         out_names.extend(block_names)
@@ -497,7 +705,7 @@ def read_csv(path: str | Path, target: str, *, columns: Sequence[str] | None = N
     info["column_kinds"] = {f.name: f.kind for f in feats}
     key_arrays = {}
     for name in keys:
-        kv, km = _clean(cols[name])
+        kv, km, _ = _cells(rows[name])
         key_arrays[name] = _key_column(kv[keep], km[keep], name, info)
     info["n_rows"] = int(keep.sum())
     info["n_features"] = len(out_names)
@@ -700,28 +908,34 @@ def _junk(name: str) -> bool:
     return "__MACOSX" in parts or Path(name).name.startswith("._")
 
 
+
 def read_csv_strings(path: str | Path, member: str | None = None
                      ) -> tuple[list[str], dict[str, np.ndarray], dict[str, Any]]:
-    """Header names and raw string columns of a CSV file, or of the archive member whose path ends
-    with `member` (read in memory, nothing extracted). No typing and no missing-value tokens: the
-    caller decides what is missing (UCI's '?', where 'None' is a real level)."""
+    """Header names and raw string columns of a comma-separated file, or of the archive member
+    whose path ends with `member` (read in memory, nothing extracted). No typing, no stripping and
+    no missing-value tokens: the caller decides what is missing (UCI's '?', where 'None' is a real
+    level). A row with more fields than the header is an error; a short row is padded with ''."""
     path = Path(path)
     _require_file(path)
-    if member is None:
-        raw, where = _read_bytes(path), str(path)
-    else:
+    source: Path | bytes = path
+    where = str(path)
+    if member is not None:
         if _archive_kind(path) is None:
             raise DataError(f"{path}: not a .zip/.tar archive (looked for member {member!r})")
         found = list(_iter_archive(path, lambda n: n.endswith(member) and not _junk(n)))
         if len(found) != 1:
             raise DataError(f"{path}: expected one member ending in {member!r}, found "
                             f"{[n for n, _ in found] or 'none'}")
-        where, raw = f"{path}:{found[0][0]}", found[0][1]
-    text, encoding = _decode(raw)
-    names, cols, _, notes = _parse_csv(text, ",", Path(where))
-    columns = {n: np.asarray(c, dtype=str) for n, c in zip(names, cols, strict=True)}
+        where, source = f"{path}:{found[0][0]}", found[0][1]
+    raw, long_rows, encoding = _parse_text(source, where, ",")
+    names, rows, notes = _split_header(raw, where, None)
+    if long_rows:
+        raise DataError(f"{where}: {len(long_rows)} row(s) have more fields than the header's "
+                        f"{len(names)}")
+    columns = {n: rows[n].fillna("").to_numpy(dtype=str) for n in names}
     info = {"reader": "csv_strings", "files": [_file_record(path)], "member": where,
-            "encoding": encoding, "n_rows": len(cols[0]), "n_columns": len(names), **notes}
+            "parser": f"pandas {pd.__version__}", "encoding": encoding, "n_rows": len(rows),
+            "n_columns": len(names), **notes, **_row_notes(rows, [], len(names), True)}
     return names, columns, info
 
 
