@@ -333,3 +333,54 @@ def test_errors_name_the_file(tmp_path: Path) -> None:
         open_result(text)
     with pytest.raises(FileNotFoundError, match="missing.h5"):
         open_result(tmp_path / "missing.h5")
+
+
+def _add_utility(path: Path, test_errors: list[float] | None, train_errors: list[float]) -> None:
+    """Give each configuration of a result file final errors and the reference baselines."""
+    with h5py.File(path, "r+") as f:
+        for i, (cfg, tr) in enumerate(zip(f["configs"].values(), train_errors, strict=True)):
+            records, runs = cfg["metrics/psi"].shape
+            cfg["metrics/train_error"] = np.full((records, runs), tr)
+            ref = cfg["reference"]
+            ref["majority_label"], ref["train_error_majority"] = -1.0, 0.3
+            ref["train_error_zero"], ref["train_error_star"] = 0.7, 0.1
+            if test_errors is not None:
+                cfg["metrics/test_error"] = np.full((records, runs), test_errors[i])
+                ref["test_error_majority"], ref["test_error_zero"] = 0.25, 0.75
+                ref["test_error_star"] = 0.12
+                cfg.attrs["eval_set"] = "the shard file's global test set /test (100 records)"
+                cfg.attrs["prediction"] = "sign(0) = +1"
+
+
+@pytest.mark.parametrize("with_test", [True, False])
+def test_utility_columns_and_the_baseline_flag(tmp_path: Path, with_test: bool) -> None:
+    cfgs = [{"eps": np.full(3, e), "n": np.full(3, 500), "final": np.full(4, 0.1)}
+            for e in (0.1, 1.0, 10.0)]
+    path = write_result(tmp_path / "u.h5", cfgs, {"eps": [0.1, 1, 10]})
+    # config 0 no better than majority on the test set (0.25), config 1 no better on training
+    # records only (0.3), config 2 better on both
+    _add_utility(path, [0.25, 0.2, 0.15] if with_test else None, [0.2, 0.35, 0.15])
+    with open_result(path) as r:
+        rows = summarize(r)
+        text = analyze_text(r)
+    expect = [False, True, True] if with_test else [True, False, True]
+    assert [row["beats_baseline"] for row in rows] == expect
+    assert [row["flag"] for row in rows] == ["<= baseline" if not e else "" for e in expect]
+    assert rows[0]["majority_error"] == (0.25 if with_test else 0.3)
+    assert rows[0]["error_star"] == (0.12 if with_test else 0.1)
+    head = text.splitlines()[2]
+    assert ("test_err" in head) == with_test
+    for col in ("train_err", "err(theta*)", "majority", "theta=0", "flag", "median"):
+        assert col in head
+    assert ("NO TEST SET" in text) != with_test
+    assert "<= baseline: 1 configuration(s) whose final model is no better than a trivial " \
+           f"predictor (always the majority class, or theta = 0): configuration(s) " \
+           f"{0 if with_test else 1}" in text
+
+
+def test_no_utility_no_columns(sweep_file: Path) -> None:
+    with open_result(sweep_file) as r:
+        text = analyze_text(r)
+        rows = summarize(r)
+    assert "majority" not in text and "<= baseline" not in text
+    assert all("beats_baseline" not in row for row in rows)

@@ -203,10 +203,43 @@ class Agent:
 
     def metrics(self, w: np.ndarray) -> np.ndarray:
         """Evaluation-only per-run values at w: [loss sum, ||w - z_p||_1, noise_mag, scale,
-        z_change], shape (5 R,)."""
+        z_change, misclassified own records], shape (N_METRICS R,)."""
         loss = multinomial.loss_sum(self.X, self.y, w)
         cv = np.abs(w - self.z).reshape(self.s.runs, -1).sum(axis=1)
-        return np.concatenate([loss, cv, self.noise_mag, self.scale, self.z_change])
+        wrong = multinomial.errors(self.X, self.y, w).astype(np.float64)
+        return np.concatenate([loss, cv, self.noise_mag, self.scale, self.z_change, wrong])
+
+    def label_counts(self) -> np.ndarray:
+        """Evaluation-only: records of each class 0..K-1 among this agent's records (K,)."""
+        return np.bincount(self.y, minlength=self.s.K).astype(np.float64)
+
+
+#: per-run values in Agent.metrics
+N_METRICS = 6
+
+
+def baselines(star: Star, agents: list[Agent], s: Settings, test: tuple | None
+              ) -> dict[str, float] | None:
+    """Evaluation-only trivial predictors (collective; the server gets them, others None).
+
+    majority_label: the most frequent training label (the smallest on a tie, as argmax); the
+    error of always predicting it and of w = 0 (all scores 0: argmax picks class 0) on the
+    training records (train_error_*) and on the test set (test_error_*, when there is one).
+    Label counts are added in agent order.
+    """
+    local = np.array([a.label_counts() for a in agents]).reshape(len(agents), s.K)
+    g = star.gather_agents(local, (s.K,))
+    if g is None:
+        return None
+    counts = agent_order_sum(g)
+    maj = int(np.argmax(counts))
+    out = {"majority_label": float(maj), "train_error_majority": 1.0 - counts[maj] / s.I,
+           "train_error_zero": 1.0 - counts[0] / s.I}
+    if test is not None and len(test[1]):
+        y = np.asarray(test[1])
+        out["test_error_majority"] = float(np.mean(y != maj))
+        out["test_error_zero"] = float(np.mean(y != 0))
+    return out
 
 
 def _server_model(star: Star, agents: list[Agent], s: Settings, rho: float) -> np.ndarray:
@@ -232,21 +265,23 @@ def run_config(star: Star, agents: list[Agent], s: Settings, test: tuple | None,
                recorder=None, label: str = "", progress: bool = True) -> dict | None:
     """Run one configuration (collective). `test` = (X, y) on the server (test error of w).
 
-    Returns, on the server, the final models and the privacy accounting.
+    Returns, on the server, the final models, the privacy accounting and (outside an audit) the
+    evaluation-only trivial baselines (`baselines`).
     """
     R = s.runs
     w = np.zeros((R, s.J, s.K))
     t0 = time.perf_counter()
     last_print = t0
+    trivial = baselines(star, agents, s, test) if tap.evaluating() else None
 
     def record(k: int, rho: float) -> None:
         if not tap.evaluating():  # an audit: evaluation-only, nothing here leaves an owner
             return
-        vals = np.array([a.metrics(w) for a in agents]).reshape(len(agents), 5 * R)
-        g = star.gather_agents(vals, (5 * R,))
+        vals = np.array([a.metrics(w) for a in agents]).reshape(len(agents), N_METRICS * R)
+        g = star.gather_agents(vals, (N_METRICS * R,))
         if g is None:
             return
-        tot = agent_order_sum(g).reshape(5, R)
+        tot = agent_order_sum(g).reshape(N_METRICS, R)
         train_cost = tot[0] / s.I + s.gamma * np.einsum("rjk,rjk->r", w, w)
         test_err = (multinomial.errors(test[0], test[1], w) / len(test[1])
                     if test is not None else np.full(R, np.nan))
@@ -254,7 +289,7 @@ def run_config(star: Star, agents: list[Agent], s: Settings, test: tuple | None,
             recorder.append(k, {"test_error": test_err, "train_cost": train_cost,
                                 "consensus": tot[1] / s.P, "noise_mag": tot[2] / s.P,
                                 "lap_scale": tot[3] / s.P, "z_change": tot[4] / s.P,
-                                "rho": rho})
+                                "rho": rho, "train_error": tot[5] / s.I})
         nonlocal last_print
         now = time.perf_counter()
         if progress and (now - last_print > 10.0 or k == s.T):
@@ -296,7 +331,7 @@ def run_config(star: Star, agents: list[Agent], s: Settings, test: tuple | None,
             "eps_total_basic": np.array([lg.spent_eps.max() for lg in ledgers]),
             "delta_total_basic": np.array([lg.spent_delta.max() for lg in ledgers]),
             "ended_at": ended_at, "end_reason": end_reason,
-            "seconds": time.perf_counter() - t0}
+            "seconds": time.perf_counter() - t0, "baselines": trivial or {}}
 
 
 def _all_can_release(star: Star, agents: list[Agent], t: int, rho: float) -> bool:

@@ -29,9 +29,9 @@ from ..comm.schedule import LoggedSchedule, Scheduler
 from ..comm.star import Star
 from ..errors import JobError, NumericalError
 from ..models import linear
-from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, laplace_mechanism
+from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, laplace_mechanism, tap
 from ..rng import LEARNER, run_streams, stream
-from .common import LocalShard, Oracle, Reference, agent_order_sum
+from .common import EvalSet, LocalShard, Oracle, Reference, agent_order_sum
 
 #: decline reasons recorded in schedule/declines
 RETIRED, REFUSED = 1, 2
@@ -254,11 +254,15 @@ class GramEvaluator:
             self.yty = float(tot[-1])
         self.lam, self.n_total = lam, n_total
 
-    def f(self, thetas: np.ndarray) -> np.ndarray:
+    def mse(self, thetas: np.ndarray) -> np.ndarray:
+        """(1/n) sum of squared residuals on the training records, per model."""
         th = np.atleast_2d(thetas)
         quad = np.einsum("ij,jk,ik->i", th, self.gram, th)
-        data = (self.yty - 2.0 * th @ self.xty + quad) / self.n_total
-        return 0.5 * self.lam * np.einsum("ij,ij->i", th, th) + data
+        return (self.yty - 2.0 * th @ self.xty + quad) / self.n_total
+
+    def f(self, thetas: np.ndarray) -> np.ndarray:
+        th = np.atleast_2d(thetas)
+        return 0.5 * self.lam * np.einsum("ij,ij->i", th, th) + self.mse(th)
 
 
 def _progress(label: str, k: int, T: int, psi: np.ndarray | None, t0: float) -> None:
@@ -269,11 +273,16 @@ def _progress(label: str, k: int, T: int, psi: np.ndarray | None, t0: float) -> 
 
 
 class _Records:
-    """Metric records of theta_L; psi at once (squared loss) or after the run (other losses)."""
+    """Metric records of theta_L; psi at once (squared loss) or after the run (other losses).
+
+    Outside an audit (tap.evaluating()) the records also hold the evaluation-only utility:
+    train_mse (squared loss, from the Gram matrix) or train_error / test_error (classifiers).
+    """
 
     def __init__(self, s: Settings, ref: Reference | None, gram: GramEvaluator | None,
                  recorder) -> None:
         self.s, self.ref, self.gram, self.recorder = s, ref, gram, recorder
+        self.utility = tap.evaluating()
         self.f_star = None
         if ref is not None and gram is not None and gram.ready:
             self.f_star = float(gram.f(ref.theta_star)[0])
@@ -288,15 +297,17 @@ class _Records:
         if self.gram is None:
             self.pending.append((k, theta_L.copy()))
             return
-        self._append(k, theta_L, self.gram.f(theta_L))
+        util = {"train_mse": self.gram.mse(theta_L)} if self.utility else {}
+        self._append(k, theta_L, self.gram.f(theta_L), util)
 
-    def _append(self, k: int, theta: np.ndarray, f: np.ndarray) -> None:
+    def _append(self, k: int, theta: np.ndarray, f: np.ndarray,
+                util: dict[str, np.ndarray]) -> None:
         psi = f / self.f_star - 1.0
         d = theta - self.ref.theta_star
         self.last_psi = psi
         if self.recorder is not None:
             self.recorder.append(k, {"psi": psi, "objective": f,
-                                     "dist_sq": np.einsum("ij,ij->i", d, d)})
+                                     "dist_sq": np.einsum("ij,ij->i", d, d), **util})
 
     def finish(self, oracle: Oracle, is_learner: bool, star: Star) -> None:
         """Collective: evaluate the stored models of non-squared losses after the run."""
@@ -310,28 +321,33 @@ class _Records:
                   else np.zeros((m * R, p)))
         thetas = np.concatenate([thetas, np.asarray(self.ref.theta_star)[None, :]]
                                 if is_learner else [thetas, np.zeros((1, p))])
-        f = oracle.evaluate(thetas)
-        if f is None:
+        out = (oracle.evaluate_with_utility(thetas, slice(0, m * R)) if self.utility
+               else oracle.evaluate(thetas))
+        if out is None:
             return
+        f, util = out if self.utility else (out, {})
         self.f_star = float(f[-1])
         for j, (k, th) in enumerate(self.pending):
-            self._append(k, th, f[j * R : (j + 1) * R])
+            rows = slice(j * R, (j + 1) * R)
+            self._append(k, th, f[rows], {name: v[rows] for name, v in util.items()})
 
 
 def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
                ref: Reference | None, recorder=None, label: str = "", progress: bool = True,
-               logged: tuple[np.ndarray, np.ndarray] | None = None) -> dict | None:
+               logged: tuple[np.ndarray, np.ndarray] | None = None,
+               evalset: EvalSet | None = None) -> dict | None:
     """Run one configuration (collective over star.comm). The learner returns the final arrays.
 
     `shards` are the owners hosted on this rank (owners >= N take no part and hold no records);
     `ref` (theta*, f*) is needed on the learner; `logged` = (owner (T,), time (T,)) replays a
-    logged schedule instead of drawing one.
+    logged schedule instead of drawing one; `evalset`: where a classifier's test error is
+    measured (default: no test set).
     """
     R, N = s.runs, s.N
     parts = [sh for sh in shards if sh.agent < N]
     owners = {sh.agent: DataOwner(sh, s.eps[sh.agent], s.caps[sh.agent], s) for sh in parts}
     answer = owners_answer(owners)
-    oracle = Oracle(star, shards, s.loss, s.lam, s.n_total, s.p)
+    oracle = Oracle(star, shards, s.loss, s.lam, s.n_total, s.p, evalset)
     gram = GramEvaluator(star, shards, s.lam, s.n_total, s.p) if s.loss == "squared" else None
     records = _Records(s, ref, gram, recorder)
     trace = Trace(R, s.T)

@@ -1,7 +1,8 @@
 """Pieces every star method shares: local owners' data, the evaluation oracle, reference optima.
 
-Everything here is evaluation-only (psi, theta*, isolated optima): it reads un-noised functions of
-the owners' data and is labelled so in the output. It is never part of the private protocol.
+Everything here is evaluation-only (psi, theta*, isolated optima, training and test error, the
+trivial baselines): it reads un-noised functions of the owners' data and is labelled so in the
+output. It is never part of the private protocol and never touches a noise stream or a model.
 """
 
 from __future__ import annotations
@@ -16,6 +17,33 @@ import scipy.sparse as sp
 from ..comm.star import Star
 from ..errors import JobError
 from ..models import linear, reference
+from ..privacy import tap
+
+#: losses whose models are binary classifiers (labels in {-1, +1}): they get error rates
+CLASSIFICATION_LOSSES = ("hinge", "logistic")
+#: the prediction rule behind every error rate of the star methods
+PREDICTION_RULE = ("y_hat = sign(x . theta) with sign(0) = +1 (the convention of the synthetic "
+                   "labels, dola and p2p): theta = 0 predicts +1 for every record")
+
+
+def is_classification(loss: str) -> bool:
+    """Whether models of `loss` are classifiers whose error rates are recorded."""
+    return loss in CLASSIFICATION_LOSSES
+
+
+def error_counts(X, y: np.ndarray, thetas: np.ndarray) -> np.ndarray:
+    """Misclassified records of each model (M,) under PREDICTION_RULE, X dense or CSR.
+
+    Row chunks bound the (rows x M) margins; counts are integers, so the sum is exact.
+    """
+    T = linear.as_runs(thetas)
+    y = np.asarray(y, dtype=np.float64)
+    wrong = np.zeros(T.shape[0])
+    step = linear.chunk_rows(T.shape[0])
+    for a in range(0, X.shape[0], step):
+        Z = np.asarray(X[a : a + step] @ T.T, dtype=np.float64)
+        wrong += (np.where(Z >= 0.0, 1.0, -1.0) != y[a : a + step, None]).sum(axis=0)
+    return wrong
 
 
 def agent_order_sum(rows: np.ndarray) -> np.ndarray:
@@ -50,40 +78,136 @@ class LocalShard:
 
 
 @dataclasses.dataclass(frozen=True)
+class EvalSet:
+    """Where the test error of a classifier is measured (evaluation-only).
+
+    kind: 'test' (the shard file's global test set; `data` = (X, y) on the learner only),
+    'owner_test' (every owner's own test split, evaluated by that owner: `local` maps each hosted
+    owner to its (X_test, y_test); counts pooled in agent order) or 'train' (no test set: only
+    the training error is recorded). kind and n (records in the set) are the same on every rank.
+    """
+
+    kind: str = "train"
+    n: int = 0
+    data: tuple | None = None
+    local: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def has_test(self) -> bool:
+        return self.kind != "train"
+
+    def describe(self) -> str:
+        """One line for the output: which records the test error counts."""
+        return {"test": f"the shard file's global test set /test ({self.n} records)",
+                "owner_test": f"the owners' own test splits, pooled ({self.n} records)",
+                "train": "none: the shard file has no test set, only training error is "
+                         "recorded"}[self.kind]
+
+
+@dataclasses.dataclass(frozen=True)
 class Reference:
-    """Non-private reference quantities of one configuration (evaluation-only)."""
+    """Non-private reference quantities of one configuration (evaluation-only).
+
+    `utility`: the trivial baselines and theta*'s own utility (see `baselines`); empty inside a
+    privacy audit, which skips evaluation.
+    """
 
     theta_star: np.ndarray
     f_star: float
     theta_isolated: np.ndarray  # (N, p): each owner's own optimum theta*_i
     psi_isolated: np.ndarray  # (N,): psi(theta*_i) on the full objective
     solver: str
+    utility: dict = dataclasses.field(default_factory=dict)
 
 
 class Oracle:
     """Evaluation-only access to the full objective f, computed across ranks in agent order."""
 
     def __init__(self, star: Star, shards: list[LocalShard], loss: str, lam: float,
-                 n_total: int, p: int) -> None:
+                 n_total: int, p: int, evalset: EvalSet | None = None) -> None:
         self.star, self.shards, self.loss, self.lam = star, shards, loss, lam
         self.n_total, self.p = n_total, p
+        self.evalset = evalset if evalset is not None else EvalSet()
 
-    def loss_sums(self, thetas: np.ndarray, extra_local: np.ndarray | None = None
-                  ) -> np.ndarray | None:
+    @property
+    def classify(self) -> bool:
+        return is_classification(self.loss)
+
+    def error_width(self, q: int) -> int:
+        """Columns the error counts of q models take in `loss_sums` (train, owners' tests)."""
+        return q * (2 if self.evalset.kind == "owner_test" else 1)
+
+    def loss_sums(self, thetas: np.ndarray, extra_local: np.ndarray | None = None,
+                  errors: slice | None = None) -> np.ndarray | None:
         """Per-agent loss sums (N, M) at the M models `thetas` (collective; learner gets them).
 
         `thetas` must have shape (M, p) on every rank (M known everywhere); its values are taken
-        from the learner. `extra_local` (n_local, E) rides along (appended columns).
+        from the learner. `extra_local` (n_local, E) rides along (appended columns). `errors`
+        (classification): each owner also counts the misclassified records of thetas[errors]
+        on its training records and, for an 'owner_test' set, on its own test split: columns
+        M + E onwards (`utility` reads them). The loss columns do not depend on the others.
         """
         thetas = self.star.bcast(np.ascontiguousarray(thetas, dtype=np.float64))
         m = thetas.shape[0]
         e = 0 if extra_local is None else extra_local.shape[1]
-        local = np.empty((len(self.shards), m + e))
+        wrong = thetas[errors] if errors is not None and self.classify else None
+        c = 0 if wrong is None else self.error_width(wrong.shape[0])
+        local = np.empty((len(self.shards), m + e + c))
         for j, sh in enumerate(self.shards):
             local[j, :m] = linear.loss_sum(self.loss, sh.X, sh.y, thetas)
             if e:
-                local[j, m:] = extra_local[j]
-        return self.star.gather_agents(local, (m + e,))
+                local[j, m : m + e] = extra_local[j]
+            if c:
+                local[j, m + e :] = self._owner_errors(sh, wrong)
+        return self.star.gather_agents(local, (m + e + c,))
+
+    def _owner_errors(self, sh: LocalShard, thetas: np.ndarray) -> np.ndarray:
+        """One owner's misclassified counts: training records, then its test split if used."""
+        counts = [error_counts(sh.X, sh.y, thetas)]
+        if self.evalset.kind == "owner_test":
+            test = self.evalset.local.get(sh.agent)
+            counts.append(np.zeros(thetas.shape[0]) if test is None
+                          else error_counts(test[0], test[1], thetas))
+        return np.concatenate(counts)
+
+    def utility(self, thetas: np.ndarray, sums: np.ndarray, rows: slice, start: int
+                ) -> dict[str, np.ndarray]:
+        """Learner: evaluation-only metrics of the models thetas[rows] from `loss_sums` output.
+
+        Classification: train_error (share of the participants' training records misclassified)
+        and, with a test set, test_error, read from the error columns at `start` (loss_sums
+        called with errors=rows) or, for the global test set, computed here on the learner.
+        Squared loss: train_mse, the mean squared error on the training records.
+        """
+        if not self.classify:
+            return {"train_mse": agent_order_sum(sums[:, rows]) / self.n_total}
+        q = thetas[rows].shape[0]
+        out = {"train_error": agent_order_sum(sums[:, start : start + q]) / self.n_total}
+        ev = self.evalset
+        if ev.kind == "owner_test":
+            out["test_error"] = agent_order_sum(sums[:, start + q : start + 2 * q]) / ev.n
+        elif ev.kind == "test":
+            out["test_error"] = error_counts(ev.data[0], ev.data[1], thetas[rows]) / ev.n
+        return out
+
+    def label_stats(self) -> np.ndarray | None:
+        """Learner: [n, n_pos, sum y, sum y^2] of the training records and [n, n_pos] of the
+        evaluation set, added in agent order (collective; evaluation-only)."""
+        local = np.zeros((len(self.shards), 6))
+        for j, sh in enumerate(self.shards):
+            y = np.asarray(sh.y, dtype=np.float64)
+            local[j, :4] = [y.size, np.count_nonzero(y > 0), y.sum(), y @ y]
+            test = self.evalset.local.get(sh.agent) if self.evalset.kind == "owner_test" else None
+            if test is not None:
+                local[j, 4:] = [len(test[1]), np.count_nonzero(np.asarray(test[1]) > 0)]
+        g = self.star.gather_agents(local, (6,))
+        if g is None:
+            return None
+        tot = agent_order_sum(g)
+        if self.evalset.kind == "test":
+            y = np.asarray(self.evalset.data[1])
+            tot[4:] = [y.size, np.count_nonzero(y > 0)]
+        return tot
 
     def objective(self, thetas: np.ndarray, sums: np.ndarray) -> np.ndarray:
         """f(theta) = lam/2 ||theta||^2 + (1/n) sum of losses, summed over agents in order."""
@@ -94,6 +218,15 @@ class Oracle:
         """f at each row of `thetas` (collective); the learner gets (M,), others None."""
         sums = self.loss_sums(thetas)
         return None if sums is None else self.objective(thetas, sums)
+
+    def evaluate_with_utility(self, thetas: np.ndarray, rows: slice
+                              ) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
+        """f at each row of `thetas` and the `utility` metrics of thetas[rows] (collective; the
+        learner gets them, others None). f is bitwise what `evaluate` gives."""
+        sums = self.loss_sums(thetas, errors=rows)
+        if sums is None:
+            return None
+        return self.objective(thetas, sums), self.utility(thetas, sums, rows, thetas.shape[0])
 
     # -- reference optimum ----------------------------------------------------------------
     def _fg_serve(self) -> None:
@@ -174,8 +307,29 @@ class Oracle:
         return self._bounded_or_exact(theta_max, "scipy"), "scipy"
 
 
+def baselines(stats: np.ndarray, has_test: bool, classify: bool) -> dict[str, float]:
+    """The trivial predictors' utility from `Oracle.label_stats` (evaluation-only).
+
+    Classification: majority_label (the most frequent training label, +1 on a tie, as sign(0))
+    and the error of always predicting it, and of theta = 0 (always +1), on the training records
+    (train_error_*) and on the evaluation set (test_error_*, with a test set). Squared loss: the
+    training MSE of theta = 0 (mean y^2) and of predicting the training mean (the variance of y).
+    """
+    n, pos, sy, syy, n_test, pos_test = (float(v) for v in stats)
+    if not classify:
+        return {"train_mse_zero": syy / n, "train_mse_mean": max(syy / n - (sy / n) ** 2, 0.0)}
+    maj = 1.0 if pos >= n - pos else -1.0
+    out = {"majority_label": maj, "train_error_zero": (n - pos) / n,
+           "train_error_majority": (n - pos) / n if maj > 0 else pos / n}
+    if has_test and n_test > 0:
+        out["test_error_zero"] = (n_test - pos_test) / n_test
+        out["test_error_majority"] = out["test_error_zero"] if maj > 0 else pos_test / n_test
+    return out
+
+
 def reference_quantities(oracle: Oracle, theta_max: float, solver: str) -> Reference | None:
-    """theta*, f*, each owner's isolated optimum and its psi (collective; learner gets it)."""
+    """theta*, f*, each owner's isolated optimum and its psi, and (outside an audit) the trivial
+    baselines and theta*'s own utility (collective; learner gets it)."""
     theta_star, used = oracle.theta_star(theta_max, solver)
     local_iso = np.zeros((len(oracle.shards), oracle.p))
     for j, sh in enumerate(oracle.shards):  # owners without records (not taking part): psi nan
@@ -190,23 +344,32 @@ def reference_quantities(oracle: Oracle, theta_max: float, solver: str) -> Refer
     if iso is not None:
         thetas[0] = theta_star
         thetas[1:] = iso
-    f = oracle.evaluate(thetas)
-    if f is None:
+    evaluating = tap.evaluating()
+    stats = oracle.label_stats() if evaluating else None
+    out = (oracle.evaluate_with_utility(thetas, slice(0, 1)) if evaluating
+           else oracle.evaluate(thetas))
+    if out is None:
         return None
+    f, star_util = out if evaluating else (out, {})
     f_star = float(f[0])
     if not (math.isfinite(f_star) and f_star > 0):
         raise JobError(f"the reference objective f(theta*) = {f_star!r} is not positive: psi = "
                        "f/f* - 1 is undefined (is the data noiseless with lam = 0?)")
     psi_iso = np.where(empty[:, 0] > 0, np.nan, f[1:] / f_star - 1.0)
+    utility = {}
+    if evaluating:
+        utility = baselines(stats, oracle.evalset.has_test, oracle.classify)
+        utility.update({f"{k}_star": float(v[0]) for k, v in star_util.items()})
     return Reference(theta_star=theta_star, f_star=f_star, theta_isolated=iso,
-                     psi_isolated=psi_iso, solver=used)
+                     psi_isolated=psi_iso, solver=used, utility=utility)
 
 
 def cached_reference(cache: dict, star: Star, shards: list[LocalShard], loss: str, lam: float,
-                     n: list[int], p: int, theta_max: float, solver: str) -> Reference | None:
+                     n: list[int], p: int, theta_max: float, solver: str,
+                     evalset: EvalSet | None = None) -> Reference | None:
     """reference_quantities for the sizes n, computed once per n vector of a sweep (collective)."""
     key = tuple(n)
     if key not in cache:
-        oracle = Oracle(star, shards, loss, lam, int(sum(n)), p)
+        oracle = Oracle(star, shards, loss, lam, int(sum(n)), p, evalset)
         cache[key] = reference_quantities(oracle, theta_max, solver)
     return cache[key]

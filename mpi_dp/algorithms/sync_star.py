@@ -22,7 +22,7 @@ from ..errors import BudgetExceededError, JobError, NumericalError
 from ..models import linear
 from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, laplace_mechanism, tap
 from ..rng import run_streams
-from .common import LocalShard, Oracle, Reference, agent_order_sum
+from .common import EvalSet, LocalShard, Oracle, Reference, agent_order_sum
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,19 +120,22 @@ def _progress(label: str, k: int, T: int, psi: np.ndarray | None, t0: float) -> 
 
 def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference | None,
                recorder=None, label: str = "", progress: bool = True,
-               theta_init: np.ndarray | None = None) -> dict | None:
+               theta_init: np.ndarray | None = None,
+               evalset: EvalSet | None = None) -> dict | None:
     """Run one configuration (collective). The learner returns a dict of final arrays.
 
     `ref` (theta*, f*: see common.reference_quantities) is needed on the learner only.
     `theta_init` (p,) replaces theta0 (test hook, e.g. starting at theta* as spec check V5 does).
+    `evalset`: where a classifier's test error is measured (default: no test set).
     """
     n_agents = star.layout.n_agents
     p = s.p
     n_total = int(sum(s.n))
     weights = np.array(s.n, dtype=np.float64) / n_total  # n_i / n, public
     owners = [DataOwner(sh, s.eps[sh.agent], s) for sh in shards]
-    oracle = Oracle(star, shards, s.loss, s.lam, n_total, p)
+    oracle = Oracle(star, shards, s.loss, s.lam, n_total, p, evalset)
     R = s.runs
+    reported = slice(0, R) if s.variant == "alg2" else slice(R, 2 * R)  # rows of [avg, iterate]
 
     theta = np.full((R, p), s.theta0, dtype=np.float64)
     if theta_init is not None:
@@ -147,19 +150,21 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
         if not tap.evaluating():  # an audit: evaluation-only, nothing here leaves an owner
             return None
         clipped = np.array([o.last_clipped for o in owners]).reshape(len(owners), R)
-        sums = oracle.loss_sums(np.concatenate([theta_avg, theta]), extra_local=clipped)
+        sums = oracle.loss_sums(np.concatenate([theta_avg, theta]), extra_local=clipped,
+                                errors=reported)
         if sums is None:
             return None
         both = np.concatenate([theta_avg, theta])
         f = oracle.objective(both, sums)
         f_avg, f_it = f[:R], f[R:]
         report = f_avg if s.variant == "alg2" else f_it
-        clip_total = agent_order_sum(sums[:, 2 * R :])
+        clip_total = agent_order_sum(sums[:, 2 * R : 3 * R])
         psi = report / ref.f_star - 1.0
         if recorder is not None:
             recorder.append(k, {"psi": psi, "psi_iterate": f_it / ref.f_star - 1.0,
                                 "objective": report, "clip_fraction": clip_total / n_total,
-                                "step_size": mu})
+                                "step_size": mu,
+                                **oracle.utility(both, sums, reported, 3 * R)})
         return psi
 
     record(0, 0.0)

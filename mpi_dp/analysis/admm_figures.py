@@ -1,7 +1,9 @@
 """Table and figures of DP inexact ADMM result files (algorithm "admm"; spec dp-inexact-admm §5, §7).
 
 - `admm_table` / `admm_table_text`: one row per configuration (final test error: mean and 5/95 %
-  percentiles over runs, final consensus and noise), the relative reduction of ObjT's and ObjP's error
+  percentiles over runs, final consensus and noise; training error beside the trivial baselines,
+  always the majority training label and W = 0, flagged "<= baseline" when the model is no
+  better), the relative reduction of ObjT's and ObjP's error
   against OutP's at each eps_bar (the paper's "at most 22%" headline) and each method's gap to the
   non-private error (its eps_bar = inf configuration, and G/reference/test_error_nonprivate).
 - `plot_admm`: test error vs t (Fig. 1 bottom / Fig. 3), noise magnitude vs t (Fig. 1 top), final
@@ -27,6 +29,7 @@ import numpy as np  # noqa: E402
 
 from mpi_dp.analysis.load import ConfigView, Result, ResultFileError  # noqa: E402
 from mpi_dp.analysis.style import DPI, aligned, cell, title  # noqa: E402
+from mpi_dp.analysis.table import FLAG, beats  # noqa: E402
 
 ALGORITHM = "admm"
 METHOD_NAMES = {"objt": "ObjT", "objp": "ObjP", "outp": "OutP"}
@@ -112,6 +115,30 @@ def _mean_at(c: ConfigView, t: int, metric: str = ERROR) -> float:
     return _finite_stats(c.metric(metric)[idx[-1]])[0]
 
 
+def _ref_value(c: ConfigView, name: str) -> float | None:
+    """A finite scalar reference/<name>, else None."""
+    v = c.reference().get(name)
+    if v is None:
+        return None
+    v = float(np.asarray(v, dtype=float).ravel()[0])
+    return v if math.isfinite(v) else None
+
+
+def utility(c: ConfigView, test_mean: float) -> dict[str, Any]:
+    """Training error (mean over runs at the last record) and the trivial baselines (evaluation-
+    only reference values) on the set the headline error is measured on: the test set when the
+    test error is finite, else the training records. beats_baseline: that error < the better of
+    always predicting the majority training label and W = 0 (None: unknown)."""
+    train = _final_mean(c, "train_error")
+    if train is not None and not math.isfinite(train):
+        train = None
+    on = "test" if math.isfinite(test_mean) else "train"
+    maj, zero = _ref_value(c, f"{on}_error_majority"), _ref_value(c, f"{on}_error_zero")
+    ok = beats(test_mean if on == "test" else train, [maj, zero])
+    return {"train_error": train, "error_on": on, "majority_error": maj, "zero_error": zero,
+            "beats_baseline": ok, "flag": FLAG if ok is False else ""}
+
+
 def nonprivate_reference(c: ConfigView) -> float | None:
     """G/reference/test_error_nonprivate of the configuration, if recorded."""
     v = c.reference().get(REF_NONPRIVATE)
@@ -156,6 +183,7 @@ def admm_table(result: Result) -> list[dict[str, Any]]:
                 "noise_mag": _final_mean(c, "noise_mag"),
                 "eps_total_basic": None if total is None else float(total),
                 "nonprivate_ref": nonprivate_reference(c),
+                **utility(c, mean),
             }
         )
     return rows
@@ -261,8 +289,12 @@ def admm_table_text(result: Result) -> str:
                "eps_total", "label"]
     keys = ["index", "method", "eps_bar", "runs", "t", "mean", "p5", "p95", "consensus", "noise_mag",
             "eps_total_basic", "label"]
+    if any(r["train_error"] is not None or r["majority_error"] is not None for r in rows):
+        headers[-1:-1] = ["train_err", "majority", "W=0", "flag"]
+        keys[-1:-1] = ["train_error", "majority_error", "zero_error", "flag"]
     cells = [[_fmt(r[k]) for k in keys] for r in order]
-    parts = [head, ""] + aligned(headers, cells, left={1, 11})
+    left = {1, len(keys) - 1} | ({len(keys) - 2} if "flag" in keys else set())
+    parts = [head, ""] + aligned(headers, cells, left=left) + _utility_notes(result, rows)
     reds = comp["reductions"]
     if reds:
         parts += ["", "relative reduction of the test error against OutP, (E_OutP - E) / E_OutP:"]
@@ -297,6 +329,25 @@ def admm_table_text(result: Result) -> str:
                 f"{_fmt(g['error'])} at t={g['t']}; gap " + "; ".join(bits)
             )
     return "\n".join(parts)
+
+
+def _utility_notes(result: Result, rows: list[dict[str, Any]]) -> list[str]:
+    """What the baseline columns mean and which configurations are flagged (none without them)."""
+    if not any(r["majority_error"] is not None for r in rows):
+        return []
+    on_train = any(r["error_on"] == "train" for r in rows)
+    where = result.configs[0].attrs.get("eval_set")
+    lines = ["", "utility (evaluation-only): train_err = training error of the final w (mean over "
+             "runs); majority = error of always predicting the most frequent training label; "
+             "W=0 = error of w = 0 (argmax picks class 0)",
+             "  NO TEST SET: majority, W=0 and the flag are TRAINING errors" if on_train
+             else f"  majority and W=0 on the test set: {where or 'the recorded test set'}"]
+    flagged = [r for r in rows if r["beats_baseline"] is False]
+    if flagged:
+        lines.append(f"{FLAG}: {len(flagged)} configuration(s) whose final w is no better than a "
+                     "trivial predictor (always the majority class, or w = 0): configuration(s) "
+                     + ", ".join(str(r["index"]) for r in flagged))
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,15 +1,23 @@
-"""Per-configuration summary tables of a result file (text and CSV)."""
+"""Per-configuration summary tables of a result file (text and CSV).
+
+Beside the metric (psi by default) a row carries the utility of the final model when the result
+records it (evaluation-only): a classifier's test and training error next to the trivial
+baselines (always predicting the majority training label; theta = 0), a squared-loss model's
+training MSE next to predicting 0 or the training mean, and the flag "<= baseline" when the model
+is no better than the best trivial baseline.
+"""
 
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mpi_dp.analysis.fit import fit_slopes
-from mpi_dp.analysis.load import Result
+from mpi_dp.analysis.load import ConfigView, Result
 from mpi_dp.analysis.style import aligned, cell
 
 COLUMNS = [
@@ -27,8 +35,16 @@ COLUMNS = [
     "se",
     "psi_isolated",
 ]
-_TEXT_HEADERS = {"index": "#", "records": "rec", "psi_isolated": "psi_iso(1)"}
-_TEXT_ORDER = [c for c in COLUMNS if c != "label"] + ["label"]
+#: utility columns (classification, then squared loss), shown after the metric's columns
+UTILITY_COLUMNS = ["test_error", "train_error", "error_star", "majority_error", "zero_error",
+                   "train_mse", "mse_star", "mse_zero", "mse_mean", "flag"]
+_TEXT_HEADERS = {"index": "#", "records": "rec", "psi_isolated": "psi_iso(1)",
+                 "test_error": "test_err", "train_error": "train_err", "error_star": "err(theta*)",
+                 "majority_error": "majority", "zero_error": "theta=0", "train_mse": "mse",
+                 "mse_star": "mse(theta*)", "mse_zero": "mse(0)", "mse_mean": "mse(mean)"}
+_TEXT_ORDER = [c for c in COLUMNS if c != "label"] + UTILITY_COLUMNS + ["label"]
+#: the flag of a final model no better than a trivial predictor (dola_report's wording)
+FLAG = "<= baseline"
 
 
 def compact(values: np.ndarray) -> str:
@@ -41,11 +57,68 @@ def compact(values: np.ndarray) -> str:
     return "[" + ", ".join(f"{x:g}" for x in v) + "]"
 
 
+def _final_mean(c: ConfigView, name: str) -> float | None:
+    """Mean over the finite runs of metric `name` at the last record (None: absent or none)."""
+    if name not in c.metric_names() or c.n_records() == 0:
+        return None
+    v = c.final(name)
+    v = v[np.isfinite(v)]
+    return float(np.mean(v)) if v.size else None
+
+
+def _ref(c: ConfigView, name: str) -> float | None:
+    """A finite scalar reference/<name>, else None."""
+    v = c.reference().get(name)
+    if v is None:
+        return None
+    v = float(np.asarray(v, dtype=float).ravel()[0])
+    return v if math.isfinite(v) else None
+
+
+def beats(value: float | None, baselines: list[float | None]) -> bool | None:
+    """value < the best known baseline; None when either is unknown."""
+    known = [b for b in baselines if b is not None]
+    if value is None or not known:
+        return None
+    return bool(value < min(known))
+
+
+def utility_row(c: ConfigView) -> dict[str, Any]:
+    """The final model's utility beside its trivial baselines ({} when none is recorded).
+
+    Classification (metric train_error): test_error and train_error are means over the finite
+    runs at the last record; error_star (theta*), majority_error and zero_error (theta = 0) are
+    the reference values on the set the headline error is measured on: the test set when the
+    result has test errors, else the training records (`error_on` says which). Squared loss
+    (metric train_mse): train_mse, mse_star, mse_zero (predicting 0), mse_mean (predicting the
+    training mean). beats_baseline: headline < the best trivial baseline (None: unknown).
+    """
+    names = c.metric_names()
+    if "train_error" in names:
+        test = _final_mean(c, "test_error")
+        on = "train" if test is None else "test"
+        row: dict[str, Any] = {"test_error": test, "train_error": _final_mean(c, "train_error"),
+                               "error_on": on, "error_star": _ref(c, f"{on}_error_star"),
+                               "majority_error": _ref(c, f"{on}_error_majority"),
+                               "zero_error": _ref(c, f"{on}_error_zero")}
+        row["beats_baseline"] = beats(row[f"{on}_error"],
+                                      [row["majority_error"], row["zero_error"]])
+    elif "train_mse" in names:
+        row = {"train_mse": _final_mean(c, "train_mse"), "mse_star": _ref(c, "train_mse_star"),
+               "mse_zero": _ref(c, "train_mse_zero"), "mse_mean": _ref(c, "train_mse_mean")}
+        row["beats_baseline"] = beats(row["train_mse"], [row["mse_zero"], row["mse_mean"]])
+    else:
+        return {}
+    row["flag"] = FLAG if row["beats_baseline"] is False else ""
+    return row
+
+
 def summarize(result: Result, metric: str = "psi") -> list[dict[str, Any]]:
     """One row per configuration with statistics over runs of `metric` at the last record.
 
     se is the sample standard deviation (ddof=1) over sqrt(runs); NaN runs are ignored.
-    psi_isolated is owner 0's isolated-optimum psi (None when not recorded).
+    psi_isolated is owner 0's isolated-optimum psi (None when not recorded). Rows of results
+    that record the final model's utility also carry `utility_row`.
     """
     rows: list[dict[str, Any]] = []
     for c in result.configs:
@@ -73,17 +146,24 @@ def summarize(result: Result, metric: str = "psi") -> list[dict[str, Any]]:
                 "mean": mean,
                 "se": se,
                 "psi_isolated": c.psi_isolated(0),
+                **utility_row(c),
             }
         )
     return rows
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    """Fixed-width text table of `summarize` rows (numbers in %.3g, label last)."""
-    cols = [c for c in _TEXT_ORDER if any(c in r for r in rows)] if rows else _TEXT_ORDER
+    """Fixed-width text table of `summarize` rows (numbers in %.3g, errors and MSEs in %.4g,
+    label last)."""
+    def shown(c: str) -> bool:  # a utility column only when some row has a value for it
+        return any((r.get(c) is not None) if c in UTILITY_COLUMNS else (c in r) for r in rows)
+
+    cols = [c for c in _TEXT_ORDER if shown(c)] if rows \
+        else [c for c in _TEXT_ORDER if c not in UTILITY_COLUMNS]
     headers = [_TEXT_HEADERS.get(c, c) for c in cols]
-    cells = [[cell(r.get(c)) for c in cols] for r in rows]
-    left = {j for j, c in enumerate(cols) if c in ("label", "eps", "n")}
+    digits = {c: 4 for c in UTILITY_COLUMNS}
+    cells = [[cell(r.get(c), digits.get(c, 3)) for c in cols] for r in rows]
+    left = {j for j, c in enumerate(cols) if c in ("label", "eps", "n", "flag")}
     return "\n".join(aligned(headers, cells, left))
 
 
@@ -144,7 +224,11 @@ def analyze_text(result: Result, metric: str = "psi") -> str:
         f"{len(result.configs)} configuration{'s' if len(result.configs) != 1 else ''}, "
         f"metric {metric} at the last recorded iteration"
     )
-    parts = [head, "", format_table(summarize(result, metric))]
+    rows = summarize(result, metric)
+    parts = [head, "", format_table(rows)]
+    notes = utility_notes(result, rows)
+    if notes:
+        parts += [""] + notes
     if result.is_sweep:
         fits = fit_slopes(result, metric)
         lines = format_fits(fits, metric)
@@ -156,3 +240,39 @@ def analyze_text(result: Result, metric: str = "psi") -> str:
         if lines:
             parts += [""] + lines
     return "\n".join(parts)
+
+
+def utility_notes(result: Result, rows: list[dict[str, Any]]) -> list[str]:
+    """Lines under the table: what the utility columns mean, and which rows are flagged."""
+    if not any("beats_baseline" in r for r in rows):
+        return []
+    a = result.configs[0].attrs
+    where = a.get("eval_set")
+    lines = []
+    if any("train_error" in r for r in rows):
+        majs = {float(v) for c in result.configs
+                if (v := c.reference().get("majority_label")) is not None}
+        label = f" ({majs.pop():+g} here)" if len(majs) == 1 else ""
+        on_train = any(r.get("error_on") == "train" for r in rows)
+        lines += ["utility (evaluation-only: un-noised owner data), final model, mean over runs:",
+                  "  NO TEST SET: err(theta*), majority, theta=0 and the flag are TRAINING errors"
+                  if on_train else f"  test_err on the evaluation set: {where or 'unknown'}",
+                  "  train_err on the participants' training records; err(theta*) = the "
+                  "non-private optimum's error",
+                  f"  majority = error of always predicting the most frequent training label"
+                  f"{label}; theta=0 = error of theta = 0 (" + (
+                      "predicts +1 everywhere: sign(0) = +1)" if "prediction" in a
+                      else "the model at zero)")]
+    if any("train_mse" in r for r in rows):
+        lines += ["utility (evaluation-only: un-noised owner data), final model, mean over runs:",
+                  "  mse = mean squared error on the training records; mse(theta*), mse(0) and "
+                  "mse(mean) = that of theta*, of theta = 0 and of always predicting the "
+                  "training mean"]
+    flagged = [r for r in rows if r.get("beats_baseline") is False]
+    if flagged:
+        lines.append(f"{FLAG}: {len(flagged)} configuration(s) whose final model is no better "
+                     "than a trivial predictor (" + ("always the majority class, or theta = 0"
+                     if any("train_error" in r for r in flagged) else "predicting 0 or the "
+                     "training mean") + "): configuration(s) "
+                     + ", ".join(str(r["index"]) for r in flagged))
+    return lines

@@ -24,9 +24,20 @@ from .base import Context, Method, Outcome, Resolved, default_of, settings_attrs
 
 _S = admm.Settings
 _NUM = (int, float)
-EVALUATION_ONLY = ("metrics train_cost, consensus, noise_mag, lap_scale and z_change are "
-                   "evaluation-only (computed from un-noised agent data or states); test_error "
-                   "uses the public test set")
+EVALUATION_ONLY = ("metrics train_cost, train_error, consensus, noise_mag, lap_scale and "
+                   "z_change and the trivial baselines reference/*_majority, *_zero, "
+                   "majority_label are evaluation-only (computed from un-noised agent data or "
+                   "states); test_error uses the public test set")
+PREDICTION_RULE = ("y_hat = argmax_k (x W)_k, the first class on ties: W = 0 predicts class 0 "
+                   "for every record")
+BASELINE_WHAT = {
+    "majority_label": "the most frequent label of the agents' training records (smallest on a "
+                      "tie)",
+    "train_error_majority": "error of always predicting majority_label, on the training records",
+    "train_error_zero": "error of W = 0 (always class 0), on the training records",
+    "test_error_majority": "error of always predicting majority_label, on the test set",
+    "test_error_zero": "error of W = 0 (always class 0), on the test set",
+}
 
 
 def _d(field: str) -> Any:
@@ -96,6 +107,15 @@ def test_set(shard: ShardFile) -> tuple[np.ndarray, np.ndarray] | None:
             np.concatenate([np.asarray(y) for _, y in parts]).astype(np.int64))
 
 
+def _eval_set_text(shard: ShardFile, test: tuple | None) -> str:
+    """Which records test_error counts (the flag of `mpi-dp analyze` compares against it)."""
+    if test is None:
+        return "none: the shard file has no test set, only training error is recorded"
+    where = ("the shard file's global test set /test" if shard.has_global_test
+             else "the agents' own test splits, pooled")
+    return f"{where} ({len(test[1])} records)"
+
+
 class Admm(Method):
     name = "admm"
     summary = ("DP inexact ADMM (seed 002): a server (rank 0) and P agents train a multiclass "
@@ -145,6 +165,14 @@ class Admm(Method):
         if shard.is_sparse:
             raise JobError(f"job file {ctx.job.path}: admm needs dense features; {shard.path} is "
                            "CSR")
+        def check_task() -> None:  # the same on every rank: one agreed message
+            if shard.task != "multiclass":
+                raise JobError(f"job file {ctx.job.path}: admm trains a multinomial logistic "
+                               f"model and needs a multiclass shard (labels 0..K-1); "
+                               f"{shard.path} holds a {shard.task} task (prepare the data with "
+                               "--task multiclass)")
+
+        ctx.agree(check_task)
         local = ctx.agree(lambda: {i: shard.read_agent(i) for i in star.local_agents})
         test = ctx.agree(lambda: test_set(shard) if star.is_learner else None)
         return Prepared(local, test, n_classes(star, local, test))
@@ -174,6 +202,7 @@ class Admm(Method):
 
     def record_attrs(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S) -> dict[str, Any]:
         return {**settings_attrs(s), "n_test": 0 if prep.test is None else len(prep.test[1]),
+                "eval_set": _eval_set_text(ctx.shard, prep.test), "prediction": PREDICTION_RULE,
                 "dp_strict": s.sens_mode == "global" or s.method == "outp",
                 "privacy": ("(eps_bar, delta)-DP per iteration (Gaussian)" if s.method == "outp"
                             else "eps_bar-DP per iteration (Laplace objective perturbation)"),
@@ -192,6 +221,8 @@ class Admm(Method):
             "dp_delta)-DP (OutP, Gaussian) for agent p's data, the paper's statement; it composes "
             "nothing across iterations, the totals here compose all of an agent's releases"))
         res.add("models/final", out["models/final"])
+        for name, value in out["baselines"].items():
+            res.add(f"reference/{name}", value, evaluation_only=True, what=BASELINE_WHAT[name])
         res.attrs.update(eps_total_basic=float(np.max(out["eps_total_basic"])),
                          seconds=round(out["seconds"], 3), ended_at=out["ended_at"],
                          end_reason=out["end_reason"])

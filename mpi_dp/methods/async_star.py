@@ -19,10 +19,19 @@ from ..comm.p2p_star import P2PStar
 from ..errors import JobError
 from ..jobspec import Job, Key, err, resolve_per_owner
 from .base import Context, Outcome, Resolved, default_of, settings_attrs
-from .star_common import STAR_READS, StarMethod, StarPrepared, agreed_public_constants
+from .star_common import (
+    STAR_READS,
+    StarMethod,
+    StarPrepared,
+    add_utility_reference,
+    agreed_public_constants,
+    evaluation_set,
+    utility_attrs,
+)
 
 _S = async_star.Settings
-EVALUATION_ONLY = ("metrics psi, objective, dist_sq, privacy/clip_fraction and reference/* are "
+EVALUATION_ONLY = ("metrics psi, objective, dist_sq, train_error, test_error, train_mse, "
+                   "privacy/clip_fraction and reference/* (theta*, the trivial baselines) are "
                    "evaluation-only (oracle=True): computed from un-noised owner data, never part "
                    "of the private protocol")
 
@@ -158,7 +167,7 @@ class AsyncStar(StarMethod):
         else:
             rho = async_star.default_rho(job["async.gamma"], job["T"], float(job["lam"]), pc.L)
         link = P2PStar(ctx.comm, ctx.star.layout, ctx.shard.n_features)
-        return Prepared(pc, rho, link=link)
+        return Prepared(pc, rho, evalset=evaluation_set(ctx), link=link)
 
     def settings(self, ctx: Context, prep: Prepared, rc: Resolved) -> _S:
         s = settings_for(ctx.job, rc.eps, rc.n, ctx.shard.n_agents, prep.public.xi, prep.rho,
@@ -176,7 +185,7 @@ class AsyncStar(StarMethod):
                 "step_rule": "a_own = N rho/(T^2 lam); a_ctr = " + (
                     "rho/(2 T^2 lam) [proof]" if s.central_step == "proof"
                     else "(N-1) rho/(N T^2 lam) [printed]"),
-                "evaluation_only": EVALUATION_ONLY}
+                **utility_attrs(s.loss, prep.evalset), "evaluation_only": EVALUATION_ONLY}
 
     def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S, recorder: Any,
                    label: str) -> Outcome | None:
@@ -187,7 +196,7 @@ class AsyncStar(StarMethod):
                                if star.is_learner else None)
         shards, ref = self.shards_and_reference(ctx, prep, s, rc.n)
         out = async_star.run_config(star, prep.link, shards, s, ref, recorder, label=label,
-                                    progress=ctx.progress, logged=logged)
+                                    progress=ctx.progress, logged=logged, evalset=prep.evalset)
         if out is None:
             return None
         return _outcome(out, ref, s)
@@ -226,6 +235,7 @@ def _outcome(out: dict, ref, s: _S) -> Outcome:
     res.add("reference/f_star", f_star, evaluation_only=True)
     res.add("reference/theta_isolated", ref.theta_isolated[:N], evaluation_only=True)
     res.add("reference/psi_isolated", out["psi_isolated"], evaluation_only=True)
+    add_utility_reference(res, ref)
     res.add("privacy/answered", out["answered"])
     res.add("privacy/spent_eps", out["spent_eps"], composition="basic (sequential): the owner's "
             "ledger, per run and owner (inf: eps = inf, no noise)")

@@ -1,7 +1,10 @@
-"""Set-up shared by the star methods (sync_star, async_star): public constants from public records.
+"""Set-up shared by the star methods (sync_star, async_star): public constants from public records,
+the evaluation set of a classifier's test error, and the evaluation-only outputs they share.
 
 xi = 'auto' and step.L = 'public' read only the shard file's public records (/public), which every
-party may see, so they cost no privacy.
+party may see, so they cost no privacy. The test error is measured on the shard file's global test
+set (read by the learner), else on the owners' own test splits (each owner reads and evaluates
+its own), else not at all (training error only).
 """
 
 from __future__ import annotations
@@ -13,12 +16,19 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from ..algorithms.common import LocalShard, Reference, cached_reference
+from ..algorithms.common import (
+    PREDICTION_RULE,
+    EvalSet,
+    LocalShard,
+    Reference,
+    cached_reference,
+    is_classification,
+)
 from ..data import ShardFile
 from ..errors import JobError
 from ..jobspec import Job
 from ..models import linear, reference
-from .base import Context, Method
+from .base import Context, Method, Outcome
 
 #: Hinge records whose public-optimum margin y x.theta is within this of 1 count as on the kink.
 HINGE_KINK_TOL = 1e-8
@@ -79,21 +89,88 @@ def public_constants(job: Job, shard: ShardFile) -> PublicConstants:
     return PublicConstants(float(xi), float(L), frac)
 
 
+def check_loss_and_labels(ctx: Context) -> None:
+    """A classification loss needs the +-1 labels of a binary shard (checked before any output:
+    logistic loss on 0/1 or real-valued targets would run and report a meaningless psi)."""
+    loss, task = ctx.job["loss"], ctx.shard.task
+    if loss in ("logistic", "hinge") and task != "binary":
+        raise JobError(f"job file {ctx.job.path}: key 'loss': {loss} loss needs a binary shard "
+                       f"(labels -1/+1); {ctx.shard.path} holds a {task} task (use loss = "
+                       "'squared', or prepare the data with --task binary / --positive VALUE)")
+
+
 def agreed_public_constants(ctx: Context) -> PublicConstants:
-    """public_constants computed on the learner and broadcast (collective)."""
+    """public_constants computed on the learner and broadcast (collective); the loss is checked
+    against the shard's labels first."""
+    ctx.agree(lambda: check_loss_and_labels(ctx))
     consts = ctx.agree(lambda: public_constants(ctx.job, ctx.shard)
                        if ctx.star.is_learner else None)
     return ctx.comm.bcast(consts, root=0)
 
 
+def evaluation_set(ctx: Context) -> EvalSet:
+    """Where a classifier's test error is measured (collective; see common.EvalSet).
+
+    Only classification losses get one: the global test set on the learner, else each hosted
+    owner's own test split on its rank (all owners of the file, participating or not), else none.
+    """
+    shard, star = ctx.shard, ctx.star
+    if not is_classification(ctx.job["loss"]):
+        return EvalSet()
+    if shard.has_global_test:
+        data = ctx.agree(lambda: shard.read_test() if star.is_learner else None)
+        n = int(ctx.comm.bcast(None if data is None else len(data[1]), root=0))
+        return EvalSet("test", n, data=data) if n else EvalSet()
+    if not any(shard.has_test(i) for i in range(shard.n_agents)):
+        return EvalSet()
+    local = ctx.agree(lambda: {i: shard.read_agent_test(i) for i in star.local_agents
+                               if shard.has_test(i)})
+    sizes = star.gather_agents(np.array([[len(local[i][1]) if i in local else 0]
+                                         for i in star.local_agents], dtype=np.float64
+                                        ).reshape(-1, 1), (1,))
+    n = int(ctx.comm.bcast(None if sizes is None else int(sizes.sum()), root=0))
+    return EvalSet("owner_test", n, local=local) if n else EvalSet()
+
+
+def utility_attrs(loss: str, evalset: EvalSet) -> dict[str, Any]:
+    """Group attributes naming the evaluation set and the prediction rule of the utility."""
+    if not is_classification(loss):
+        return {"eval_set": "training records (squared loss: train_mse only)"}
+    return {"eval_set": evalset.describe(), "prediction": PREDICTION_RULE}
+
+
+#: what each reference utility dataset holds, by the last part of its name
+_WHAT = {
+    "label": "the most frequent label of the participants' training records (+1 on a tie)",
+    "majority": "error of always predicting the majority training label (majority_label)",
+    "zero": "error / MSE of theta = 0 (a classifier then predicts +1 for every record)",
+    "mean": "MSE of always predicting the mean of the training targets",
+    "star": "the same utility of the non-private optimum reference/theta_star",
+}
+_WHERE = {"train": " on the participants' training records", "test": " on the evaluation set "
+          "(attribute eval_set)"}
+
+
+def utility_what(name: str) -> str:
+    """Description of reference/<name> written beside it."""
+    return _WHAT.get(name.rsplit("_", 1)[-1], "") + _WHERE.get(name.split("_", 1)[0], "")
+
+
+def add_utility_reference(out: Outcome, ref: Reference) -> None:
+    """reference/<name> of the trivial baselines and theta*'s utility (evaluation-only)."""
+    for name, value in ref.utility.items():
+        out.add(f"reference/{name}", value, evaluation_only=True, what=utility_what(name))
+
+
 @dataclasses.dataclass(frozen=True)
 class StarPrepared:
-    """What a star job sets up once: public constants, the paper's rho, and the reference optima
-    per n vector, shared by the configurations."""
+    """What a star job sets up once: public constants, the paper's rho, the reference optima per
+    n vector, shared by the configurations, and the evaluation set of the test error."""
 
     public: PublicConstants
     rho: float
     refs: dict = dataclasses.field(default_factory=dict)
+    evalset: EvalSet = dataclasses.field(default_factory=EvalSet)
 
 
 class StarMethod(Method):
@@ -115,5 +192,5 @@ class StarMethod(Method):
         shards = [LocalShard(i, *ctx.shard.read_agent(i, n[i])) if i < N
                   else LocalShard(i, empty, np.zeros(0)) for i in ctx.star.local_agents]
         ref = cached_reference(prep.refs, ctx.star, shards, s.loss, s.lam, n, p, s.theta_max,
-                               ctx.job["reference.solver"])
+                               ctx.job["reference.solver"], prep.evalset)
         return shards, ref

@@ -10,10 +10,18 @@ from ..algorithms import sync_star
 from ..jobspec import Key, err
 from ..privacy import lap_scale
 from .base import Context, Outcome, Resolved, settings_attrs
-from .star_common import STAR_READS, StarMethod, agreed_public_constants
+from .star_common import (
+    STAR_READS,
+    StarMethod,
+    add_utility_reference,
+    agreed_public_constants,
+    evaluation_set,
+    utility_attrs,
+)
 from .star_common import StarPrepared as Prepared
 
-EVALUATION_ONLY = ("metrics psi, psi_iterate, objective, clip_fraction and group reference are "
+EVALUATION_ONLY = ("metrics psi, psi_iterate, objective, clip_fraction, train_error, test_error, "
+                   "train_mse and group reference (theta*, the trivial baselines) are "
                    "evaluation-only (oracle=True): computed from un-noised owner data, never part "
                    "of the private protocol")
 
@@ -44,7 +52,7 @@ class SyncStar(StarMethod):
         pc = agreed_public_constants(ctx)
         rho = (float(job["step.rho"]) if job["step.rho"] != "auto" else
                sync_star.default_rho(job["variant"], job["step.alpha"], pc.L, job["T"]))
-        return Prepared(pc, rho)
+        return Prepared(pc, rho, evalset=evaluation_set(ctx))
 
     def _rho(self, ctx: Context, prep: Prepared, variant: str) -> float:
         job = ctx.job
@@ -70,14 +78,14 @@ class SyncStar(StarMethod):
         return {**settings_attrs(s), "public_clip_fraction": prep.public.public_clip_fraction,
                 "step_rule": ("mu_k = rho/(k T^2)" if s.variant == "alg1"
                               else "mu_k = rho/(T sqrt(k))"),
-                "evaluation_only": EVALUATION_ONLY}
+                **utility_attrs(s.loss, prep.evalset), "evaluation_only": EVALUATION_ONLY}
 
     def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: sync_star.Settings,
                    recorder: Any, label: str) -> Outcome | None:
         n = rc.n
         shards, ref = self.shards_and_reference(ctx, prep, s, n)
         final = sync_star.run_config(ctx.star, shards, s, ref, recorder, label=label,
-                                     progress=ctx.progress)
+                                     progress=ctx.progress, evalset=prep.evalset)
         if final is None:
             return None
         out = Outcome(final["ledgers"], guarantee=(
@@ -89,6 +97,7 @@ class SyncStar(StarMethod):
         out.add("reference/f_star", ref.f_star, evaluation_only=True)
         out.add("reference/theta_isolated", ref.theta_isolated, evaluation_only=True)
         out.add("reference/psi_isolated", ref.psi_isolated, evaluation_only=True)
+        add_utility_reference(out, ref)
         out.add("privacy/lap_scale", np.array([lap_scale(s.xi, s.T, n[i], s.eps[i])
                                                for i in range(len(n))]),
                 formula="b_i = 2 xi T / (n_i eps_i), i.i.d. per coordinate")
