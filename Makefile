@@ -55,7 +55,7 @@ data/demo_shards.h5: | $(STAMP)
 	  --noise 0.5 --seed 1 --public 10000 --out $@
 
 demo: venv data/demo_shards.h5
-	$(MPIEXEC) -n $(NP) $(VENV)/bin/mpi-dp run jobs/demo.toml
+	$(MPIEXEC) -n $(NP) $(VENV)/bin/mpi-dp run jobs/demo.toml --overwrite
 	@$(VENV)/bin/mpi-dp analyze results/demo.h5
 	@echo
 	@echo "result file (HDF5):"

@@ -9,6 +9,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -28,8 +29,11 @@ Typical session:
   mpiexec -n 4 mpi-dp run jobs/demo.toml --set data=data/x.h5
   mpi-dp analyze results/demo.h5
   mpi-dp plot results/demo.h5
-  mpi-dp forecast fit results/async_fig4.h5 && mpi-dp forecast predict --fit \
-      results/async_fig4.forecast.json --n 10000 --eps 1 --owners 8
+  mpiexec -n 4 mpi-dp run jobs/demo.toml --overwrite     # replace results/demo.h5
+  mpiexec -n 4 mpi-dp run jobs/demo.toml --resume        # continue a killed run
+  mpiexec -n 4 mpi-dp audit jobs/audit_sync_star.toml    # measure eps empirically
+  mpi-dp forecast fit results/async_fig4.h5
+  mpi-dp forecast predict --fit results/async_fig4.forecast.json --n 10000 --eps 1 --owners 8
 """
 
 RUN_EPILOG = """\
@@ -94,7 +98,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .runner import run_job
 
     return _under_mpi(lambda comm: run_job(args.job, args.set or [], args.out, comm=comm,
-                                           progress=not args.quiet))
+                                           progress=not args.quiet, overwrite=args.overwrite,
+                                           resume=args.resume or False))
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
@@ -146,13 +151,39 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         return 0
     with load.open_result(args.result) as res:
         method = _method_of(res)
-        print(method.analyze(res, args.metric))
-        print()
-        print(privacy_text.ledger_text(res))
-        if args.csv:
-            table.rows_to_csv(method.table_rows(res, args.metric), args.csv)
-            print(f"wrote {args.csv}")
+        note = _completeness_note(res)
+        with _incomplete_guard(res, note):
+            print(method.analyze(res, args.metric))
+            print()
+            print(privacy_text.ledger_text(res))
+            if args.csv:
+                table.rows_to_csv(method.table_rows(res, args.metric), args.csv)
+                print(f"wrote {args.csv}")
+        if note:
+            print(f"\n{note}")
     return 0
+
+
+def _completeness_note(res) -> str | None:
+    """Say first (on stderr) when a result is not complete: a reader must not mistake it."""
+    note = res.completeness
+    if note:
+        print(f"mpi-dp: {note}", file=sys.stderr, flush=True)
+    return note
+
+
+@contextlib.contextmanager
+def _incomplete_guard(res, note: str | None):
+    """A result that stopped early may lack what a table or figure needs: say so, no traceback."""
+    try:
+        yield
+    except (KeyError, IndexError, ValueError) as e:
+        if note is None:
+            raise
+        from .analysis.load import ResultFileError
+
+        raise ResultFileError(f"{res.path} holds too little to show ({note}; missing: "
+                              f"{e.args[0] if e.args else e})") from None
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
@@ -167,7 +198,8 @@ def _cmd_plot(args: argparse.Namespace) -> int:
             print(p)
         return 0
     with load.open_result(args.result) as res:
-        paths = _method_of(res).figures(res, prefix, args.metric)
+        with _incomplete_guard(res, _completeness_note(res)):
+            paths = _method_of(res).figures(res, prefix, args.metric)
     for p in paths:
         print(p)
     return 0
@@ -223,6 +255,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a job key (TOML value; dotted keys for sections, e.g. "
                      "step.alpha=0.5); repeatable")
     run.add_argument("--out", metavar="PATH", help="result file (overrides the job's output)")
+    run.add_argument("--overwrite", action="store_true",
+                     help="replace an existing result (or a stopped job's PATH.partial); the old "
+                     "file stays until the new job completes. Without it a run never replaces "
+                     "a result")
+    run.add_argument("--resume", nargs="?", const="yes", choices=("yes", "auto"),
+                     help="continue the job's PATH.partial left by a stopped (killed, failed, "
+                     "requeued) run of the same job and --set options: complete "
+                     "configurations are kept, the others run again; the final file has the "
+                     "same datasets, bit for bit, as an uninterrupted run. --resume=auto: "
+                     "resume if PATH.partial exists, else start (what slurm/run.sbatch passes "
+                     "on a requeue)")
     run.add_argument("--quiet", action="store_true", help="no progress messages")
     run.set_defaults(func=_cmd_run)
 
@@ -350,6 +393,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:  # e.g. --csv or plot --out where we may not write
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"mpi-dp: error: cannot write or read {where}{e.strerror or e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -542,6 +542,11 @@ def read(path: str | Path, overrides: Sequence[str], methods: Mapping[str, Metho
         raise JobError(f"job file {spath}: not valid TOML: {e}") from None
     for item in overrides:
         key, value = parse_override(item)
+        swept = raw.get("sweep")
+        if "." not in key and isinstance(swept, dict) and key in swept:
+            raise JobError(f"job file {spath}: --set {key}=...: '{key}' is swept in [sweep] "
+                           f"(the sweep would ignore it); set the sweep instead, e.g. --set "
+                           f"'sweep.{key}=[{json.dumps(value, default=str)}]'")
         _apply_override(raw, key, value, spath)
     return validate(raw, spath, methods, text, tuple(overrides), stem=p.stem)
 

@@ -8,6 +8,7 @@ computation are handled by the CLI, which aborts the whole MPI job.
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import time
@@ -27,6 +28,7 @@ from .jobspec import Job, resolve_per_owner
 from .methods import REGISTRY, Context, Method, Outcome, Resolved
 from .privacy import accountants
 from .results import provenance
+from .results.output import OutputLock, check_output, check_resume, partial_path
 from .results.recorder import ConfigRecorder, ResultFile
 
 __all__ = ["AgreedError", "collective", "resolve_configs", "run_job"]
@@ -67,23 +69,62 @@ def resolve_configs(job: Job, shard: ShardFile) -> list[Resolved]:
 
 
 def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = None,
-            comm: MPI.Comm | None = None, progress: bool = True) -> Path:
-    """Run a job file under MPI (collective over `comm`); returns the result path."""
+            comm: MPI.Comm | None = None, progress: bool = True, overwrite: bool = False,
+            resume: bool | str = False) -> Path:
+    """Run a job file under MPI (collective over `comm`); returns the result path.
+
+    The result is written to PATH.partial under an exclusive lock and renamed to PATH when the
+    job completes; an existing PATH is replaced only with `overwrite` (and only then). With
+    `resume` the job continues PATH.partial left by a stopped run of the same job: complete
+    configurations are kept, the rest run again (bitwise what an uninterrupted run writes);
+    resume="auto" resumes when PATH.partial exists and starts afresh otherwise."""
     comm = comm or MPI.COMM_WORLD
     rank = comm.Get_rank()
     overrides = list(overrides) + ([f'output="{out}"'] if out else [])
     job = collective(comm, lambda: load_job(path, overrides))
+    lock = OutputLock(job.output) if rank == 0 else None
+
+    def claim() -> bool:  # before anything else: fail fast, and hold the output while we run
+        if lock is None:
+            return False
+        lock.acquire()
+        try:
+            go_on = resume and (resume != "auto" or partial_path(job.output).exists())
+            check_resume(job.output) if go_on else check_output(job.output, overwrite)
+            return bool(go_on)
+        except BaseException:
+            lock.release()
+            raise
+
+    resume = comm.bcast(collective(comm, claim), root=0)
+    try:
+        return _run_locked(job, comm, progress, resume)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool) -> Path:
+    """run_job once the output is claimed: validate, write PATH.partial, rename when complete."""
+    rank = comm.Get_rank()
     method = REGISTRY.get(job.algorithm)
     shard = collective(comm, lambda: ShardFile(job["data"]))
     configs = collective(comm, lambda: resolve_configs(job, shard))
     star = Star(comm, shard.n_agents)
     collective(comm, lambda: shard.check_agents(list(star.local_agents)))
+    collective(comm, lambda: shard.check_finite(list(star.local_agents)))
     run_ids = tuple(range(job["first_run"], job["first_run"] + job["runs"]))
     ctx = Context(job, shard, star, run_ids, progress)
     prepared = method.prepare(ctx)
+    for rc in configs:  # every configuration's settings are checked before the output exists
+        ctx.agree(lambda rc=rc: method.settings(ctx, prepared, rc))
 
     hosts = comm.gather(socket.gethostname(), root=0)
-    result = collective_open(job if rank == 0 else None, len(configs), comm, hosts)
+    result = collective_open(job if rank == 0 else None, len(configs), comm, hosts, resume)
+    done = set(comm.bcast(result.completed if result is not None and resume else [], root=0))
+    if rank == 0 and progress and resume:
+        print(f"mpi-dp: resuming {partial_path(job.output)}: {len(done)} of {len(configs)} "
+              "configuration(s) complete, the others run (again)", file=sys.stderr, flush=True)
     if rank == 0 and progress:
         for note in job.notes:
             print(f"mpi-dp: note: job file {job.path}: {note}", file=sys.stderr, flush=True)
@@ -91,12 +132,14 @@ def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = N
         print(f"mpi-dp: job '{job.name}' ({job.algorithm}/{_variants(job)}): {len(configs)} "
               f"configuration(s) x {len(run_ids)} runs x T={job['T']} on {comm.Get_size()} "
               f"rank(s), {shard.n_agents} owners{'; ' + detail if detail else ''}\n"
-              f"  writing {job.output}", file=sys.stderr, flush=True)
+              f"  writing {partial_path(job.output)} (renamed to {job.output.name} when "
+              "complete)", file=sys.stderr, flush=True)
     t_start = time.perf_counter()
     status = "failed"
     try:
         for rc in configs:
-            _run_one(method, ctx, prepared, rc, len(configs), result)
+            if rc.index not in done:
+                _run_one(method, ctx, prepared, rc, len(configs), result)
         status = "complete"
     except KeyboardInterrupt:
         status = "interrupted"
@@ -105,9 +148,14 @@ def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = N
         if result is not None:
             result.close(status, wall_seconds=round(time.perf_counter() - t_start, 3),
                          end_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+            if status == "complete":
+                os.replace(result.path, job.output)  # only a finished job takes the name
         if rank == 0 and progress and status == "complete":
             print(f"mpi-dp: done in {time.perf_counter() - t_start:.1f} s -> {job.output}",
                   file=sys.stderr, flush=True)
+        elif rank == 0 and result is not None and status != "complete":
+            print(f"mpi-dp: {status}: what the job did is in {result.path} (mpi-dp analyze "
+                  f"reads it); {job.output} was not touched", file=sys.stderr, flush=True)
     return job.output
 
 
@@ -129,7 +177,7 @@ def _run_one(method: Method, ctx: Context, prepared: Any, rc: Resolved, n_config
         if outcome is None:
             raise RuntimeError(f"method {method.name!r} returned no outcome on rank 0")
         write_outcome(rec, outcome, float(ctx.job["privacy.delta"]))
-        result.file.flush()
+        result.config_done(rc.index)
 
 
 def write_outcome(rec: ConfigRecorder, outcome: Outcome, delta: float) -> None:
@@ -149,14 +197,20 @@ def _variants(job: Job) -> str:
 
 
 def collective_open(job: Job | None, n_configs: int, comm: MPI.Comm,
-                    hosts: list[str] | None) -> ResultFile | None:
-    """Rank 0 creates the result file; a failure (e.g. unwritable path) stops every rank."""
+                    hosts: list[str] | None, resume: bool = False) -> ResultFile | None:
+    """Rank 0 creates (or, resuming, reopens) the result file; a failure (e.g. unwritable
+    path) stops every rank."""
     def make() -> ResultFile | None:
         if job is None:
             return None
+        if resume:
+            try:
+                return ResultFile.reopen(partial_path(job.output), job.to_json())
+            except (OSError, ValueError) as e:
+                raise JobError(f"cannot resume {partial_path(job.output)}: {e}") from None
         try:
             return ResultFile(
-                job.output, job_text=job.record_text, job_json=job.to_json(),
+                partial_path(job.output), job_text=job.record_text, job_json=job.to_json(),
                 algorithm=job.algorithm, variant=_variants(job), n_configs=n_configs,
                 sweep=job.sweep(), provenance=provenance.collect(comm.Get_size(), hosts or [],
                                                                  job["seed"]))

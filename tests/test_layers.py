@@ -20,7 +20,7 @@ RANK = {
     "mpi_dp.methods": 4, "mpi_dp.run_async": 4,
     "mpi_dp.algorithms": 3, "mpi_dp.analysis": 3,
     "mpi_dp.privacy": 2, "mpi_dp.models": 2, "mpi_dp.comm": 2, "mpi_dp.data": 2,
-    "mpi_dp.results": 1, "mpi_dp.rng": 1, "mpi_dp.errors": 1, "mpi_dp.jobspec": 1,
+    "mpi_dp.results": 1, "mpi_dp.rng": 1, "mpi_dp.pcg": 1, "mpi_dp.errors": 1, "mpi_dp.jobspec": 1,
     "mpi_dp": 0,
 }
 #: imports within one rank that are not allowed: the algorithms and the analysis are siblings;

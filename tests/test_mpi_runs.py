@@ -20,6 +20,9 @@ def test_bitwise_identical_on_1_2_4_ranks(tmp_path, small_shards):
     results = assert_rank_invariant(job, tmp_path)
     keys = sorted(results[0])
     assert "configs/001/metrics/psi" in keys and "configs/000/models/final" in keys
+    # the evaluation-only utility (squared loss: training MSE and its baselines) is compared too
+    assert {"configs/001/metrics/train_mse", "configs/000/reference/train_mse_zero",
+            "configs/000/reference/train_mse_mean"} <= set(keys)
     with h5py.File(tmp_path / "j_4ranks.h5", "r", locking=False) as f:
         assert f["provenance"].attrs["n_ranks"] == 4 and f.attrs["status"] == "complete"
 
@@ -50,7 +53,8 @@ def test_rank_that_raises_stops_all_and_keeps_results(tmp_path, small_shards):
     cp = mpi_run(4, ["run", str(job), "--quiet"], timeout=120)
     assert cp.returncode != 0
     assert "non-finite" in cp.stderr, cp.stderr
-    with h5py.File(tmp_path / "div.h5", "r", locking=False) as f:
+    assert not (tmp_path / "div.h5").exists()  # only a complete job takes the result's name
+    with h5py.File(tmp_path / "div.h5.partial", "r", locking=False) as f:
         k = f["metrics/iteration"].shape[0]
         assert k >= 1 and f["metrics/psi"].shape[0] == k
         assert f.attrs["status"] in ("running", "failed")
@@ -78,7 +82,7 @@ def test_killed_run_leaves_readable_partial_result(tmp_path, small_shards, sig):
                              "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
     try:
-        _wait_records(out, 5, proc)
+        _wait_records(tmp_path / "long.h5.partial", 5, proc)
         os.killpg(proc.pid, sig)
         proc.communicate(timeout=60)
     finally:
@@ -88,7 +92,16 @@ def test_killed_run_leaves_readable_partial_result(tmp_path, small_shards, sig):
     assert proc.returncode != 0
     from mpi_dp.analysis import open_result
 
-    with open_result(out) as res:
+    assert not out.exists()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 30:  # mpiexec has gone; its ranks may linger a moment
+        with open_result(out) as res:
+            if "INCOMPLETE" in (res.completeness or ""):
+                break
+        time.sleep(0.2)
+    with open_result(out) as res:  # reads long.h5.partial, and says it is incomplete
+        assert res.path.name == "long.h5.partial"
+        assert res.completeness is not None and "INCOMPLETE" in res.completeness
         cfg = res.configs[0]
         k = cfg.n_records()
         assert k >= 5

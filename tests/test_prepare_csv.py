@@ -301,3 +301,27 @@ def test_opt_delimiter_and_help_teaches_the_new_flags(tmp_path, capsys):
     for flag in ("--no-header", "--names A,B,C|@FILE", "--target-map JSON", "--positive VALUE"):
         assert flag in text
     assert "--partition key --key hospital" in text and '{">50K": 1, "<=50K": -1}' in text
+
+
+def test_census_csv_from_file_to_analyze_with_documented_flags_only(tmp_path):
+    """The issue's user path: a headerless CSV with a string target -> shard file (prepare
+    csv) -> a logistic sync_star job under mpiexec -> analyze, which prints the test error
+    beside the majority baseline."""
+    from helpers import mpi_run, write_job
+
+    src, shard = _write_census(tmp_path), tmp_path / "adult.h5"
+    cp = subprocess.run([sys.executable, "-m", "mpi_dp", "data", "prepare", "csv", str(src),
+                         "--no-header", "--names", ",".join(CENSUS_NAMES), "--target", "income",
+                         "--target-map", TARGET_MAP, "--task", "binary", "--agents", "3",
+                         "--public", "48", "--out", str(shard)],
+                        capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 0, cp.stderr
+    job = write_job(tmp_path / "census.toml", shard, loss="logistic", runs=2, T=30,
+                    eps=float("inf"))
+    cp = mpi_run(2, ["run", str(job), "--quiet"])
+    assert cp.returncode == 0, cp.stderr
+    cp = subprocess.run([sys.executable, "-m", "mpi_dp", "analyze", str(tmp_path / "census.h5")],
+                        capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 0, cp.stderr
+    assert "majority" in cp.stdout and "psi" in cp.stdout
+    assert "error of always predicting the most frequent training label" in cp.stdout

@@ -297,6 +297,7 @@ class Net(Protocol):
     def exchange(self, t: int, pub: np.ndarray, active: np.ndarray) -> None: ...
     def ref_vector(self, E: np.ndarray, agent: int) -> np.ndarray: ...
     def allreduce_sum(self, a: np.ndarray) -> np.ndarray: ...
+    def agent_sum(self, a: np.ndarray) -> np.ndarray: ...
     def gather_agents(self, a: np.ndarray) -> np.ndarray | None: ...
     def gather_objects(self, obj: Any) -> list | None: ...
 
@@ -318,6 +319,9 @@ class LocalNet:
 
     def allreduce_sum(self, a: np.ndarray) -> np.ndarray:
         return a
+
+    def agent_sum(self, a: np.ndarray) -> np.ndarray:
+        return np.asarray(a, dtype=np.float64).sum(axis=0)
 
     def gather_agents(self, a: np.ndarray) -> np.ndarray | None:
         return a
@@ -516,8 +520,10 @@ def collect(block: Block, test: tuple[Any, np.ndarray] | None) -> dict[str, Any]
     s, net, t = block.s, block.net, block.t
     R = s.runs
     W = block.W
-    tot = net.allreduce_sum(np.stack([W.sum(axis=0), block.Hsum.sum(axis=0)]))
-    w_bar, w_hat = tot[0] / s.m, tot[1] / (s.m * t)
+    k, F = W.shape[0], R * W.shape[2]  # sums over agents in agent order: any layout, same bits
+    tot = net.agent_sum(np.concatenate([W.reshape(k, F), block.Hsum.reshape(k, F)], axis=1))
+    w_bar = tot[:F].reshape(W.shape[1:]) / s.m
+    w_hat = tot[F:].reshape(W.shape[1:]) / (s.m * t)
     spread = np.linalg.norm(W - w_bar[None], axis=-1)  # (k, R)
     per_agent = np.concatenate([
         block.cum.transpose(1, 0, 2).reshape(block.k, 4 * R), spread, spread**2, block.noise_l1,

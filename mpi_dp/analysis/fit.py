@@ -242,7 +242,7 @@ def fixed_exponent_constant(result: Result, metric: str = "psi") -> dict[str, An
     """K = exp(mean(log(M - M0) - log P)) over all configurations with P > 0.
 
     Returns dict(kind="constant", K, r2 (log space), max_abs_log10_resid, n_points, dropped),
-    or None when no configuration qualifies.
+    or None when fewer than two configurations qualify.
     """
     fm, _, _ = _final_data(result, metric)
     if fm.mean.size == 0:
@@ -251,7 +251,7 @@ def fixed_exponent_constant(result: Result, metric: str = "psi") -> dict[str, An
     P = predictor(fm.eps, fm.n)
     diff = fm.mean - _floor_values(fm.mean, floor)
     ok = _keep_mask(P, diff, _diff_se(fm, floor))
-    if ok.sum() == 0:
+    if ok.sum() < 2:  # one point fits any constant exactly: nothing would be tested
         return None
     ly = np.log(diff[ok])
     lp = np.log(P[ok])

@@ -10,6 +10,7 @@ import h5py
 import numpy as np
 
 from mpi_dp.errors import MpiDpError
+from mpi_dp.results.output import partial_path, progress_text, writer_gone
 
 try:  # Python >= 3.11
     import tomllib as _toml
@@ -169,7 +170,11 @@ class Result:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         if not self.path.exists():
-            raise ResultNotFoundError(f"result file not found: {self.path}")
+            partial = partial_path(self.path)
+            if partial.exists():  # the job has not completed (yet): read what it wrote
+                self.path = partial
+            else:
+                raise ResultNotFoundError(f"result file not found: {self.path}")
         try:
             self._f = _open_h5(self.path)
         except OSError as exc:
@@ -212,6 +217,23 @@ class Result:
             ]
         else:
             self.configs = [ConfigView(f, 0, self.path)]
+
+    @property
+    def completeness(self) -> str | None:
+        """None for a complete result; else one line saying what is missing and why."""
+        if self.status == "complete":
+            return None
+        where = progress_text(self.attrs)
+        if self.status == "running":
+            gone = writer_gone(self.attrs)
+            if gone:
+                return (f"INCOMPLETE: the job that wrote {self.path} is gone (killed?); it "
+                        f"stopped at {where}. What follows covers only the records written.")
+            if gone is None:
+                return f"incomplete: {self.path} is still being written or its job died ({where})"
+            return f"incomplete: the job is still running ({where})"
+        return (f"INCOMPLETE: the job ended with status {self.status} ({where}); what follows "
+                "covers only the records written")
 
     @property
     def job_name(self) -> str:

@@ -272,6 +272,15 @@ class GraphNet:
         self.comm.Allreduce(a, out, op=MPI.SUM)
         return out
 
+    def agent_sum(self, a: np.ndarray) -> np.ndarray:
+        """The sum over all agents of per-agent rows (k, F), added in agent order on rank 0 and
+        broadcast: bitwise the same on any rank count (an Allreduce adds per rank)."""
+        g = self.gather_agents(a)
+        F = np.asarray(a).shape[1]
+        tot = g.sum(axis=0) if self.is_root else np.empty(F)
+        self.comm.Bcast(tot, root=0)
+        return tot
+
     def gather_agents(self, a: np.ndarray) -> np.ndarray | None:
         """Per-agent rows (k, F) of every rank (each in the rank's row order), in agent order,
         on rank 0."""

@@ -314,6 +314,9 @@ def write_shards(
                 g = f.create_group("test")
                 g.attrs["n"] = glob[0].shape[0]
                 _write_pair(g, *glob)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp made it 0600; a shard file is read like a result
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -643,6 +646,31 @@ class ShardFile:
                 if not isinstance(ds, h5py.Dataset) or ds.ndim == 0 or ds.shape[0] != n:
                     raise self._fail(f"agent {i}: extra array {name!r} has shape "
                                      f"{getattr(ds, 'shape', None)}, expected {n} entries")
+
+    def check_finite(self, ids: Iterable[int] | None = None) -> None:
+        """Check that the records of `ids` (default: all) hold no NaN or inf, naming the owner,
+        the record and the feature of the first bad value (a NaN would otherwise surface deep in
+        the solver as a traceback)."""
+        for i in range(self.n_agents) if ids is None else ids:
+            parts = [("", self.read_agent(i))]
+            if self.has_test(i):
+                parts.append(("test ", self.read_agent_test(i)))
+            for what, (X, y) in parts:
+                data = X.data if sp.issparse(X) else X
+                if not np.all(np.isfinite(data)):
+                    if sp.issparse(X):
+                        coo = X.tocoo()
+                        k = int(np.flatnonzero(~np.isfinite(coo.data))[0])
+                        r, c = int(coo.row[k]), int(coo.col[k])
+                    else:
+                        r, c = (int(v) for v in np.argwhere(~np.isfinite(X))[0])
+                    raise self._fail(f"owner {i}: {what}record {r}, feature {c} is "
+                                     f"{X[r, c]}: the data must be finite (mpi-dp data prepare "
+                                     "drops such rows and says how many)")
+                if not np.all(np.isfinite(y)):
+                    r = int(np.flatnonzero(~np.isfinite(y))[0])
+                    raise self._fail(f"owner {i}: {what}record {r} has the label {y[r]}: labels "
+                                     "must be finite")
 
     # -- public --
     @property

@@ -208,9 +208,13 @@ class Dola(Method):
 
     def prepare(self, ctx: Context) -> Prepared:
         shard = ctx.shard
-        if shard.task != "binary":
-            raise JobError(f"job file {ctx.job.path}: dola trains a binary linear SVM; the shard "
-                           f"file {shard.path} holds a {shard.task} task")
+
+        def check_task() -> None:  # the same on every rank: one agreed message
+            if shard.task != "binary":
+                raise JobError(f"job file {ctx.job.path}: dola trains a binary linear SVM; the "
+                               f"shard file {shard.path} holds a {shard.task} task")
+
+        ctx.agree(check_task)
 
         def load() -> tuple[Any, np.ndarray] | None:
             return shard.read_test() if ctx.comm.Get_rank() == 0 and shard.has_global_test \

@@ -3,27 +3,35 @@
 Schema (format "mpi_dp.results", version 1) -- a contract analysis code relies on:
   /                       attrs format, format_version, job (TOML text), job_resolved (JSON),
                           algorithm, variant, status (running|complete|interrupted|failed),
-                          n_configs, sweep (JSON)
+                          n_configs, sweep (JSON); heartbeat: writer_host, writer_pid,
+                          heartbeat_unix, progress_config, progress_record
   /provenance             attrs: versions, git revision, MPI library, ranks, hosts, seed, times
   G = /  (no sweep)  or  /configs/000, /configs/001, ... (one group per configuration)
   G attrs                 config_index, label, eps (per owner), n (per owner), T, runs, ...
   G/metrics/iteration     (records,) iteration k of each record (0 = initial model)
-  G/metrics/<name>        (records, runs) per-run metrics, e.g. psi; (records,) for per-iteration
-                          scalars such as step_size
+  G/metrics/<name>        (records, runs) per-run metrics, e.g. psi, train_error, test_error,
+                          train_mse; (records,) for per-iteration scalars such as step_size
   G/models/<name>         final models (runs, p)
-  G/reference/...         theta_star, f_star, theta_isolated, psi_isolated (evaluation-only)
+  G/reference/...         theta_star, f_star, theta_isolated, psi_isolated; the trivial
+                          baselines majority_label, *_error_majority, *_error_zero,
+                          *_error_star, train_mse_zero|mean|star (all evaluation-only)
+  G attrs (also)          eval_set, prediction (classification), config_complete (resume)
   G/privacy/ledger        per-agent ledger (privacy.accountants.LEDGER_DTYPE: mechanism, releases,
                           per-release eps, budget, spend, totals by the basic, advanced, PLD and
                           RDP accountants at attrs `delta`; attrs `guarantee`), every method
 Metrics are appended and flushed record by record, so a run killed after k iterations leaves a
-readable file holding those k records (status stays 'running' or becomes 'interrupted').
+readable file holding those k records (status stays 'running' or becomes 'interrupted'). A job
+writes PATH.partial and renames it to PATH when complete (mpi_dp.results.output).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+import signal
+import socket
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +54,10 @@ class ConfigRecorder:
     """Writes one configuration group: appends metric records, stores final arrays."""
 
     def __init__(self, group: h5py.Group, runs: int, flush_every: int = 1,
-                 expected_records: int | None = None) -> None:
+                 expected_records: int | None = None,
+                 on_record: Callable[[int], None] | None = None) -> None:
         self.group = group
+        self._on_record = on_record
         self.runs = runs
         # chunk rows: at most the records a run will write (small files for short runs)
         self._chunk_rows = max(1, min(1024, int(expected_records or 1024)))
@@ -76,6 +86,8 @@ class ConfigRecorder:
             d.resize((k + 1,) + d.shape[1:])
             d[k] = v
         self.n_records = k + 1
+        if self._on_record is not None:
+            self._on_record(self.n_records)
         if self.n_records % self._flush_every == 0:
             self.group.file.flush()
 
@@ -90,6 +102,31 @@ class ConfigRecorder:
     def set_attrs(self, **attrs: Any) -> None:
         for k, v in attrs.items():
             self.group.attrs[k] = _attr(v)
+
+
+def _kill_at() -> tuple[int, int] | None:
+    """MPI_DP_TEST_KILL_AT=c:k: the writer SIGKILLs itself at record k of configuration c (a
+    seam for the resume tests: a real kill at a reproducible point)."""
+    v = os.environ.get("MPI_DP_TEST_KILL_AT")
+    if not v:
+        return None
+    c, k = v.split(":")
+    return int(c), int(k)
+
+
+_KILL_AT = _kill_at()
+
+
+def _without_output(job_json: Any) -> dict:
+    """A job's resolved values without its output path (resume may name the file anew)."""
+    text = job_json.decode() if isinstance(job_json, bytes) else str(job_json)
+    try:
+        values = json.loads(text or "{}")
+    except json.JSONDecodeError:
+        return {"_unreadable": text}
+    if isinstance(values, dict):
+        values.pop("output", None)
+    return values
 
 
 class ResultFile:
@@ -118,20 +155,87 @@ class ResultFile:
         a["status"] = "running"
         a["n_configs"] = n_configs
         a["sweep"] = json.dumps(dict(sweep), default=str)
+        # the heartbeat: who writes, and where it is (analyze tells a stopped job from a slow one)
+        a["writer_host"] = socket.gethostname()
+        a["writer_pid"] = os.getpid()
+        self._beat_at = 0.0
+        self.beat(0, 0, force=True)
         prov = self.file.create_group("provenance")
         for k, v in provenance.items():
             prov.attrs[k] = _attr(v)
         self.file.flush()
 
+    @classmethod
+    def reopen(cls, path: str | Path, job_json: str) -> ResultFile:
+        """Continue an unfinished result file of the same job (resume): its complete
+        configurations stay, an unfinished one is dropped and run again."""
+        self = cls.__new__(cls)
+        self.path = Path(path)
+        self.file = h5py.File(self.path, "r+", locking=False)
+        a = self.file.attrs
+        if a.get("format") != FORMAT:
+            self.file.close()
+            raise ValueError(f"{path} is not an mpi_dp result file")
+        self.sweep = bool(json.loads(a.get("sweep", "{}")))
+        if _without_output(a.get("job_resolved", "")) != _without_output(job_json):
+            self.file.close()
+            raise ValueError(f"{path} was written by a different job (its job_resolved differs); "
+                             "resume it with the job and --set options that wrote it")
+        self.completed = sorted(int(c) for c in self._complete_indices())
+        a["status"] = "running"
+        a["writer_host"] = socket.gethostname()
+        a["writer_pid"] = os.getpid()
+        a["resumed"] = int(a.get("resumed", 0)) + 1
+        self._beat_at = 0.0
+        self.beat(self.completed[-1] + 1 if self.completed else 0, 0, force=True)
+        return self
+
+    def _complete_indices(self) -> list[int]:
+        if not self.sweep:
+            return [0] if self.file.attrs.get("config_complete", False) else []
+        g = self.file.get("configs")
+        return [int(k) for k in (g or {}) if g[k].attrs.get("config_complete", False)]
+
+    def config_done(self, index: int) -> None:
+        """Mark configuration `index` complete (resume keeps it)."""
+        group = self.file[f"configs/{index:03d}"] if self.sweep else self.file
+        group.attrs["config_complete"] = True
+        self.file.flush()
+
     def config(self, index: int, runs: int, expected_records: int | None = None,
                **attrs: Any) -> ConfigRecorder:
-        """Recorder for configuration `index` (`expected_records` sizes the HDF5 chunks)."""
-        group = self.file.require_group(f"configs/{index:03d}") if self.sweep else self.file
-        rec = ConfigRecorder(group, runs, expected_records=expected_records)
+        """Recorder for configuration `index` (`expected_records` sizes the HDF5 chunks); what
+        an unfinished earlier attempt left of it is removed first."""
+        if self.sweep:
+            if f"configs/{index:03d}" in self.file:
+                del self.file[f"configs/{index:03d}"]
+            group = self.file.require_group(f"configs/{index:03d}")
+        else:
+            group = self.file
+            for k in [k for k in group if k != "provenance"]:
+                del group[k]
+        self.beat(index, 0, force=True)
+        rec = ConfigRecorder(group, runs, expected_records=expected_records,
+                             on_record=lambda k: self.beat(index, k))
         rec.set_attrs(config_index=index, runs=runs, **attrs)
         return rec
 
+    def beat(self, config: int, record: int, force: bool = False) -> None:
+        """Heartbeat: the time, configuration and record reached (at most twice a second)."""
+        self._progress = (int(config), int(record))
+        if _KILL_AT is not None and self._progress == _KILL_AT:  # fault injection (tests)
+            self.file.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        now = time.time()
+        if not force and now - self._beat_at < 0.5:
+            return
+        self._beat_at = now
+        a = self.file.attrs
+        a["heartbeat_unix"] = now
+        a["progress_config"], a["progress_record"] = self._progress
+
     def set_status(self, status: str, **provenance: Any) -> None:
+        self.beat(*self._progress, force=True)
         self.file.attrs["status"] = status
         for k, v in provenance.items():
             self.file["provenance"].attrs[k] = _attr(v)

@@ -1,0 +1,165 @@
+"""Safe result paths: never replace a result silently, one writer at a time, no half-written
+file under a result's name.
+
+A job writes PATH.partial while it runs (status running, a heartbeat per record) and renames it
+to PATH only when it completes, so a job that fails, is interrupted or is killed never destroys a
+previous result at PATH; its .partial keeps what it did. PATH.lock is held with flock(2) for the
+job's lifetime: a second job on the same output stops at once, naming the first; the kernel
+releases the lock when the holder dies, so a killed job leaves no stale lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import JobError
+
+#: seconds without a heartbeat after which a running file on another host counts as stopped
+STALE_AFTER_S = 600.0
+
+
+def partial_path(final: str | Path) -> Path:
+    final = Path(final)
+    return final.with_name(final.name + ".partial")
+
+
+def lock_path(final: str | Path) -> Path:
+    final = Path(final)
+    return final.with_name(final.name + ".lock")
+
+
+def holder_text() -> dict[str, Any]:
+    """Who writes: host, pid and start time (also the heartbeat's identity)."""
+    return {"host": socket.gethostname(), "pid": os.getpid(),
+            "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+class OutputLock:
+    """An exclusive flock on PATH.lock for one job's output (rank 0 only)."""
+
+    def __init__(self, final: str | Path) -> None:
+        self.final = Path(final)
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        if self.final.is_dir() or self.final.name in ("", ".", ".."):
+            raise JobError(f"output {self.final} is a directory; give a file path (--out x.h5)")
+        self.path = lock_path(self.final)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise JobError(f"cannot write the result {self.final}: {e.strerror or e} "
+                           f"({e.filename or self.path.parent}); choose --out") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                who = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+            except (OSError, ValueError):
+                who = {}
+            os.close(fd)
+            desc = (f"pid {who.get('pid', '?')} on {who.get('host', '?')} since "
+                    f"{who.get('since', '?')}") if who else "another job"
+            raise JobError(f"{self.final} is being written by {desc} (lock {self.path}); "
+                           "wait for it to finish or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder_text()).encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is None:  # never acquired
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+        finally:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+
+def check_output(final: str | Path, overwrite: bool) -> None:
+    """Refuse what would lose a result; call while holding the lock, before touching anything."""
+    final, partial = Path(final), partial_path(final)
+    if final.is_dir():
+        raise JobError(f"output {final} is a directory; give a file path (--out x.h5)")
+    if final.exists() and not overwrite:
+        raise JobError(f"{final} exists: a run never replaces a result; pass --overwrite to "
+                       "replace it (the old file stays until the new job completes) or choose "
+                       "another --out")
+    if partial.exists() and not overwrite:
+        raise JobError(f"{partial} is left by a job that stopped before completing "
+                       f"({describe_partial(partial)}); `mpi-dp analyze {partial}` reads what "
+                       "it holds; pass --overwrite to start afresh or choose another --out")
+    parent = final.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise JobError(f"cannot create the output directory {parent}: {e.strerror or e}") from None
+    if not os.access(parent, os.W_OK):
+        raise JobError(f"cannot write results in {parent} (permission denied); choose --out")
+
+
+def check_resume(final: str | Path) -> None:
+    """A resume needs PATH.partial of a stopped job (the lock, held now, says none writes it)."""
+    final, partial = Path(final), partial_path(final)
+    if not partial.exists():
+        what = (f"{final} is complete: nothing to resume" if final.exists()
+                else f"nothing to resume: {partial} does not exist")
+        raise JobError(f"{what} (a stopped job leaves PATH.partial; run without --resume "
+                       "to start)")
+    if final.exists():
+        raise JobError(f"both {final} and {partial} exist: resuming would replace the complete "
+                       f"result; move one away first")
+
+
+def describe_partial(path: Path) -> str:
+    """One line on an unfinished result file: status and where it stopped."""
+    try:
+        import h5py
+
+        with h5py.File(path, "r", locking=False) as f:
+            return progress_text(dict(f.attrs))
+    except OSError:
+        return "not readable"
+
+
+def progress_text(attrs: dict[str, Any]) -> str:
+    """'status running, configuration 2/4, record 17, last heartbeat ... (pid on host)'."""
+    def txt(v: Any) -> str:
+        return v.decode() if isinstance(v, bytes) else str(v)
+
+    parts = [f"status {txt(attrs.get('status', 'unknown'))}"]
+    if "progress_config" in attrs:
+        parts.append(f"configuration {int(attrs['progress_config']) + 1}/"
+                     f"{int(attrs.get('n_configs', 0))}, record {int(attrs['progress_record'])}")
+    if "heartbeat_unix" in attrs:
+        age = time.time() - float(attrs["heartbeat_unix"])
+        parts.append(f"last heartbeat {age:.0f} s ago (pid {int(attrs.get('writer_pid', -1))} on "
+                     f"{txt(attrs.get('writer_host', '?'))})")
+    return ", ".join(parts)
+
+
+def writer_gone(attrs: dict[str, Any]) -> bool | None:
+    """Whether the job that writes a 'running' file is gone: True / False, None if unknown."""
+    def txt(v: Any) -> str:
+        return v.decode() if isinstance(v, bytes) else str(v)
+
+    if "writer_pid" not in attrs:
+        return None
+    if txt(attrs.get("writer_host", "")) == socket.gethostname():
+        try:
+            os.kill(int(attrs["writer_pid"]), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+    if "heartbeat_unix" in attrs:
+        return time.time() - float(attrs["heartbeat_unix"]) > STALE_AFTER_S
+    return None
