@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,9 @@ class OutputLock:
                     f"{who.get('since', '?')}") if who else "another job"
             raise JobError(f"{self.final} is being written by {desc} (lock {self.path}); "
                            "wait for it to finish or choose another --out") from None
+        except OSError as e:  # a file system without flock (some NFS/Lustre mounts): go on
+            print(f"mpi-dp: warning: cannot lock {self.path} ({e.strerror or e}); two jobs "
+                  "writing the same output would not be stopped", file=sys.stderr, flush=True)
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(holder_text()).encode(), 0)
         self._fd = fd
