@@ -93,6 +93,15 @@ class DataOwner:
         self.answered = 0
         self.last_clipped = np.zeros(s.runs)
 
+    def state(self) -> dict:
+        """What a checkpoint needs to continue this owner bit for bit."""
+        return {"answered": self.answered, "ledger": self.ledger, "last_clipped": self.last_clipped,
+                "noise": (self.noise_gens.h.copy(), self.noise_gens.lo.copy())}
+
+    def restore(self, st: dict) -> None:
+        self.answered, self.ledger, self.last_clipped = st["answered"], st["ledger"], st["last_clipped"]
+        self.noise_gens.h[:], self.noise_gens.lo[:] = st["noise"]
+
     def answer(self, theta: np.ndarray) -> np.ndarray:
         """Lines 4-6: refuse beyond T queries; Q_i + Laplace noise, the release charged first."""
         if self.answered >= self.T:
@@ -167,8 +176,29 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
                                 **oracle.utility(both, sums, reported, 3 * R)})
         return psi
 
-    record(0, 0.0)
-    for k in range(1, s.T + 1):
+    def checkpoint(k: int) -> None:  # collective: owners' states to the learner's recorder
+        if not star.comm.bcast(recorder is not None and recorder.checkpoint_due() and k < s.T,
+                               root=0):
+            return
+        states = star.gather_objects([(o.agent, o.state()) for o in owners])
+        if star.is_learner:
+            recorder.save_state({"k": k, "theta": theta, "theta_avg": theta_avg,
+                                 "step_sum": step_sum,
+                                 "owners": dict(st for part in states for st in part)})
+
+    saved = star.comm.bcast(recorder.saved_state() if recorder is not None else None, root=0)
+    k0 = 0
+    if saved is None:
+        record(0, 0.0)
+    else:  # resume: the learner's model and every owner's answers, ledger and noise position
+        k0, step_sum = saved["k"], saved["step_sum"]
+        theta, theta_avg = saved["theta"].copy(), saved["theta_avg"].copy()
+        for o in owners:
+            o.restore(saved["owners"][o.agent])
+        if progress and star.is_learner:
+            print(f"  [{label}] resumed from its checkpoint at k={k0}", file=sys.stderr,
+                  flush=True)
+    for k in range(k0 + 1, s.T + 1):
         mu = s.step_size(k)
         star.bcast(theta)  # line 3: learner -> owners: theta_{k-1}
         for j, o in enumerate(owners):  # lines 4-6, on the owners' ranks
@@ -199,6 +229,7 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
             theta_avg = (1.0 - gamma) * theta_avg + gamma * theta
         if k % s.record_every == 0 or k == s.T:
             psi = record(k, mu)
+            checkpoint(k)
             now = time.perf_counter()
             if progress and star.is_learner and (now - last_print > 10.0 or k == s.T):
                 _progress(label, k, s.T, psi, t0)

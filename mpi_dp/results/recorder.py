@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import socket
 import time
@@ -64,6 +65,41 @@ class ConfigRecorder:
         self.metrics = group.require_group("metrics")
         self.n_records = 0
         self._flush_every = max(1, flush_every)
+        self._resume_state: Any = None
+        self._saved_at = time.monotonic()
+
+    # -- checkpoints inside a configuration (methods that support them) --------------------------
+    def checkpoint_due(self) -> bool:
+        """Whether a method should save its state now (every MPI_DP_CHECKPOINT_S seconds)."""
+        return time.monotonic() - self._saved_at >= CHECKPOINT_EVERY_S
+
+    def save_state(self, state: Any) -> None:
+        """Store a method's state (pickled) with the number of records it goes with; a resume
+        continues from it. Removed when the configuration completes."""
+        blob = np.frombuffer(pickle.dumps(state, protocol=5), dtype=np.uint8)
+        if "checkpoint" not in self.group:
+            self.group.create_dataset("checkpoint", shape=(0,), maxshape=(None,), dtype="u1",
+                                      chunks=(1 << 16,))
+        ds = self.group["checkpoint"]
+        ds.resize((blob.size,))
+        ds[:] = blob
+        ds.attrs["n_records"] = self.n_records
+        self.group.file.flush()
+        self._saved_at = time.monotonic()
+
+    def saved_state(self) -> Any:
+        """The state a resumed configuration continues from (None: start afresh)."""
+        return self._resume_state
+
+    def resume_from_checkpoint(self) -> None:
+        """Load the group's checkpoint and drop the records written after it."""
+        ds = self.group["checkpoint"]
+        n = int(ds.attrs["n_records"])
+        self._resume_state = pickle.loads(ds[()].tobytes())
+        for name in list(self.metrics):
+            d = self.metrics[name]
+            d.resize((n,) + d.shape[1:])
+        self.n_records = n
 
     def append(self, iteration: int, values: Mapping[str, np.ndarray | float]) -> None:
         """Append one record: per-run arrays (runs,) and per-iteration scalars."""
@@ -115,6 +151,8 @@ def _kill_at() -> tuple[int, int] | None:
 
 
 _KILL_AT = _kill_at()
+#: seconds between a method's checkpoints inside a configuration (MPI_DP_CHECKPOINT_S)
+CHECKPOINT_EVERY_S = float(os.environ.get("MPI_DP_CHECKPOINT_S", "60"))
 
 
 def _without_output(job_json: Any) -> dict:
@@ -186,6 +224,7 @@ class ResultFile:
         a["writer_host"] = socket.gethostname()
         a["writer_pid"] = os.getpid()
         a["resumed"] = int(a.get("resumed", 0)) + 1
+        self._resuming = True
         self._beat_at = 0.0
         self.beat(self.completed[-1] + 1 if self.completed else 0, 0, force=True)
         return self
@@ -199,6 +238,8 @@ class ResultFile:
     def config_done(self, index: int) -> None:
         """Mark configuration `index` complete (resume keeps it)."""
         group = self.file[f"configs/{index:03d}"] if self.sweep else self.file
+        if "checkpoint" in group:
+            del group["checkpoint"]
         group.attrs["config_complete"] = True
         self.file.flush()
 
@@ -206,17 +247,20 @@ class ResultFile:
                **attrs: Any) -> ConfigRecorder:
         """Recorder for configuration `index` (`expected_records` sizes the HDF5 chunks); what
         an unfinished earlier attempt left of it is removed first."""
-        if self.sweep:
-            if f"configs/{index:03d}" in self.file:
-                del self.file[f"configs/{index:03d}"]
-            group = self.file.require_group(f"configs/{index:03d}")
-        else:
-            group = self.file
-            for k in [k for k in group if k != "provenance"]:
-                del group[k]
+        name = f"configs/{index:03d}" if self.sweep else "/"
+        keep = getattr(self, "_resuming", False) and (
+            f"{name}/checkpoint" if self.sweep else "checkpoint") in self.file
+        if self.sweep and not keep and name in self.file:
+            del self.file[name]
+        group = self.file.require_group(name) if self.sweep else self.file
+        for k in [k for k in group if k not in (("provenance", "metrics", "checkpoint") if keep
+                                              else ("provenance",))]:
+            del group[k]
         self.beat(index, 0, force=True)
         rec = ConfigRecorder(group, runs, expected_records=expected_records,
                              on_record=lambda k: self.beat(index, k))
+        if keep:
+            rec.resume_from_checkpoint()
         rec.set_attrs(config_index=index, runs=runs, **attrs)
         return rec
 
