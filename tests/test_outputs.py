@@ -237,15 +237,25 @@ def test_the_top_level_help_examples_are_whole_commands():
         assert cmd.startswith(("mpi-dp ", "mpiexec -n")) and "   " not in cmd, ln
 
 
-def test_sync_star_resumes_inside_a_configuration_from_its_checkpoint(tmp_path, small_shards):
+@pytest.mark.parametrize("method", ["sync_star", "admm"])
+def test_a_method_resumes_inside_a_configuration_from_its_checkpoint(tmp_path, small_shards,
+                                                                     method):
     """With a checkpoint at every record (MPI_DP_CHECKPOINT_S=0), a writer SIGKILLed at record 6
     of configuration 2 resumes from iteration 12 (record 5), not from the start: models, owners'
     answers, ledgers and noise positions continue, and every dataset equals the uninterrupted
     run's, byte for byte; the checkpoint itself is gone from the final file."""
     from helpers import read_datasets
 
-    job = write_job(tmp_path / "c.toml", small_shards, T=30, runs=3, record_every=3,
-                    sweep={"eps": [0.5, 2.0]})
+    from mpi_dp.data.synth import write_synth
+
+    if method == "sync_star":
+        job = write_job(tmp_path / "c.toml", small_shards, T=30, runs=3, record_every=3,
+                        sweep={"eps": [0.5, 2.0]})
+    else:
+        mc = write_synth(tmp_path / "mc.h5", "multiclass", 4, 120, 6, 0.35, 5, public=200,
+                         classes=3)
+        job = write_job(tmp_path / "c.toml", mc, algorithm="admm", variant="iadmm", runs=2,
+                        T=30, record_every=3, sweep={"eps": [0.5, 2.0]})
     whole, cut = tmp_path / "whole.h5", tmp_path / "cut.h5"
     assert mpi_run(4, ["run", str(job), "--out", str(whole), "--quiet"]).returncode == 0
     env = {"MPI_DP_TEST_KILL_AT": "1:6", "MPI_DP_CHECKPOINT_S": "0"}
@@ -256,7 +266,8 @@ def test_sync_star_resumes_inside_a_configuration_from_its_checkpoint(tmp_path, 
     cp = mpi_run(2, ["run", str(job), "--out", str(cut), "--resume"],
                  env={"MPI_DP_CHECKPOINT_S": "0"})
     assert cp.returncode == 0, cp.stderr
-    assert "resumed from its checkpoint at k=12" in cp.stderr
+    assert f"resumed from its checkpoint at {'k' if method == 'sync_star' else 't'}=12" \
+        in cp.stderr
     a, b = read_datasets(whole), read_datasets(cut)
     assert sorted(a) == sorted(b) and not any("checkpoint" in k for k in b)
     for k in a:
