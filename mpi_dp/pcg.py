@@ -2,21 +2,20 @@
 
 An R-run job used to build R `numpy.random.Generator` objects per owner (about 17 us each) and
 draw from them one run at a time; an audit with R = 1e5 spent most of its time there. `RunStreams`
-holds the R PCG64 states as uint64 arrays and draws a (rows, size) block in one pass: PCG64 is an
-LCG on 128 bits, so the state j steps ahead is a^j s + (1 + a + ... + a^(j-1)) inc (mod 2^128)
-for every row and position at once. Seeding follows numpy's SeedSequence word for word, so row r
+holds the R PCG64 states as uint64 arrays and draws a (rows, size) block with one 128-bit LCG
+step per position for all rows at once (few rows and many positions: per row through numpy's
+own PCG64, its state set from the row). Seeding follows numpy's SeedSequence word for word, so row r
 produces exactly the uint64 stream of ``np.random.Generator(np.random.PCG64(seed_sequence))`` of
 run r (tested bitwise), and run r of an R-run job draws what the single-run job r draws.
 
-Laplace draws follow numpy's algorithm (one double per draw, U = 0 redrawn), so they equal
-``Generator.laplace`` up to the last bit of `log`. Gaussian draws are *not* numpy's ziggurat: they
-are the inverse normal CDF of one 53-bit uniform at a cell centre, exact in distribution and one
-uint64 per draw, which keeps rows independent of each other and positions computable.
+Laplace draws follow numpy's algorithm (one double per draw, U = 0 redrawn) with the exact
+2 - 2u where numpy rounds 2.0 - u - u, so they equal ``Generator.laplace`` to about 1e-15.
+Gaussian draws are *not* numpy's ziggurat: they are the inverse normal CDF of one 53-bit uniform
+at a cell centre, exact in distribution and one uint64 per draw, which keeps rows independent of
+each other and positions computable.
 """
 
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 from scipy.special import ndtri
@@ -112,18 +111,6 @@ def _split(x: int) -> tuple[np.uint64, np.uint64]:
     return _U64(x >> 64), _U64(x & M64)
 
 
-@functools.lru_cache(maxsize=64)
-def _jumps(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """For j = 1..n: a^j and 1 + a + ... + a^(j-1) (mod 2^128), as (high, low) uint64 arrays."""
-    ah, al, gh, gl = (np.empty(n, dtype=_U64) for _ in range(4))
-    a, g = 1, 0
-    for j in range(n):
-        g = (g + a) & M128
-        a = (a * MULT) & M128
-        ah[j], al[j], gh[j], gl[j] = a >> 64, a & M64, g >> 64, g & M64
-    return ah, al, gh, gl
-
-
 _TO_DOUBLE = 1.0 / 9007199254740992.0
 
 
@@ -169,13 +156,6 @@ def generator_laplace(g: np.random.Generator, size: int) -> np.ndarray:
 def generator_normal(g: np.random.Generator, size: int) -> np.ndarray:
     """N(0, 1) from a numpy Generator, the same bits as a RunStreams row in its state."""
     return normal_from_raw(g.bit_generator.random_raw(size))
-
-
-def _output(h: np.ndarray, lo: np.ndarray) -> np.ndarray:
-    """PCG64's XSL-RR output of states (h, lo)."""
-    x = h ^ lo
-    rot = h >> _U64(58)
-    return (x >> rot) | (x << ((_U64(64) - rot) & _U64(63)))
 
 
 class RunStreams:
