@@ -304,6 +304,13 @@ class RunStreams:
     def _rows(self, rows: np.ndarray | None) -> np.ndarray:
         return np.arange(len(self)) if rows is None else np.asarray(rows, dtype=np.int64)
 
+    def position(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every row's place in its stream (a checkpoint); `seek` returns there."""
+        return self.h.copy(), self.lo.copy()
+
+    def seek(self, position: tuple[np.ndarray, np.ndarray]) -> None:
+        self.h[:], self.lo[:] = position
+
     def state(self, row: int) -> dict:
         """numpy's PCG64 `state` dict of one row (to continue it as a numpy Generator)."""
         return {"bit_generator": "PCG64",

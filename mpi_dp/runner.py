@@ -116,8 +116,8 @@ def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool) -> Path:
     run_ids = tuple(range(job["first_run"], job["first_run"] + job["runs"]))
     ctx = Context(job, shard, star, run_ids, progress)
     prepared = method.prepare(ctx)
-    for rc in configs:  # every configuration's settings are checked before the output exists
-        ctx.agree(lambda rc=rc: method.settings(ctx, prepared, rc))
+    # every configuration's settings, agreed and checked before the output exists
+    settings = [ctx.agree(lambda rc=rc: method.settings(ctx, prepared, rc)) for rc in configs]
 
     hosts = comm.gather(socket.gethostname(), root=0)
     result = collective_open(job if rank == 0 else None, len(configs), comm, hosts, resume)
@@ -137,9 +137,9 @@ def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool) -> Path:
     t_start = time.perf_counter()
     status = "failed"
     try:
-        for rc in configs:
+        for rc, s in zip(configs, settings, strict=True):
             if rc.index not in done:
-                _run_one(method, ctx, prepared, rc, len(configs), result)
+                _run_one(method, ctx, prepared, rc, s, len(configs), result)
         status = "complete"
     except KeyboardInterrupt:
         status = "interrupted"
@@ -159,10 +159,10 @@ def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool) -> Path:
     return job.output
 
 
-def _run_one(method: Method, ctx: Context, prepared: Any, rc: Resolved, n_configs: int,
+def _run_one(method: Method, ctx: Context, prepared: Any, rc: Resolved, s: Any, n_configs: int,
              result: ResultFile | None) -> None:
-    """One configuration: settings (agreed), the group and its attributes, the run, the outputs."""
-    s = ctx.agree(lambda: method.settings(ctx, prepared, rc))
+    """One configuration with its agreed settings `s`: the group and its attributes, the run,
+    the outputs."""
     rec = None
     if result is not None:
         attrs = {"label": rc.label, "variant": rc.variant, "eps": np.array(rc.eps),

@@ -41,7 +41,7 @@ from ..privacy import (
 )
 from ..rng import run_streams
 from . import admm_steps as steps
-from .common import agent_order_sum
+from .common import Checkpointed, agent_order_sum, load_checkpoint, save_checkpoint
 
 METHODS = ("objt", "objp", "outp")
 
@@ -100,7 +100,7 @@ class Settings:
                                  self.eps_bar, static=self.rho_static)
 
 
-class Agent:
+class Agent(Checkpointed):
     """Agent p: holds its records, its local model z_p and dual lam_p for every run; draws its own
     noise, charges its own ledger before every release and releases only the perturbed z_p
     (ObjT/ObjP) or z~_p (OutP). A release past its budget is refused (BudgetExceededError)."""
@@ -124,17 +124,8 @@ class Agent:
         self.scale = np.zeros(s.runs)
         self.z_change = np.zeros(s.runs)
 
-    #: what a checkpoint holds to continue this agent bit for bit
+    #: what a checkpoint holds to continue this agent bit for bit (with its noise position)
     STATE = ("z", "lam", "ledger", "noise_mag", "scale", "z_change")
-
-    def state(self) -> dict:
-        st = {k: getattr(self, k) for k in self.STATE}
-        return {**st, "noise": (self.gens.h.copy(), self.gens.lo.copy())}
-
-    def restore(self, st: dict) -> None:
-        for k in self.STATE:
-            setattr(self, k, st[k])
-        self.gens.h[:], self.gens.lo[:] = st["noise"]
 
     def contribution(self, rho: float) -> np.ndarray:
         """rho z_p - lam_p: what the server sums (R, J, K)."""
@@ -310,26 +301,12 @@ def run_config(star: Star, agents: list[Agent], s: Settings, test: tuple | None,
                   "s/iter)", file=sys.stderr, flush=True)
             last_print = now
 
-    def checkpoint(k: int) -> None:  # collective: agents' states to the server's recorder
-        if not star.comm.bcast(recorder is not None and recorder.checkpoint_due() and k < s.T,
-                               root=0):
-            return
-        states = star.gather_objects([(a.agent, a.state()) for a in agents])
-        if star.is_learner:
-            recorder.save_state({"k": k, "w": w,
-                                 "agents": dict(st for part in states for st in part)})
-
-    saved = star.comm.bcast(recorder.saved_state() if recorder is not None else None, root=0)
+    saved = load_checkpoint(star, recorder, agents, label, progress, clock="t")
     k0 = 0
     if saved is None:
         record(0, s.rho(0))
-    else:  # resume: the server's model and every agent's state, ledger and noise position
+    else:  # resume: the server's model (the agents' states, ledgers and noise are restored)
         k0, w = saved["k"], saved["w"].copy()
-        for a in agents:
-            a.restore(saved["agents"][a.agent])
-        if progress and star.is_learner:
-            print(f"  [{label}] resumed from its checkpoint at t={k0}", file=sys.stderr,
-                  flush=True)
     ended_at, end_reason = s.T, "reached T"
     for t in range(k0, s.T):
         rho = s.rho(t)
@@ -353,7 +330,7 @@ def run_config(star: Star, agents: list[Agent], s: Settings, test: tuple | None,
         k = t + 1
         if k % s.record_every == 0 or k == s.T:
             record(k, rho)
-            checkpoint(k)
+            save_checkpoint(star, recorder, k, s.T, agents, w=w)
     ledgers = star.gather_objects([a.ledger for a in agents])
     if not star.is_learner:
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import sys
 
 import numpy as np
 import scipy.sparse as sp
@@ -373,3 +374,46 @@ def cached_reference(cache: dict, star: Star, shards: list[LocalShard], loss: st
         oracle = Oracle(star, shards, loss, lam, int(sum(n)), p, evalset)
         cache[key] = reference_quantities(oracle, theta_max, solver)
     return cache[key]
+
+
+# -- checkpoints inside a configuration (resume) -------------------------------------------------
+class Checkpointed:
+    """An owner whose `state()` (the attributes named in STATE and its noise streams' position,
+    attribute NOISE) lets a resumed configuration continue it bit for bit."""
+
+    STATE: tuple[str, ...] = ()
+    NOISE = "gens"
+
+    def state(self) -> dict:
+        return {**{k: getattr(self, k) for k in self.STATE},
+                "noise": getattr(self, self.NOISE).position()}
+
+    def restore(self, st: dict) -> None:
+        for k in self.STATE:
+            setattr(self, k, st[k])
+        getattr(self, self.NOISE).seek(st["noise"])
+
+
+def save_checkpoint(star: Star, recorder, k: int, T: int, owners: list, **learner) -> None:
+    """Collective, at a record: when the learner's recorder says a checkpoint is due (and the
+    configuration is not ending), store the learner's state with every owner's `state()`."""
+    if not star.comm.bcast(recorder is not None and recorder.checkpoint_due() and k < T, root=0):
+        return
+    states = star.gather_objects([(o.agent, o.state()) for o in owners])
+    if star.is_learner:
+        recorder.save_state({**learner, "k": k,
+                             "owners": dict(st for part in states for st in part)})
+
+
+def load_checkpoint(star: Star, recorder, owners: list, label: str, progress: bool,
+                    clock: str = "k") -> dict | None:
+    """Collective: the checkpoint a resumed configuration continues from (None: start afresh),
+    with every hosted owner restored; the learner's state is in the returned dict."""
+    saved = star.comm.bcast(recorder.saved_state() if recorder is not None else None, root=0)
+    if saved is not None:
+        for o in owners:
+            o.restore(saved["owners"][o.agent])
+        if progress and star.is_learner:
+            print(f"  [{label}] resumed from its checkpoint at {clock}={saved['k']}",
+                  file=sys.stderr, flush=True)
+    return saved

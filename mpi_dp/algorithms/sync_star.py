@@ -22,7 +22,16 @@ from ..errors import BudgetExceededError, JobError, NumericalError
 from ..models import linear
 from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, laplace_mechanism, tap
 from ..rng import run_streams
-from .common import EvalSet, LocalShard, Oracle, Reference, agent_order_sum
+from .common import (
+    Checkpointed,
+    EvalSet,
+    LocalShard,
+    Oracle,
+    Reference,
+    agent_order_sum,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,11 +81,14 @@ def default_rho(variant: str, alpha: float, L: float, T: int) -> float:
     return alpha * T**2 / L if variant == "alg1" else alpha * T / L
 
 
-class DataOwner:
+class DataOwner(Checkpointed):
     """Owner i: holds its records, clips, adds i.i.d. Laplace noise and charges its own ledger.
 
     Nothing un-noised leaves it through `answer`; `loss_sums` (in the Oracle) is evaluation-only.
     """
+
+    STATE = ("answered", "ledger", "last_clipped")
+    NOISE = "noise_gens"
 
     def __init__(self, shard: LocalShard, eps: float, s: Settings) -> None:
         self.shard = shard
@@ -92,15 +104,6 @@ class DataOwner:
         self.noise_gens = run_streams(s.seed, "noise", self.agent, s.run_ids)
         self.answered = 0
         self.last_clipped = np.zeros(s.runs)
-
-    def state(self) -> dict:
-        """What a checkpoint needs to continue this owner bit for bit."""
-        return {"answered": self.answered, "ledger": self.ledger, "last_clipped": self.last_clipped,
-                "noise": (self.noise_gens.h.copy(), self.noise_gens.lo.copy())}
-
-    def restore(self, st: dict) -> None:
-        self.answered, self.ledger, self.last_clipped = st["answered"], st["ledger"], st["last_clipped"]
-        self.noise_gens.h[:], self.noise_gens.lo[:] = st["noise"]
 
     def answer(self, theta: np.ndarray) -> np.ndarray:
         """Lines 4-6: refuse beyond T queries; Q_i + Laplace noise, the release charged first."""
@@ -176,28 +179,13 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
                                 **oracle.utility(both, sums, reported, 3 * R)})
         return psi
 
-    def checkpoint(k: int) -> None:  # collective: owners' states to the learner's recorder
-        if not star.comm.bcast(recorder is not None and recorder.checkpoint_due() and k < s.T,
-                               root=0):
-            return
-        states = star.gather_objects([(o.agent, o.state()) for o in owners])
-        if star.is_learner:
-            recorder.save_state({"k": k, "theta": theta, "theta_avg": theta_avg,
-                                 "step_sum": step_sum,
-                                 "owners": dict(st for part in states for st in part)})
-
-    saved = star.comm.bcast(recorder.saved_state() if recorder is not None else None, root=0)
+    saved = load_checkpoint(star, recorder, owners, label, progress)
     k0 = 0
     if saved is None:
         record(0, 0.0)
-    else:  # resume: the learner's model and every owner's answers, ledger and noise position
+    else:  # resume: the learner's model (the owners' answers, ledgers and noise are restored)
         k0, step_sum = saved["k"], saved["step_sum"]
         theta, theta_avg = saved["theta"].copy(), saved["theta_avg"].copy()
-        for o in owners:
-            o.restore(saved["owners"][o.agent])
-        if progress and star.is_learner:
-            print(f"  [{label}] resumed from its checkpoint at k={k0}", file=sys.stderr,
-                  flush=True)
     for k in range(k0 + 1, s.T + 1):
         mu = s.step_size(k)
         star.bcast(theta)  # line 3: learner -> owners: theta_{k-1}
@@ -229,7 +217,8 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
             theta_avg = (1.0 - gamma) * theta_avg + gamma * theta
         if k % s.record_every == 0 or k == s.T:
             psi = record(k, mu)
-            checkpoint(k)
+            save_checkpoint(star, recorder, k, s.T, owners, theta=theta, theta_avg=theta_avg,
+                            step_sum=step_sum)
             now = time.perf_counter()
             if progress and star.is_learner and (now - last_print > 10.0 or k == s.T):
                 _progress(label, k, s.T, psi, t0)

@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 
 from mpi_dp.analysis.load import ConfigView, Result, ResultFileError  # noqa: E402
 from mpi_dp.analysis.style import DPI, aligned, cell, title  # noqa: E402
-from mpi_dp.analysis.table import FLAG, beats  # noqa: E402
+from mpi_dp.analysis.table import FLAG, beats, ref_scalar  # noqa: E402
 
 ALGORITHM = "admm"
 METHOD_NAMES = {"objt": "ObjT", "objp": "ObjP", "outp": "OutP"}
@@ -115,15 +115,6 @@ def _mean_at(c: ConfigView, t: int, metric: str = ERROR) -> float:
     return _finite_stats(c.metric(metric)[idx[-1]])[0]
 
 
-def _ref_value(c: ConfigView, name: str) -> float | None:
-    """A finite scalar reference/<name>, else None."""
-    v = c.reference().get(name)
-    if v is None:
-        return None
-    v = float(np.asarray(v, dtype=float).ravel()[0])
-    return v if math.isfinite(v) else None
-
-
 def utility(c: ConfigView, test_mean: float) -> dict[str, Any]:
     """Training error (mean over runs at the last record) and the trivial baselines (evaluation-
     only reference values) on the set the headline error is measured on: the test set when the
@@ -133,7 +124,7 @@ def utility(c: ConfigView, test_mean: float) -> dict[str, Any]:
     if train is not None and not math.isfinite(train):
         train = None
     on = "test" if math.isfinite(test_mean) else "train"
-    maj, zero = _ref_value(c, f"{on}_error_majority"), _ref_value(c, f"{on}_error_zero")
+    maj, zero = ref_scalar(c, f"{on}_error_majority"), ref_scalar(c, f"{on}_error_zero")
     ok = beats(test_mean if on == "test" else train, [maj, zero])
     return {"train_error": train, "error_on": on, "majority_error": maj, "zero_error": zero,
             "beats_baseline": ok, "flag": FLAG if ok is False else ""}

@@ -66,7 +66,7 @@ def _final_mean(c: ConfigView, name: str) -> float | None:
     return float(np.mean(v)) if v.size else None
 
 
-def _ref(c: ConfigView, name: str) -> float | None:
+def ref_scalar(c: ConfigView, name: str) -> float | None:
     """A finite scalar reference/<name>, else None."""
     v = c.reference().get(name)
     if v is None:
@@ -98,14 +98,14 @@ def utility_row(c: ConfigView) -> dict[str, Any]:
         test = _final_mean(c, "test_error")
         on = "train" if test is None else "test"
         row: dict[str, Any] = {"test_error": test, "train_error": _final_mean(c, "train_error"),
-                               "error_on": on, "error_star": _ref(c, f"{on}_error_star"),
-                               "majority_error": _ref(c, f"{on}_error_majority"),
-                               "zero_error": _ref(c, f"{on}_error_zero")}
+                               "error_on": on, "error_star": ref_scalar(c, f"{on}_error_star"),
+                               "majority_error": ref_scalar(c, f"{on}_error_majority"),
+                               "zero_error": ref_scalar(c, f"{on}_error_zero")}
         row["beats_baseline"] = beats(row[f"{on}_error"],
                                       [row["majority_error"], row["zero_error"]])
     elif "train_mse" in names:
-        row = {"train_mse": _final_mean(c, "train_mse"), "mse_star": _ref(c, "train_mse_star"),
-               "mse_zero": _ref(c, "train_mse_zero"), "mse_mean": _ref(c, "train_mse_mean")}
+        row = {"train_mse": _final_mean(c, "train_mse"), "mse_star": ref_scalar(c, "train_mse_star"),
+               "mse_zero": ref_scalar(c, "train_mse_zero"), "mse_mean": ref_scalar(c, "train_mse_mean")}
         row["beats_baseline"] = beats(row["train_mse"], [row["mse_zero"], row["mse_mean"]])
     else:
         return {}
