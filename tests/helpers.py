@@ -96,3 +96,22 @@ def read_datasets(path: Path) -> dict:
                 out[name] = obj[()]
         f.visititems(visit)
     return out
+
+
+def wait_for_progress(partial: Path, key: str, at_least: int, limit: float = HANG_GUARD_S) -> None:
+    """Wait until the heartbeat attribute `key` (progress_config, progress_record) of a result
+    file being written reaches `at_least`; AssertionError after `limit` seconds."""
+    import time
+
+    import h5py
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        try:
+            with h5py.File(partial, "r", locking=False) as f:
+                if f.attrs.get(key, 0) >= at_least:
+                    return
+        except (OSError, KeyError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{partial} never reached {key} >= {at_least}")

@@ -7,9 +7,8 @@ import subprocess
 import sys
 
 import h5py
-import numpy as np
 import pytest
-from helpers import mpi_run, write_job
+from helpers import mpi_run, wait_for_progress, write_job
 from mpi4py import MPI
 
 from mpi_dp.analysis import fit
@@ -89,22 +88,13 @@ def test_a_killed_job_is_reported_incomplete_and_its_lock_dies_with_it(tmp_path,
     gone and where it stopped; a new job may start at once (the kernel dropped the lock)."""
     import os
     import signal
-    import time
 
     job = write_job(tmp_path / "d.toml", small_shards, T=100000, runs=2, record_every=20)
     part = partial_path(tmp_path / "d.h5")
     proc = subprocess.Popen([sys.executable, "-m", "mpi_dp", "run", str(job), "--quiet"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 120:
-            try:
-                with h5py.File(part, "r", locking=False) as f:
-                    if f.attrs.get("progress_record", 0) >= 3:
-                        break
-            except (OSError, KeyError):
-                pass
-            time.sleep(0.2)
+        wait_for_progress(part, "progress_record", 3)
         os.kill(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=60)
     finally:
@@ -145,7 +135,6 @@ def test_the_constant_is_not_fitted_from_one_point(tmp_path, small_shards):
     job = write_job(tmp_path / "g.toml", small_shards, T=20, runs=4, eps=1.0)
     with open_result(run_job(job, progress=False)) as res:
         assert fit.fixed_exponent_constant(res) is None
-    assert np.isfinite(1.0)
 
 
 @pytest.mark.parametrize("n", [2])

@@ -48,6 +48,15 @@ def _write_census(tmp_path: Path) -> Path:
     return path
 
 
+def _prepare_census(src: Path, out: Path, agents: int, public: int) -> subprocess.CompletedProcess:
+    """`mpi-dp data prepare csv` of the census file with the documented flags, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "mpi_dp", "data", "prepare", "csv", str(src),
+                           "--no-header", "--names", ",".join(CENSUS_NAMES), "--target", "income",
+                           "--target-map", TARGET_MAP, "--task", "binary", "--agents", str(agents),
+                           "--public", str(public), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+
+
 def _prepare(args: list[str], capsys) -> tuple[int, str, str]:
     """`mpi-dp data prepare csv ...` in this process: (exit code, stdout, stderr)."""
     rc = cli_main(["data", "prepare", "csv", *args])
@@ -66,11 +75,7 @@ def _all_labels(path: Path) -> np.ndarray:
 
 def test_census_headerless_string_target_end_to_end(tmp_path):
     src, out = _write_census(tmp_path), tmp_path / "adult.h5"
-    cp = subprocess.run([sys.executable, "-m", "mpi_dp", "data", "prepare", "csv", str(src),
-                         "--no-header", "--names", ",".join(CENSUS_NAMES), "--target", "income",
-                         "--target-map", TARGET_MAP, "--task", "binary", "--agents", "4",
-                         "--public", "18", "--out", str(out)],
-                        capture_output=True, text=True, timeout=300)
+    cp = _prepare_census(src, out, agents=4, public=18)
     assert cp.returncode == 0, cp.stderr
     # 200 rows read: the ragged row and the empty target are dropped, 198 = 4 x 45 + 18 public
     assert "rows read         200" in cp.stdout
@@ -310,11 +315,7 @@ def test_census_csv_from_file_to_analyze_with_documented_flags_only(tmp_path):
     from helpers import mpi_run, write_job
 
     src, shard = _write_census(tmp_path), tmp_path / "adult.h5"
-    cp = subprocess.run([sys.executable, "-m", "mpi_dp", "data", "prepare", "csv", str(src),
-                         "--no-header", "--names", ",".join(CENSUS_NAMES), "--target", "income",
-                         "--target-map", TARGET_MAP, "--task", "binary", "--agents", "3",
-                         "--public", "48", "--out", str(shard)],
-                        capture_output=True, text=True, timeout=300)
+    cp = _prepare_census(src, shard, agents=3, public=48)
     assert cp.returncode == 0, cp.stderr
     job = write_job(tmp_path / "census.toml", shard, loss="logistic", runs=2, T=30,
                     eps=float("inf"))

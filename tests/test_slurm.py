@@ -32,21 +32,32 @@ def _slurm_up() -> bool:
 pytestmark = pytest.mark.skipif(not _slurm_up(), reason="no Slurm cluster answers (sinfo)")
 
 
-def test_sbatch_runs_a_job_file(tmp_path, small_shards):
-    job = write_job(tmp_path / "slurm.toml", small_shards, runs=2, T=10, sweep={"eps": [1.0, 4.0]})
-    out = tmp_path / "slurm_result.h5"
+def _sbatch(tmp_path: Path, job: Path, out: Path) -> str:
+    """Submit slurm/run.sbatch JOB --out OUT on 3 tasks from tmp_path; returns the job id."""
     env = dict(os.environ, MPI_DP_VENV=str(Path(sys.executable).parent.parent))
     sub = subprocess.run(["sbatch", "--parsable", "--ntasks=3", "--export=ALL",
                           f"--chdir={tmp_path}", str(SCRIPT), str(job), "--out", str(out)],
                          capture_output=True, text=True, env=env, timeout=60)
     assert sub.returncode == 0, sub.stderr
-    jid = sub.stdout.strip().split(";")[0]
+    return sub.stdout.strip().split(";")[0]
+
+
+def _wait_gone(jid: str) -> None:
+    """Wait until Slurm no longer lists job `jid`."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < HANG_GUARD_S:
         q = subprocess.run(["squeue", "-h", "-j", jid, "-o", "%T"], capture_output=True, text=True)
         if not q.stdout.strip():
-            break
+            return
         time.sleep(1)
+    raise AssertionError(f"Slurm job {jid} did not finish")
+
+
+def test_sbatch_runs_a_job_file(tmp_path, small_shards):
+    job = write_job(tmp_path / "slurm.toml", small_shards, runs=2, T=10, sweep={"eps": [1.0, 4.0]})
+    out = tmp_path / "slurm_result.h5"
+    jid = _sbatch(tmp_path, job, out)
+    _wait_gone(jid)
     log = (tmp_path / f"slurm-mpi_dp-{jid}.out").read_text()
     assert "mpi-dp: done" in log, log
     with h5py.File(out, "r", locking=False) as f:
@@ -63,21 +74,11 @@ def test_sbatch_without_job_file_explains_usage(tmp_path):
     assert "usage: sbatch" in (tmp_path / f"slurm-mpi_dp-{jid}.out").read_text()
 
 
-def _wait_gone(jid: str) -> None:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < HANG_GUARD_S:
-        q = subprocess.run(["squeue", "-h", "-j", jid, "-o", "%T"], capture_output=True, text=True)
-        if not q.stdout.strip():
-            return
-        time.sleep(1)
-    raise AssertionError(f"Slurm job {jid} did not finish")
-
-
 def test_a_requeued_job_resumes_and_equals_an_uninterrupted_run(tmp_path, small_shards):
     """`scontrol requeue` mid-run: Slurm stops the job and starts it again (SLURM_RESTART_COUNT
     = 1); run.sbatch passes --resume=auto, the complete configurations are kept and the final
     datasets equal, bit for bit, those of a run that was never interrupted."""
-    from helpers import mpi_run, read_datasets
+    from helpers import mpi_run, read_datasets, wait_for_progress
 
     job = write_job(tmp_path / "rq.toml", small_shards, runs=2, T=1500, record_every=150,
                     sweep={"eps": [1.0, 2.0, 4.0]})
@@ -85,24 +86,8 @@ def test_a_requeued_job_resumes_and_equals_an_uninterrupted_run(tmp_path, small_
     cp = mpi_run(3, ["run", str(job), "--out", str(whole), "--quiet"])
     assert cp.returncode == 0, cp.stderr
     out = tmp_path / "rq_result.h5"
-    env = dict(os.environ, MPI_DP_VENV=str(Path(sys.executable).parent.parent))
-    sub = subprocess.run(["sbatch", "--parsable", "--ntasks=3", "--export=ALL",
-                          f"--chdir={tmp_path}", str(SCRIPT), str(job), "--out", str(out)],
-                         capture_output=True, text=True, env=env, timeout=60)
-    assert sub.returncode == 0, sub.stderr
-    jid = sub.stdout.strip().split(";")[0]
-    partial = tmp_path / "rq_result.h5.partial"
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < HANG_GUARD_S:  # wait for configuration 2 to start
-        try:
-            with h5py.File(partial, "r", locking=False) as f:
-                if f.attrs.get("progress_config", 0) >= 1:
-                    break
-        except (OSError, KeyError):
-            pass
-        time.sleep(0.3)
-    else:
-        raise AssertionError("the job never reached its second configuration")
+    jid = _sbatch(tmp_path, job, out)
+    wait_for_progress(tmp_path / "rq_result.h5.partial", "progress_config", 1)  # configuration 2
     rq = subprocess.run(["scontrol", "requeue", jid], capture_output=True, text=True, timeout=60)
     assert rq.returncode == 0, rq.stderr
     time.sleep(2)
