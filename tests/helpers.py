@@ -115,3 +115,33 @@ def wait_for_progress(partial: Path, key: str, at_least: int, limit: float = HAN
             pass
         time.sleep(0.2)
     raise AssertionError(f"{partial} never reached {key} >= {at_least}")
+
+
+def assert_resumes_inside_a_configuration(job: Path, resumed_text: str, kill_at: str = "1:6",
+                                          n_records: int = 5) -> None:
+    """Checkpoint at every record (MPI_DP_CHECKPOINT_S=0); SIGKILL the writer at `kill_at`
+    (configuration:record) under mpiexec -n 4; the partial file holds a checkpoint taken after
+    `n_records` records of that configuration; `run --resume` on 2 ranks prints `resumed_text`
+    and gives every dataset of an uninterrupted 4-rank run, byte for byte, with no checkpoint
+    left in the final file."""
+    import h5py
+
+    from mpi_dp.results.output import partial_path
+
+    whole, cut = job.with_name("whole.h5"), job.with_name("cut.h5")
+    cp = mpi_run(4, ["run", str(job), "--out", str(whole), "--quiet"])
+    assert cp.returncode == 0, cp.stderr
+    env = {"MPI_DP_TEST_KILL_AT": kill_at, "MPI_DP_CHECKPOINT_S": "0"}
+    cp = mpi_run(4, ["run", str(job), "--out", str(cut), "--quiet"], env=env)
+    assert cp.returncode != 0 and not cut.exists()
+    config = int(kill_at.split(":")[0])
+    with h5py.File(partial_path(cut), "r", locking=False) as f:
+        assert f[f"configs/{config:03d}/checkpoint"].attrs["n_records"] == n_records
+    cp = mpi_run(2, ["run", str(job), "--out", str(cut), "--resume"],
+                 env={"MPI_DP_CHECKPOINT_S": "0"})
+    assert cp.returncode == 0, cp.stderr
+    assert resumed_text in cp.stderr, cp.stderr
+    a, b = read_datasets(whole), read_datasets(cut)
+    assert sorted(a) == sorted(b) and not any("checkpoint" in k for k in b)
+    for k in a:
+        assert a[k].tobytes() == b[k].tobytes(), k

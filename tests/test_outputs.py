@@ -233,7 +233,7 @@ def test_a_method_resumes_inside_a_configuration_from_its_checkpoint(tmp_path, s
     of configuration 2 resumes from iteration 12 (record 5), not from the start: models, owners'
     answers, ledgers and noise positions continue, and every dataset equals the uninterrupted
     run's, byte for byte; the checkpoint itself is gone from the final file."""
-    from helpers import read_datasets
+    from helpers import assert_resumes_inside_a_configuration
 
     from mpi_dp.data.synth import write_synth
 
@@ -245,19 +245,5 @@ def test_a_method_resumes_inside_a_configuration_from_its_checkpoint(tmp_path, s
                          classes=3)
         job = write_job(tmp_path / "c.toml", mc, algorithm="admm", variant="iadmm", runs=2,
                         T=30, record_every=3, sweep={"eps": [0.5, 2.0]})
-    whole, cut = tmp_path / "whole.h5", tmp_path / "cut.h5"
-    assert mpi_run(4, ["run", str(job), "--out", str(whole), "--quiet"]).returncode == 0
-    env = {"MPI_DP_TEST_KILL_AT": "1:6", "MPI_DP_CHECKPOINT_S": "0"}
-    cp = mpi_run(4, ["run", str(job), "--out", str(cut), "--quiet"], env=env)
-    assert cp.returncode != 0
-    with h5py.File(partial_path(cut), "r", locking=False) as f:
-        assert f["configs/001/checkpoint"].attrs["n_records"] == 5
-    cp = mpi_run(2, ["run", str(job), "--out", str(cut), "--resume"],
-                 env={"MPI_DP_CHECKPOINT_S": "0"})
-    assert cp.returncode == 0, cp.stderr
-    assert f"resumed from its checkpoint at {'k' if method == 'sync_star' else 't'}=12" \
-        in cp.stderr
-    a, b = read_datasets(whole), read_datasets(cut)
-    assert sorted(a) == sorted(b) and not any("checkpoint" in k for k in b)
-    for k in a:
-        assert a[k].tobytes() == b[k].tobytes(), k
+    assert_resumes_inside_a_configuration(
+        job, f"resumed from its checkpoint at {'k' if method == 'sync_star' else 't'}=12")
