@@ -20,7 +20,7 @@ import numpy as np
 from mpi_dp.data import graphs, readers
 from mpi_dp.data import partition as part
 from mpi_dp.data import preprocess as pre
-from mpi_dp.data.prepare import Prepared, as_pairs
+from mpi_dp.data.prepare import Prepared, as_pairs, reader_decisions
 from mpi_dp.errors import DataError
 from mpi_dp.rng import stream
 
@@ -124,6 +124,17 @@ def _owner_blocks(n: int, rest: np.ndarray, pub: np.ndarray, o: Mapping[str, Any
     return sizes, part.blocks(n, sizes, exclude=pub)
 
 
+def _decisions(info: Mapping[str, Any], n: int, parts: Sequence[np.ndarray], pub: np.ndarray,
+               why: str) -> dict[str, Any]:
+    """The reader's decisions plus the records the partition gives no owner (`why`), so that
+    rows read = records in the shard file (owners + hold-out) + rows dropped."""
+    d = reader_decisions(info)
+    left = n - len(pub) - sum(len(p) for p in parts)
+    if left:
+        d["rows_dropped"][why] = int(left)
+    return d
+
+
 def build_lending(paths: list[Path], o: dict[str, Any]) -> Prepared:
     conv: dict[str, Callable[[str], float]] = {c: _date_days for c in LENDING_DATES}
     conv.update(term=_term, emp_length=_emp_length, grade=_grade, sub_grade=_sub_grade,
@@ -144,6 +155,7 @@ def build_lending(paths: list[Path], o: dict[str, Any]) -> Prepared:
         source_files=_files(t.info), partition={"kind": "blocks", "holdout": "last",
                                                 "public": len(pub)},
         parts=parts, public_index=pub,
+        decisions=_decisions(t.info, n, parts, pub, "beyond the owners' blocks (sizes)"),
         notes=[f"Kaggle-2018 sample: {n:,} rows (the paper used ~887k); public PCA hold-out = last "
                f"{len(pub):,} rows (paper: 10,000); owners get contiguous blocks of {sizes}: "
                "psi/eps/n figures at the paper's n_i = 1e3..1e5 are not reachable with this file"])
@@ -172,6 +184,7 @@ def build_creditcard(paths: list[Path], o: dict[str, Any]) -> Prepared:
             {"step": "add_bias"}, {"step": "labels", "map": {"0": -1, "1": 1}}],
         source_files=_files(t.info), partition={"kind": "blocks", "public": len(pub)},
         parts=parts, public_index=pub,
+        decisions=_decisions(t.info, n, parts, pub, "beyond the owners' blocks (sizes)"),
         notes=[f"prefix of creditcard.csv: {n:,} rows with {int(np.sum(y > 0))} frauds in all "
                f"(owners hold {frauds}); a pipeline smoke test for the hinge loss, not a fraud "
                "study (the full file has 284,807 rows, 492 frauds)"])
@@ -205,6 +218,8 @@ def build_sparcs(paths: list[Path], o: dict[str, Any]) -> Prepared:
         partition={"kind": "by_key", "key": SPARCS_KEY, "min_records": int(o["min_records"]),
                    "public": len(pub)},
         parts=parts, public_index=pub,
+        decisions=_decisions(t.info, n, parts, pub,
+                             f"facility under min_records {int(o['min_records'])}"),
         notes=["SPARCS 2020 musculoskeletal course subset (36,631 rows), not the 2015 file (2.35M "
                "rows): Type of Admission and the APR MDC code are absent (APR medical/surgical "
                f"type stands in), age is the course's recoded group; owners = {len(parts)} "
