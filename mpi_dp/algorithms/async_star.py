@@ -12,6 +12,9 @@ adds i.i.d. noise and charges its ledger before each answer; it declines once it
 Modes: `replay` (a seeded schedule; each of the R vectorised runs has its own, and every owner
 serves the batch of runs that picked it in one pass) and `live` (owners' Poisson clocks tick in
 wall time; all runs follow the one realised schedule, which is logged and can be replayed).
+
+Checkpoints inside a configuration (resume bit for bit): replay mode only. Live mode is driven by
+wall clocks, so a stopped live configuration is run again from its start.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from ..errors import JobError, NumericalError
 from ..models import linear
 from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, laplace_mechanism, tap
 from ..rng import LEARNER, run_streams, stream
-from .common import EvalSet, LocalShard, Oracle, Reference, agent_order_sum
+from .common import Checkpointed, EvalSet, LocalShard, Oracle, Reference, agent_order_sum
 
 #: decline reasons recorded in schedule/declines
 RETIRED, REFUSED = 1, 2
@@ -120,13 +123,16 @@ def initial_models(s: Settings) -> np.ndarray:
     return np.full((s.runs, s.p), s.theta0)
 
 
-class DataOwner:
+class DataOwner(Checkpointed):
     """Owner i: clips, adds i.i.d. Laplace noise, charges its per-run ledger, declines when spent.
 
     `answer` is the only way anything about its records leaves it; the clean gradient, the noise
     and the clip counts stay here (clip counts are copied out after the run, evaluation-only).
     It answers at most `cap` (m_i) times per run, each answer a release of eps_i / m_i.
     """
+
+    STATE = ("ledger", "clipped")
+    NOISE = "noise_gens"
 
     def __init__(self, shard: LocalShard, eps: float, cap: int, s: Settings) -> None:
         self.shard = shard
@@ -290,6 +296,13 @@ class _Records:
         self.last_psi: np.ndarray | None = None
         self.last_k = -1
 
+    def state(self) -> dict:
+        """What a checkpoint keeps (the models still to evaluate, the last record)."""
+        return {"pending": self.pending, "last_psi": self.last_psi, "last_k": self.last_k}
+
+    def restore(self, st: dict) -> None:
+        self.pending, self.last_psi, self.last_k = st["pending"], st["last_psi"], st["last_k"]
+
     def add(self, k: int, theta_L: np.ndarray) -> None:
         if k == self.last_k:
             return
@@ -341,7 +354,8 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
     `shards` are the owners hosted on this rank (owners >= N take no part and hold no records);
     `ref` (theta*, f*) is needed on the learner; `logged` = (owner (T,), time (T,)) replays a
     logged schedule instead of drawing one; `evalset`: where a classifier's test error is
-    measured (default: no test set).
+    measured (default: no test set). Replay mode resumes from the recorder's checkpoint, if any
+    (live mode never checkpoints: it restarts a stopped configuration from its start).
     """
     R, N = s.runs, s.N
     parts = [sh for sh in shards if sh.agent < N]
@@ -350,23 +364,29 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
     oracle = Oracle(star, shards, s.loss, s.lam, s.n_total, s.p, evalset)
     gram = GramEvaluator(star, shards, s.lam, s.n_total, s.p) if s.loss == "squared" else None
     records = _Records(s, ref, gram, recorder)
-    trace = Trace(R, s.T)
+    saved = _load_checkpoint(star, recorder, owners, label, progress) if s.mode == "replay" else None
+    trace = Trace(R, s.T) if saved is None else saved["trace"]
     dropped = np.zeros(0)
     if s.mode == "live":
         link.start_clock()
     if link.is_learner:
         learner = Learner(s, initial_models(s))
-        records.add(0, learner.theta_L)
+        if saved is None:
+            records.add(0, learner.theta_L)
+        else:
+            learner.theta_L, learner.theta_loc = saved["theta_L"], saved["theta_loc"]
+            records.restore(saved["records"])
         t0 = time.perf_counter()
         try:
             if s.mode == "live":
                 _live_learner(link, learner, s, trace, records, label, progress, t0)
             else:
-                sched = (LoggedSchedule(logged[0], logged[1], N, R) if logged is not None
+                sched = (saved["sched"] if saved is not None
+                         else LoggedSchedule(logged[0], logged[1], N, R) if logged is not None
                          else Scheduler(s.scheduler, N, s.seed, s.run_ids,
                                         np.array(s.rates) if s.rates else None))
                 _replay_learner(link, answer, learner, sched, s, trace, records, label,
-                                progress, t0)
+                                progress, t0, owners, saved)
         finally:
             if s.mode == "live":
                 dropped = link.stop_and_drain()
@@ -378,7 +398,7 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
                              gens, restart_after_service=s.protocol == "learner_broadcast")
         link.serve_live(s.protocol, clocks, answer)
     else:
-        link.serve(answer)
+        link.serve(answer, lambda: _owner_states(owners))
 
     records.finish(oracle, link.is_learner, star)
     logs = star.gather_objects([(o.ledger, o.clipped) for o in owners.values()])
@@ -403,12 +423,36 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
     return out
 
 
+def _owner_states(owners: dict[int, DataOwner]) -> list[tuple[int, dict]]:
+    return [(a, o.state()) for a, o in owners.items()]
+
+
+def _load_checkpoint(star: Star, recorder, owners: dict[int, DataOwner], label: str,
+                     progress: bool) -> dict | None:
+    """Collective: restore every hosted owner from the learner's checkpoint (its owners' part,
+    keyed by owner, broadcast); the learner gets the whole saved state (None: start afresh)."""
+    saved = recorder.saved_state() if recorder is not None else None
+    states = star.comm.bcast(None if saved is None else saved["owners"], root=0)
+    if states is None:
+        return None
+    for a, o in owners.items():
+        o.restore(states[a])
+    if progress and star.is_learner:
+        print(f"  [{label}] resumed from its checkpoint at k={saved['k']}", file=sys.stderr,
+              flush=True)
+    return saved
+
+
 def _replay_learner(link: P2PStar, answer, learner: Learner, sched, s: Settings, trace: Trace,
-                    records: _Records, label: str, progress: bool, t0: float) -> None:
+                    records: _Records, label: str, progress: bool, t0: float,
+                    owners: dict[int, DataOwner], saved: dict | None = None) -> None:
+    """Iterations k = 1..T (from the checkpoint's k + 1 with `saved`); at a record, when the
+    recorder says so, checkpoint the learner and every owner (asked from its host)."""
     R = s.runs
-    alive = np.ones(R, dtype=bool)
+    alive, k0 = (np.ones(R, dtype=bool), 0) if saved is None else (saved["alive"], saved["k"])
     last_print = t0
-    for k in range(1, s.T + 1):
+    rec = records.recorder
+    for k in range(k0 + 1, s.T + 1):
         pending = np.flatnonzero(alive)
         while pending.size:
             own, t = sched.next(pending)
@@ -443,6 +487,11 @@ def _replay_learner(link: P2PStar, answer, learner: Learner, sched, s: Settings,
             trace.end_reason = (f"every run ended by k={int(trace.ended_at.max())}: no owner "
                                 "left with budget")
             break
+        if k % s.record_every == 0 and k < s.T and rec is not None and rec.checkpoint_due():
+            rec.save_state({"k": k, "alive": alive, "theta_L": learner.theta_L,
+                            "theta_loc": learner.theta_loc, "sched": sched, "trace": trace,
+                            "records": records.state(),
+                            "owners": dict(link.snapshot(lambda: _owner_states(owners)))})
 
 
 def _live_learner(link: P2PStar, learner: Learner, s: Settings, trace: Trace, records: _Records,

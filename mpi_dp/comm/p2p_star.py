@@ -9,6 +9,8 @@ float64 buffers (buffer-based Send/Recv); layouts (m rows, p features):
   REQ   host -> learner   [owner, tick time]                      (live, owner_request)
   POLL  learner -> host   [seq];  CLAIM host -> learner [seq, owner or -1]; DENY learner -> host
   STOP  learner -> host   [0];    ACK host -> learner [dropped ticks]
+  SNAP  learner -> host   [0];    STATE host -> learner: pickled [(owner, state), ...] (replay
+        checkpoints: the hosted owners' states; a small control message, not owner data)
 
 Waiting is polite: a short spin on Iprobe, then sleeps that double up to MAX_SLEEP_S, so idle ranks
 on oversubscribed cores leave the CPU to the ranks that compute (MPICH busy-polls in Recv).
@@ -19,6 +21,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -26,9 +29,9 @@ from mpi4py import MPI
 from ..errors import ProtocolError
 from .layout import Layout
 
-QRY, RSP, REQ, POLL, CLAIM, DENY, STOP, ACK = 11, 12, 13, 14, 15, 16, 17, 18
+QRY, RSP, REQ, POLL, CLAIM, DENY, STOP, ACK, SNAP, STATE = 11, 12, 13, 14, 15, 16, 17, 18, 19, 20
 TAG_NAMES = {QRY: "QRY", RSP: "RSP", REQ: "REQ", POLL: "POLL", CLAIM: "CLAIM", DENY: "DENY",
-             STOP: "STOP", ACK: "ACK"}
+             STOP: "STOP", ACK: "ACK", SNAP: "SNAP", STATE: "STATE"}
 #: status codes in RSP rows
 DECLINED, ANSWERED, LAST_ANSWER = 0, 1, 2
 
@@ -39,6 +42,8 @@ MAX_SLEEP_S = float(os.environ.get("MPI_DP_MAX_SLEEP_S", 1e-4))
 
 #: answer(owners (m,), runs (m,), thetas (m, p)) -> (status (m,), responses (m, p))
 AnswerFn = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+#: state() -> [(owner, checkpoint state), ...] of the owners hosted on a rank
+StateFn = Callable[[], list[tuple[int, Any]]]
 
 
 def wait_message(comm: MPI.Comm, source: int, tag: int, spin_s: float | None = None) -> MPI.Status:
@@ -157,6 +162,17 @@ class P2PStar:
                                 "(owner, run) pairs it was asked")
         return rows[:, 2].astype(np.int64), rows[:, 3:]
 
+    def snapshot(self, local_state: StateFn | None = None) -> list[tuple[int, Any]]:
+        """Every owner's checkpoint state, [(owner, state), ...]: SNAP to each host, its STATE
+        reply, and `local_state()` for owners hosted on rank 0 (one-rank runs)."""
+        for h in self.hosts:
+            self.comm.Send([np.zeros(1), MPI.DOUBLE], dest=h, tag=SNAP)
+        states = list(local_state()) if local_state is not None else []
+        for h in self.hosts:
+            wait_message(self.comm, h, STATE, ANSWER_SPIN_S)
+            states.extend(self.comm.recv(source=h, tag=STATE))
+        return states
+
     def stop_hosts(self) -> None:
         for h in range(1, self.size):
             self.comm.Send([np.zeros(1), MPI.DOUBLE], dest=h, tag=STOP)
@@ -206,14 +222,17 @@ class P2PStar:
         self.comm.Send([pack_response(k, owners, runs, status, resp), MPI.DOUBLE], dest=0, tag=RSP)
         return owners, status
 
-    def serve(self, answer: AnswerFn) -> None:
-        """Replay mode host loop: answer QRYs until STOP."""
+    def serve(self, answer: AnswerFn, state: StateFn | None = None) -> None:
+        """Replay mode host loop: answer QRYs until STOP; a SNAP gets `state()` back (STATE)."""
         while True:
             st = wait_message(self.comm, 0, MPI.ANY_TAG)
             buf = recv_pending(self.comm, st)
             tag = st.Get_tag()
             if tag == STOP:
                 return
+            if tag == SNAP:
+                self.comm.send(state() if state is not None else [], dest=0, tag=STATE)
+                continue
             if tag != QRY:
                 raise ProtocolError(f"rank {self.rank}: unexpected {TAG_NAMES.get(tag, tag)} "
                                     "from the learner")

@@ -97,8 +97,11 @@ class ConfigRecorder:
         n = int(ds.attrs["n_records"])
         self._resume_state = pickle.loads(ds[()].tobytes())
         for name in list(self.metrics):
-            d = self.metrics[name]
-            d.resize((n,) + d.shape[1:])
+            if n == 0:  # `append` creates the datasets at the first record
+                del self.metrics[name]
+            else:
+                d = self.metrics[name]
+                d.resize((n,) + d.shape[1:])
         self.n_records = n
 
     def append(self, iteration: int, values: Mapping[str, np.ndarray | float]) -> None:
