@@ -291,11 +291,26 @@ class Block:
     def clip_fraction(self, i: int) -> np.ndarray:
         return self.clipped[i] / max(1, self.k[i])
 
+    def state(self) -> dict[int, dict[str, Any]]:
+        """What `wake` changes, per hosted agent by id (a checkpoint; the noise is drawn up front
+        and read at index k, so k is also its stream position)."""
+        return {i: {"theta": self.theta[i], "k": self.k[i], "clipped": self.clipped[i],
+                    "ledger": self.ledgers[i]} for i in self.agents.tolist()}
+
+    def restore(self, states: dict[int, dict[str, Any]]) -> None:
+        """Continue the hosted agents from `state()` of any layout (keyed by agent id)."""
+        for i in self.agents.tolist():
+            st = states[i]
+            self.theta[i], self.k[i] = np.array(st["theta"], dtype=np.float64), int(st["k"])
+            self.clipped[i], self.ledgers[i] = np.array(st["clipped"]), st["ledger"]
+
 
 # -- drivers --------------------------------------------------------------------------------
 def post_initial(block: Block, net: Any) -> None:
-    for i in block.agents:
-        net.post(int(i), 0.0, block.theta[int(i)])
+    """Post every hosted agent's state stamped with its version k (0 at the start; a restored
+    block re-posts exactly what its neighbours' mailboxes held)."""
+    for i in block.agents.tolist():
+        net.post(i, float(block.k[i]), block.theta[i])
 
 
 def simulate(problem: M.Problem, s: Settings, theta0: np.ndarray,
@@ -332,13 +347,16 @@ def current(block: Block, n: int) -> np.ndarray:
 
 def replay(block: Block, net: Any, rounds: Rounds, barrier: Callable[[], None],
            on_record: Callable[[int], None] | None = None,
-           progress: Callable[[int], None] | None = None) -> int:
+           progress: Callable[[int], None] | None = None,
+           checkpoint: Callable[[int], None] | None = None, start: int = 0) -> int:
     """The schedule in conflict-free rounds: the hosted agents of a round read, update and post,
-    then every rank waits at the barrier; records where the rounds say. Returns wake-ups run."""
+    then every rank waits at the barrier; records where the rounds say, each followed by
+    `checkpoint(r)`. Runs rounds `start`.. (a resumed replay: the round after its checkpoint's).
+    Returns wake-ups run."""
     mine = np.zeros(block.P.n, dtype=bool)
     mine[block.agents] = True
     done = 0
-    for r in range(rounds.count):
+    for r in range(start, rounds.count):
         lo, hi = int(rounds.starts[r]), int(rounds.starts[r + 1])
         for i in rounds.agents[lo:hi].tolist():
             if mine[i]:
@@ -347,8 +365,11 @@ def replay(block: Block, net: Any, rounds: Rounds, barrier: Callable[[], None],
                 net.post(i, float(block.k[i] + 1), block.wake(i, nb))
                 done += 1
         barrier()
-        if on_record is not None and rounds.record_at[r] >= 0:
-            on_record(int(rounds.record_at[r]))
+        if rounds.record_at[r] >= 0:
+            if on_record is not None:
+                on_record(int(rounds.record_at[r]))
+            if checkpoint is not None:
+                checkpoint(r)
         if progress is not None:
             progress(hi)
     return done

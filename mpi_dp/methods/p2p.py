@@ -5,7 +5,9 @@ graph stored in the shard file (/public/graph_edges, graph_weights). Each rank h
 peers; a peer broadcasts its model into its neighbours' mailboxes (comm.rma: one MPI window per
 rank, passive-target Lock/Put/Unlock) and reads its own mailbox when it wakes. `clock = replay`
 (default) runs the seeded schedule in conflict-free rounds (bitwise equal to the serial
-simulator); `clock = live` runs Poisson clocks in wall time and logs what every update read.
+simulator) and checkpoints inside a configuration (resume continues it bit for bit, on any rank
+count); `clock = live` runs Poisson clocks in wall time and logs what every update read (no
+checkpoints: a resumed live configuration restarts from its start).
 
 Variants: cd (Algorithm 1 at eps = inf, Algorithm 2 otherwise), admm (the gossip-ADMM baseline,
 non-private, simulated on rank 0), local_dp (every peer perturbs its own records once, then trains
@@ -472,11 +474,25 @@ class P2P(Method):
             for i in agents.tolist():
                 block.ledgers[i].charge(C.warm_start_event(a.eps_ws))
         ev = Evaluator(comm, P, d, agents, ref, a.R)
+        keep = C.effective_ticks(schedule, P.n, a.T_agent)
+        replay = s.clock == "replay"
+        rounds = C.cut_rounds(schedule, keep, P.graph, a.record_every) if replay else None
+        # checkpoints: replay only (a live configuration runs in wall time and restarts from its
+        # start on resume); the peers' states are keyed by peer id: any rank count resumes
+        saved = comm.bcast(recorder.saved_state() if recorder is not None and replay else None,
+                           root=0)
+        puts0 = 0  # puts before the checkpoint, less the resumed re-posts (one per edge slot)
+        if saved is not None and rounds is not None:
+            block.restore(saved["peers"])
+            puts0 = saved["puts"] - P.graph.W.nnz
+            if ctx.progress and rank == 0:
+                print(f"mpi-dp: [{label}] resumed from its checkpoint at tick "
+                      f"{rounds.record_at[saved['round']]} ({rounds.starts[saved['round'] + 1]}"
+                      f"/{len(keep)} wake-ups)", file=sys.stderr, flush=True)
         boxes = ctx.agree(lambda: rma.Mailboxes(comm, P.graph.W, a.R * P.p, st))
         C.post_initial(block, boxes)
         comm.Barrier()
         state = {"next": time.perf_counter() + 10.0}
-        keep = C.effective_ticks(schedule, P.n, a.T_agent)
         deg = np.diff(P.graph.W.indptr)
         sent_cum = np.cumsum(deg[schedule[keep]])
 
@@ -493,12 +509,27 @@ class P2P(Method):
                 state["next"] = now + 10.0
                 print(f"mpi-dp: [{label}] {k}/{len(keep)} wake-ups ({now - t0:.0f} s)",
                       file=sys.stderr, flush=True)
-        record(0)
+
+        def checkpoint(r: int) -> None:
+            """Collective, after round r's record: every peer's state when rank 0's recorder
+            says a checkpoint is due (not at the last round)."""
+            assert rounds is not None
+            if not comm.bcast(recorder is not None and recorder.checkpoint_due()
+                              and r < rounds.count - 1, root=0):
+                return
+            parts = comm.gather(block.state(), root=0)
+            puts = comm.reduce(boxes.puts, root=0)
+            if parts is not None:
+                recorder.save_state({"round": r, "puts": puts + puts0,
+                                     "peers": {i: v for part in parts for i, v in part.items()}})
+
+        if saved is None:
+            record(0)
         log = None
-        if s.clock == "replay":
-            rounds = C.cut_rounds(schedule, keep, P.graph, a.record_every)
+        if rounds is not None:
+            start = 0 if saved is None else saved["round"] + 1
             with boxes.rounds():  # the rounds exclude readers from writers: no locks needed
-                C.replay(block, boxes, rounds, comm.Barrier, record, progress)
+                C.replay(block, boxes, rounds, comm.Barrier, record, progress, checkpoint, start)
         else:
             log = C.live(block, boxes, float(ctx.job["p2p.tau"]),
                          float(ctx.job["p2p.wall_budget"]), boxes.poll, progress)
@@ -516,7 +547,7 @@ class P2P(Method):
         if rank != 0:
             return None
         return self._cd_outcome(s, d, P, ref, final, rep, ledgers, logs, schedule, keep, deg,
-                                puts, info, t0)
+                                puts + puts0, info, t0)
 
     def _cd_outcome(self, s, d, P, ref, final, rep, ledgers, logs, schedule, keep, deg, puts,
                     info, t0) -> Outcome:
