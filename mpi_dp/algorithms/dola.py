@@ -256,6 +256,10 @@ class Stream:
         assert self._buf is not None
         return self._buf[1].shape[1] // self.h
 
+    def seek(self, t: int) -> None:
+        """Continue at round t (a resume): the reads give the same records for any chunking."""
+        self.t, self._buf = t, None
+
 
 class Noise:
     """Standard Laplace or normal draws (k, R, n) per round from the streams (seed, 'noise',
@@ -270,20 +274,44 @@ class Noise:
         self.C = max(1, NOISE_DOUBLES // max(1, len(run_ids) * n))
         self._buf = np.zeros((self.k, self.R, 0, n))
         self._j = 0
+        self._start = [g.position() for g in self.gens]  # where the buffer's draws began
+
+    def _draw(self, gens: Any, size: int) -> np.ndarray:
+        return (gens.laplace if self.kind == "laplace" else gens.standard_normal)(size)
 
     def next(self) -> np.ndarray:
         if self._j >= self._buf.shape[2]:
             C = self.C if self.left is None else max(1, min(self.C, self.left))
             buf = np.empty((self.k, self.R, C, self.n))
+            self._start = [g.position() for g in self.gens]
             for a, gens in enumerate(self.gens):
-                draw = gens.laplace if self.kind == "laplace" else gens.standard_normal
-                buf[a] = draw(C * self.n).reshape(self.R, C, self.n)
+                buf[a] = self._draw(gens, C * self.n).reshape(self.R, C, self.n)
             self._buf, self._j = buf, 0
         out = self._buf[:, :, self._j]
         self._j += 1
         if self.left is not None:
             self.left -= 1
         return out
+
+    def positions(self) -> list:
+        """Every agent's stream position at its next unconsumed draw (a checkpoint): the buffer's
+        consumed rounds redrawn from its start (the live streams are left where they are)."""
+        out = []
+        for gens, start in zip(self.gens, self._start, strict=True):
+            now = gens.position()
+            gens.seek(start)
+            self._draw(gens, self._j * self.n)
+            out.append(gens.position())
+            gens.seek(now)
+        return out
+
+    def seek(self, positions: list, left: int | None) -> None:
+        """Continue every agent's streams at `positions` (from `positions()`), `left` rounds to
+        draw; the draws are the same for any chunking, so the buffer is simply dropped."""
+        for gens, pos in zip(self.gens, positions, strict=True):
+            gens.seek(pos)
+        self._start = [g.position() for g in self.gens]
+        self._buf, self._j, self.left = np.zeros((self.k, self.R, 0, self.n)), 0, left
 
 
 # -- communication seam --------------------------------------------------------------------------
@@ -300,6 +328,8 @@ class Net(Protocol):
     def agent_sum(self, a: np.ndarray) -> np.ndarray: ...
     def gather_agents(self, a: np.ndarray) -> np.ndarray | None: ...
     def gather_objects(self, obj: Any) -> list | None: ...
+    def bcast_object(self, obj: Any) -> Any: ...
+    def scatter_agents(self, per_agent: dict[int, Any] | None) -> dict[int, Any]: ...
 
 
 class LocalNet:
@@ -329,6 +359,13 @@ class LocalNet:
     def gather_objects(self, obj: Any) -> list | None:
         return [obj]
 
+    def bcast_object(self, obj: Any) -> Any:
+        return obj
+
+    def scatter_agents(self, per_agent: dict[int, Any] | None) -> dict[int, Any]:
+        assert per_agent is not None
+        return per_agent
+
 
 # -- one block of agents -------------------------------------------------------------------------
 class Block:
@@ -347,6 +384,7 @@ class Block:
         k, R, n = len(self.agents), s.runs, s.n_features
         self.k = k
         rows_ids = np.concatenate([self.agents, np.asarray(net.ghosts, dtype=np.int64)])
+        self.rows_ids = rows_ids
         self.rows = tp.MixingRows(graph, self.agents, net.tracked, s.weights)
         pos = {int(a): i for i, a in enumerate(rows_ids)}
         self.nbr_row = np.array([pos[int(j)] for j in self.rows.nbr], dtype=np.int64)
@@ -359,6 +397,8 @@ class Block:
         self._mix_indices[self._mix_nbr] = self.nbr_row
         self._mix_data = np.empty(self._mix_indptr[-1])
         self.activation = tp.EdgeActivation(net.tracked, s.activation, s.p_act, s.window, s.seed)
+        gkeys = graph.edges[:, 0] * graph.m + graph.edges[:, 1]  # sorted (edges are)
+        self._edge_idx = np.searchsorted(gkeys, self.activation.lo * graph.m + self.activation.hi)
         self.Pub = np.zeros((len(rows_ids), R, n))
         self.W = np.zeros((k, R, n))
         self.Hsum = np.zeros((k, R, n))  # running sum of each agent's iterate (w_hat)
@@ -375,6 +415,46 @@ class Block:
         self.t = 0
         self.on_release: Callable[[int, np.ndarray, np.ndarray], None] | None = None
         self.on_mix: Callable[[int, np.ndarray, np.ndarray, np.ndarray], None] | None = None
+
+    # -- checkpoints inside a configuration (resume on any rank count) --
+    def state(self) -> dict[str, Any] | None:
+        """Collective: what a resumed block continues from, on the root (None elsewhere): round
+        t, every agent's state keyed by agent id, each edge's last active round (graph order)."""
+        pos = self.noise.positions()
+        mine = {int(a): {"pub": self.Pub[i].copy(), "W": self.W[i].copy(),
+                         "Hsum": self.Hsum[i].copy(), "cum": self.cum[:, i].copy(),
+                         "noise_l1": self.noise_l1[i].copy(), "deg": self.last_active_deg[i],
+                         "a_self": self.last_a_self[i], "ledger": self.ledgers[i],
+                         "noise": pos[i]} for i, a in enumerate(self.agents)}
+        parts = self.net.gather_objects((mine, self._edge_idx, self.activation.last.copy()))
+        if parts is None:
+            return None
+        last = np.full(len(self.graph.edges), -1, dtype=np.int64)
+        for _, idx, lst in parts:
+            last[idx] = lst
+        return {"t": self.t, "agents": {a: st for p in parts for a, st in p[0].items()},
+                "edge_last": last}
+
+    def restore(self, saved: dict[str, Any] | None) -> int | None:
+        """Collective: continue from the root's `state()` (None: start afresh); every hosted
+        agent and every ghost row of Pub (the neighbours' own saved releases) is restored.
+        Returns the round resumed at (None: not resumed)."""
+        head = self.net.bcast_object(None if saved is None else (saved["t"], saved["edge_last"]))
+        if head is None:
+            return None
+        t, edge_last = head
+        st = self.net.scatter_agents(None if saved is None else saved["agents"])
+        for r, a in enumerate(self.rows_ids.tolist()):
+            self.Pub[r] = st[a]["pub"]
+        for i, a in enumerate(self.agents.tolist()):
+            self.W[i], self.Hsum[i], self.cum[:, i] = st[a]["W"], st[a]["Hsum"], st[a]["cum"]
+            self.noise_l1[i], self.last_active_deg[i] = st[a]["noise_l1"], st[a]["deg"]
+            self.last_a_self[i], self.ledgers[i] = st[a]["a_self"], st[a]["ledger"]
+        self.noise.seek([st[a]["noise"] for a in self.agents.tolist()], self.s.T - t)
+        self.stream.seek(t)
+        self.activation.last, self.activation.t = edge_last[self._edge_idx].copy(), t
+        self.t = t
+        return t
 
     # -- pieces of a round --
     def mix(self, a_self: np.ndarray, a_nbr: np.ndarray) -> np.ndarray:
@@ -559,9 +639,11 @@ def collect(block: Block, test: tuple[Any, np.ndarray] | None) -> dict[str, Any]
 
 def drive(block: Block, test: tuple[Any, np.ndarray] | None,
           on_record: Callable[[int, dict[str, Any]], None] | None = None,
-          progress: Callable[[int], None] | None = None) -> dict[str, Any] | None:
-    """Run all T rounds; collect a record every record_every rounds and at T (collective).
-    Returns the last record on the root."""
+          progress: Callable[[int], None] | None = None,
+          checkpoint: Callable[[], None] | None = None) -> dict[str, Any] | None:
+    """Run the rounds from block.t to T; collect a record every record_every rounds and at T,
+    then call `checkpoint` (collective) after each record before T. Returns the last record on
+    the root."""
     s = block.s
     last = None
     while block.t < s.T:
@@ -572,6 +654,8 @@ def drive(block: Block, test: tuple[Any, np.ndarray] | None,
                 last = rec
                 if on_record is not None:
                     on_record(block.t, rec)
+            if checkpoint is not None and block.t < s.T:
+                checkpoint()
         if progress is not None:
             progress(block.t)
     return last

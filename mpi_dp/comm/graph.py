@@ -295,6 +295,21 @@ class GraphNet:
     def gather_objects(self, obj: Any) -> list | None:
         return self.comm.gather(obj, root=0)
 
+    def bcast_object(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank."""
+        return self.comm.bcast(obj, root=0)
+
+    def scatter_agents(self, per_agent: dict[int, Any] | None) -> dict[int, Any]:
+        """Rank 0's objects keyed by agent id (all agents): every rank gets those of its agents
+        and of its ghosts."""
+        parts = None
+        if self.is_root:
+            assert per_agent is not None
+            parts = [{a: per_agent[a] for a in np.concatenate(
+                [np.arange(self.starts[q], self.starts[q + 1]), self._ghosts_of(q)]).tolist()}
+                for q in range(self.size)]
+        return self.comm.scatter(parts, root=0)
+
     def free(self) -> None:
         if self.win is not None:
             self.win.Free()

@@ -358,8 +358,20 @@ class Dola(Method):
                 state["next"] = now + 10.0
                 print(f"mpi-dp: [{label}] round {t}/{a.T} ({now - t0:.0f} s)",
                       file=sys.stderr, flush=True)
+        def checkpoint() -> None:
+            """Collective, at a record before T: every agent's state when the root's recorder
+            says a checkpoint is due (keyed by agent id: any rank count resumes it)."""
+            if net.bcast_object(recorder is not None and recorder.checkpoint_due()):
+                st = block.state()
+                if st is not None:
+                    recorder.save_state(st)
+
+        t_resumed = block.restore(recorder.saved_state() if recorder is not None else None)
+        if t_resumed is not None and ctx.progress and net.is_root:
+            print(f"mpi-dp: [{label}] resumed from its checkpoint at round={t_resumed}",
+                  file=sys.stderr, flush=True)
         last = dola.drive(block, prep.test, on_record if recorder is not None else None,
-                          progress)
+                          progress, checkpoint)
         ledgers = net.gather_objects(block.ledgers)
         exch = net.gather_objects((net.exchange_seconds, net.exchanges))
         net.free()
