@@ -59,7 +59,9 @@ GENERIC: dict[str, Key] = {
                           "'error', or 'cap' (use all it holds; recorded as n, with n_requested; "
                           "for small real shards, e.g. the 2,433-row lending sample)",
                           ("error", "cap")),
-    "record_every": Key((int,), 1, "record metrics every k iterations (and always at T)"),
+    "record_every": Key((int,), 1, "record metrics every k iterations (and always at T); "
+                        "sync_star: 0 records nothing (no evaluation-only passes, final models "
+                        "only)"),
 }
 GENERIC_SECTIONS: dict[str, dict[str, Key]] = {
     "sweep": {
@@ -392,6 +394,14 @@ def _positive_int(path: str, values: dict, key: str) -> None:
         raise err(path, key, f"must be at least 1, got {values[key]}")
 
 
+def _check_record_every(path: str, values: dict, key: str) -> None:
+    v = values[key]
+    if v == 0 and values.get("algorithm") == "sync_star":
+        return  # no evaluation-only records: the method's cost alone (final models, ledgers)
+    if v < 1:
+        raise err(path, key, f"must be at least 1 (0, no records, only for sync_star), got {v}")
+
+
 def _check_xi(path: str, values: dict, key: str) -> None:
     xi = values[key]
     if isinstance(xi, str) and xi != "auto":
@@ -422,7 +432,7 @@ def _check_range(lo: float, hi: float, lo_open: bool, hi_open: bool, what: str):
 CHECKS: dict[str, Callable[[str, dict, str], None]] = {
     "T": _positive_int,
     "runs": _positive_int,
-    "record_every": _positive_int,
+    "record_every": _check_record_every,
     "seed": _check_range(0, math.inf, False, True, "must be non-negative"),
     "first_run": _check_range(0, math.inf, False, True, "must be non-negative"),
     "lam": _check_range(0, math.inf, False, False, "must be >= 0"),

@@ -174,3 +174,23 @@ def test_eps_and_n_slopes_are_minus_two(tmp_path):
     print(f"slopes: eps {slope_eps:.3f}, n {slope_n:.3f}")
     assert abs(slope_eps + 2) < 0.15
     assert abs(slope_n + 2) < 0.15
+
+
+def test_record_every_zero_skips_evaluation_and_changes_no_model(tmp_path, small_shards):
+    """record_every = 0 (the method's cost alone, e.g. for benchmarks): no metric records, and
+    the final models, bit for bit, of a run that evaluated psi at every iteration (evaluation
+    changes nothing that leaves an owner). Other methods refuse 0."""
+    a = run_job(write_job(tmp_path / "a.toml", small_shards, T=6, runs=2, record_every=1),
+                progress=False)
+    b = run_job(write_job(tmp_path / "b.toml", small_shards, T=6, runs=2, record_every=0),
+                progress=False)
+    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
+        assert fa["metrics/psi"].shape[0] == 7 and "psi" not in fb.get("metrics", {})
+        for k in ("models/final", "models/final_iterate"):
+            assert fa[k][()].tobytes() == fb[k][()].tobytes()
+    job = write_job(tmp_path / "c.toml", small_shards, algorithm="async_star", variant="proof",
+                    T=6, runs=2,
+                    record_every=0, lam=1e-5)
+    with pytest.raises(AgreedError, match="record_every': must be at least 1 .0, no records, "
+                       "only for sync_star"):
+        run_job(job, progress=False)

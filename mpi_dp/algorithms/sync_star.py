@@ -159,8 +159,8 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
     last_print = t0
 
     def record(k: int, mu: float) -> np.ndarray | None:
-        if not tap.evaluating():  # an audit: evaluation-only, nothing here leaves an owner
-            return None
+        if not tap.evaluating() or s.record_every == 0:  # evaluation-only: an audit, or none
+            return None  # wanted (record_every = 0: the method's cost alone)
         clipped = np.array([o.last_clipped for o in owners]).reshape(len(owners), R)
         sums = oracle.loss_sums(np.concatenate([theta_avg, theta]), extra_local=clipped,
                                 errors=reported)
@@ -215,7 +215,7 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
             else:
                 gamma = (s.eta + 1.0) / (k + s.eta + 1.0)  # polynomial-decay averaging (8)
             theta_avg = (1.0 - gamma) * theta_avg + gamma * theta
-        if k % s.record_every == 0 or k == s.T:
+        if k == s.T or (s.record_every and k % s.record_every == 0):
             psi = record(k, mu)
             save_checkpoint(star, recorder, k, s.T, owners, theta=theta, theta_avg=theta_avg,
                             step_sum=step_sum)

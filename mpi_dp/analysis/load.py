@@ -118,6 +118,8 @@ class ConfigView:
             raise KeyError(
                 f"{self._path}: configuration {self.index} has no metric {name!r}; "
                 f"available: {', '.join(self.metric_names()) or 'none'}"
+                + ("" if self.metric_names() else " (run with record_every = 0: no records; "
+                   "the final models are in models/final)")
             )
         d = m[name]
         if d.ndim != 2:

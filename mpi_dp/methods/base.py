@@ -174,7 +174,7 @@ class Method:
 
     def expected_records(self, ctx: Context, s: Any) -> int:
         """Records a configuration writes (sizes the HDF5 chunks)."""
-        return ctx.job["T"] // ctx.job["record_every"] + 2
+        return ctx.job["T"] // max(1, ctx.job["record_every"]) + 2
 
     def run_config(self, ctx: Context, prepared: Any, rc: Resolved, s: Any, recorder: Any,
                    label: str) -> Outcome | None:
