@@ -1,19 +1,37 @@
-"""Seconds per DP-ADMM iteration on MNIST (10 agents): R = 1, R = 20 vectorised, 20 single runs.
+"""DP-ADMM on MNIST (10 agents): GEMM efficiency of an iteration, and vectorised runs vs a loop.
 
-DESIGN.md promises vectorised Monte-Carlo runs: the R runs of a configuration are a leading axis,
-so each agent's pass over its 6,000 x 784 records is one GEMM with 10 R columns instead of R GEMMs
-with 10 columns. This script measures that for seed 002 (ObjT, eps_bar = 0.1, the MNIST penalty
-constants) in one process (`Star(MPI.COMM_SELF, 10)`: server and agents on one rank, no mpiexec):
+Seed 002 (ObjT, eps_bar = 0.1, the MNIST penalty constants), in one process
+(`Star(MPI.COMM_SELF, 10)`: server and agents on one rank, no mpiexec), one BLAS thread.
 
-  R = 1:      one run_config with run_ids = (0,)
-  R = 20:     one run_config with run_ids = range(20)
-  loop:       20 run_config calls with run_ids = (r,), r = 0..19
+1. Efficiency (issue 15 item 3). One iteration is `admm.iterate` (the server's average, then
+   every agent's step: gradient pass over its records, sensitivity, Laplace draws, trust-region
+   update, dual update). Its GEMMs, per agent p with n_p records and R runs
+   (multinomial.grad_sum_and_terms_max, per row chunk X_c of the records):
 
-Each call runs --T iterations (default 5; times are per iteration, set-up excluded) and records only
-at t = T. The loop's final models must equal the vectorised ones (same seeds) up to GEMM rounding:
-the script prints the largest difference. Times are printed, never asserted.
+       scores    S^T = W^T X_c^T     (R K x J)(J x rows)
+       gradient  G^T += D^T X_c      (R K x rows)(rows x J)
 
-    OPENBLAS_NUM_THREADS=1 python benchmarks/admm_mnist.py [--data data/mnist.h5] [--T 5]
+   i.e. 2 * 2 n_p J R K FLOPs per agent (2 m n k per GEMM), 4 I J R K per iteration (I = sum n_p).
+   achieved = those FLOPs / wall time of the whole iteration (everything it does, not only its
+   GEMMs); peak = the same FLOPs of agent 0 / the best time of np.dot on the same shapes in the
+   same process (out= buffers, contiguous operands), the larger of: the chunk shapes the code uses,
+   and one unchunked GEMM pair over all n_0 rows. The GEMM-only share is the time spent inside
+   the iteration's GEMMs (np.matmul timed in one extra instrumented iteration per block) over that
+   iteration's wall time. Because the machine may be shared and noisy, the measurement is
+   interleaved in --blocks blocks (--iters iterations, one instrumented iteration, --reps GEMM
+   repetitions each); each block takes the best time of each, and the summary gives the median
+   and the spread (min-max) over the blocks, and achieved / peak (goal >= 0.7).
+
+2. Vectorised runs (DESIGN.md): R = 1 (run_ids = (0,)), R = --runs vectorised (one run_config),
+   and a loop of --runs single-run calls; each call runs --T iterations and records at t = 0
+   and t = T (evaluation included in its time). The loop's final models must equal the
+   vectorised ones (same seeds) up to GEMM rounding: the largest difference is printed.
+   --no-loop skips this part.
+
+Times are printed, never asserted.
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/admm_mnist.py --data /tmp/mnist.h5 [--runs 20]
+    (data: mpi-dp data prepare mnist --source ../shared/data --out /tmp/mnist.h5)
 """
 
 from __future__ import annotations
@@ -31,6 +49,7 @@ from mpi4py import MPI  # noqa: E402
 from mpi_dp.algorithms import admm  # noqa: E402
 from mpi_dp.comm.star import Star  # noqa: E402
 from mpi_dp.data import ShardFile  # noqa: E402
+from mpi_dp.models import multinomial  # noqa: E402
 
 
 def load(path: str) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
@@ -40,33 +59,126 @@ def load(path: str) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
     return [(np.asarray(X, dtype=np.float64), y) for X, y in agents], K
 
 
+def settings(data, K: int, run_ids: tuple[int, ...], T: int) -> admm.Settings:
+    J = data[0][0].shape[1]
+    return admm.Settings(method="objt", T=T, eps_bar=0.1, n=tuple(len(y) for _, y in data), J=J,
+                         K=K, run_ids=run_ids, record_every=T)
+
+
 def timed_run(data, K: int, run_ids: tuple[int, ...], T: int) -> tuple[float, np.ndarray]:
     """Seconds per iteration of one run_config call (agents built outside the timing)."""
-    J = data[0][0].shape[1]
-    s = admm.Settings(method="objt", T=T, eps_bar=0.1, n=tuple(len(y) for _, y in data), J=J,
-                      K=K, run_ids=run_ids, record_every=T)
+    s = settings(data, K, run_ids, T)
     agents = [admm.Agent(i, X, y, s) for i, (X, y) in enumerate(data)]
     t0 = time.perf_counter()
     out = admm.run_config(Star(MPI.COMM_SELF, len(data)), agents, s, None, None, progress=False)
     return (time.perf_counter() - t0) / T, out["models/final"]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default="data/mnist.h5",
-                    help="MNIST shard file (mpi-dp data prepare mnist)")
-    ap.add_argument("--T", type=int, default=5, help="iterations per call")
-    ap.add_argument("--runs", type=int, default=20)
-    args = ap.parse_args()
-    data, K = load(args.data)
-    R = args.runs
-    print(f"{len(data)} agents x {len(data[0][1])} records, J = {data[0][0].shape[1]}, K = {K}; "
-          f"ObjT, eps_bar = 0.1, T = {args.T} iterations per call")
-    one, _ = timed_run(data, K, (0,), args.T)
-    vec, w_vec = timed_run(data, K, tuple(range(R)), args.T)
+class GemmClock:
+    """Times every np.matmul call (the GEMMs of multinomial) while installed; counts 2 m n k."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.flops = 0
+        self._orig = np.matmul
+
+    def __enter__(self) -> GemmClock:
+        orig = self._orig
+
+        def timed(a, b, *args, **kwargs):
+            t0 = time.perf_counter()
+            out = orig(a, b, *args, **kwargs)
+            self.seconds += time.perf_counter() - t0
+            self.flops += 2 * a.shape[0] * a.shape[1] * b.shape[1]
+            return out
+
+        np.matmul = timed
+        return self
+
+    def __exit__(self, *exc) -> None:
+        np.matmul = self._orig
+
+
+def best(f, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def efficiency(data, K: int, R: int, blocks: int, iters: int, reps: int) -> None:
+    s = settings(data, K, tuple(range(R)), 10**6)
+    agents = [admm.Agent(i, X, y, s) for i, (X, y) in enumerate(data)]
+    star = Star(MPI.COMM_SELF, len(agents))
+    state = {"w": np.zeros((R, s.J, s.K)), "t": 0}
+
+    def step() -> None:
+        t = state["t"]
+        state["w"] = admm.iterate(star, agents, s, state["w"], t, s.rho(t))
+        state["t"] = t + 1
+
+    flops = 4 * s.I * s.J * R * s.K  # scores + gradient GEMM of every agent
+    # the same GEMMs for agent 0, with np.dot into preallocated buffers
+    X0, n0 = agents[0].X, agents[0].n
+    flops0 = 4 * n0 * s.J * R * s.K
+    Wt = np.ascontiguousarray(agents[0].z.transpose(0, 2, 1)).reshape(R * s.K, s.J) + 0.01
+    St, Gt = np.empty((R * s.K, n0)), np.empty((R * s.K, s.J))
+    chunks = list(multinomial._chunks(n0, R, s.K))
+    bufs = [np.empty((R * s.K, c.stop - c.start)) for c in chunks]
+
+    def gemms_chunked() -> None:
+        for c, b in zip(chunks, bufs, strict=True):
+            np.dot(Wt, X0[c].T, out=b)
+            np.dot(b, X0[c], out=Gt)
+
+    def gemms_whole() -> None:
+        np.dot(Wt, X0.T, out=St)
+        np.dot(St, X0, out=Gt)
+
+    print(f"efficiency: R = {R} runs; GEMMs per iteration: {len(agents)} agents x 2 GEMMs per "
+          f"chunk of {[c.stop - c.start for c in chunks]} rows = {flops / 1e9:.2f} GFLOP "
+          f"(4 I J R K); {blocks} blocks of {iters} iterations + 1 instrumented + {reps} GEMM reps")
+    step()  # warm-up (first touch of every buffer)
+    rows = []
+    for b in range(blocks):
+        it = best(step, iters)
+        with GemmClock() as clock:
+            t0 = time.perf_counter()
+            step()
+            inst = time.perf_counter() - t0
+        if clock.flops != flops:
+            raise RuntimeError(f"GEMM FLOPs counted {clock.flops} != defined {flops}")
+        ch, wh = best(gemms_chunked, reps), best(gemms_whole, reps)
+        achieved, p_ch, p_wh = flops / it / 1e9, flops0 / ch / 1e9, flops0 / wh / 1e9
+        peak = max(p_ch, p_wh)
+        rows.append((achieved, peak, achieved / peak, clock.seconds / inst, it))
+        print(f"  block {b + 1}: iteration {it:.3f} s -> achieved {achieved:6.2f} GFLOP/s; DGEMM "
+              f"peak {peak:6.2f} (chunked {p_ch:.2f}, whole {p_wh:.2f}); ratio {achieved / peak:.3f}; "
+              f"GEMM-only share {clock.seconds / inst:.1%} (GEMMs {clock.seconds:.3f} s of "
+              f"{inst:.3f} s, {flops / clock.seconds / 1e9:.2f} GFLOP/s inside the iteration)")
+    a = np.array(rows)
+    med = np.median(a, axis=0)
+
+    def spread(j: int, fmt: str) -> str:
+        return f"{format(a[:, j].min(), fmt)}-{format(a[:, j].max(), fmt)}"
+
+    print(f"  medians over {blocks} blocks (spread min-max): iteration {med[4]:.3f} s "
+          f"({spread(4, '.3f')}), achieved {med[0]:.2f} ({spread(0, '.2f')}) GFLOP/s, peak "
+          f"{med[1]:.2f} ({spread(1, '.2f')}) GFLOP/s, per-block ratio {med[2]:.3f} "
+          f"({spread(2, '.3f')}), GEMM-only share {med[3]:.1%} ({spread(3, '.1%')})")
+    print(f"ADMM GEMM efficiency: achieved {med[0]:.2f} GFLOP/s / DGEMM peak {med[1]:.2f} GFLOP/s "
+          f"= {med[0] / med[1]:.2f} (goal >= 0.7)")
+
+
+def vectorised_vs_loop(data, K: int, R: int, T: int) -> None:
+    print(f"vectorised runs: T = {T} iterations per call (records at t = 0 and T included)")
+    one, _ = timed_run(data, K, (0,), T)
+    vec, w_vec = timed_run(data, K, tuple(range(R)), T)
     loop_times, finals = [], []
     for r in range(R):
-        t, w = timed_run(data, K, (r,), args.T)
+        t, w = timed_run(data, K, (r,), T)
         loop_times.append(t)
         finals.append(w[0])
     loop = float(np.sum(loop_times))
@@ -76,6 +188,25 @@ def main() -> None:
     print(f"loop of {R} single runs:   {loop:8.3f} s per iteration of all {R} runs")
     print(f"ratio loop / vectorised = {loop / vec:.2f}; largest |w_loop - w_vectorised| = "
           f"{diff:.2e}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default="data/mnist.h5",
+                    help="MNIST shard file (mpi-dp data prepare mnist)")
+    ap.add_argument("--runs", type=int, default=20, help="R, Monte-Carlo runs vectorised")
+    ap.add_argument("--blocks", type=int, default=5, help="interleaved efficiency blocks")
+    ap.add_argument("--iters", type=int, default=3, help="timed iterations per block")
+    ap.add_argument("--reps", type=int, default=3, help="DGEMM repetitions per block and shape")
+    ap.add_argument("--T", type=int, default=5, help="iterations per call (vectorised vs loop)")
+    ap.add_argument("--no-loop", action="store_true", help="skip the vectorised-vs-loop part")
+    args = ap.parse_args()
+    data, K = load(args.data)
+    print(f"{len(data)} agents x {len(data[0][1])} records, J = {data[0][0].shape[1]}, K = {K}; "
+          f"ObjT, eps_bar = 0.1; OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}")
+    efficiency(data, K, args.runs, args.blocks, args.iters, args.reps)
+    if not args.no_loop:
+        vectorised_vs_loop(data, K, args.runs, args.T)
 
 
 if __name__ == "__main__":

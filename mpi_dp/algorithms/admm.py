@@ -264,6 +264,24 @@ def _server_model(star: Star, agents: list[Agent], s: Settings, rho: float) -> n
     return star.bcast(w)
 
 
+def iterate(star: Star, agents: list[Agent], s: Settings, w: np.ndarray, t: int,
+            rho: float) -> np.ndarray:
+    """Iteration t (collective): the server's and the agents' updates of the method; returns the
+    server's model of the iteration (ObjT/ObjP: computed from the agents' states before their
+    step; OutP: from their releases after their step from the previous w)."""
+    if s.method == "outp":
+        for a in agents:
+            a.step_outp(w, t, rho)
+        w = _server_model(star, agents, s, rho)
+        for a in agents:
+            a.outp_dual(w, rho)
+    else:
+        w = _server_model(star, agents, s, rho)
+        for a in agents:
+            a.step_objective(w, t, rho)
+    return w
+
+
 def run_config(star: Star, agents: list[Agent], s: Settings, test: tuple | None,
                recorder=None, label: str = "", progress: bool = True) -> dict | None:
     """Run one configuration (collective). `test` = (X, y) on the server (test error of w).
@@ -317,16 +335,7 @@ def run_config(star: Star, agents: list[Agent], s: Settings, test: tuple | None,
             if t % s.record_every != 0:
                 record(t, s.rho(max(t - 1, 0)))
             break
-        if s.method == "outp":
-            for a in agents:
-                a.step_outp(w, t, rho)
-            w = _server_model(star, agents, s, rho)
-            for a in agents:
-                a.outp_dual(w, rho)
-        else:
-            w = _server_model(star, agents, s, rho)
-            for a in agents:
-                a.step_objective(w, t, rho)
+        w = iterate(star, agents, s, w, t, rho)
         k = t + 1
         if k % s.record_every == 0 or k == s.T:
             record(k, rho)
