@@ -31,6 +31,7 @@ Typical session:
   mpi-dp plot results/demo.h5
   mpiexec -n 4 mpi-dp run jobs/demo.toml --overwrite     # replace results/demo.h5
   mpiexec -n 4 mpi-dp run jobs/demo.toml --resume        # continue a killed run
+  mpi-dp merge results/demo.h5     # combine results/demo.task*.h5 of slurm/sweep.sbatch
   mpiexec -n 4 mpi-dp audit jobs/audit_sync_star.toml    # measure eps empirically
   mpi-dp forecast fit results/async_fig4.h5
   mpi-dp forecast predict --fit results/async_fig4.forecast.json --n 10000 --eps 1 --owners 8
@@ -48,6 +49,14 @@ Examples:
 Rank 0 is the learner; owners are split in blocks over the other ranks. Results are bitwise
 identical for any number of ranks. The result file is written as the run goes: if the run is
 stopped, the iterations done so far stay readable.
+
+Splitting a sweep: --configs A:B or --config-block I/N runs one block of the configurations into
+a part file (each configuration at its own index /configs/00A...); `mpi-dp merge OUT PARTS...`
+combines the parts into the file the whole job writes (the same datasets, bit for bit):
+  mpi-dp run jobs/demo.toml --config-block 0/2 --task-file    # -> results/demo.task0.h5
+  mpi-dp run jobs/demo.toml --config-block 1/2 --task-file    # -> results/demo.task1.h5
+  mpi-dp merge results/demo.h5                                # reads results/demo.task*.h5
+On Slurm: sbatch --array=0-3 slurm/sweep.sbatch jobs/demo.toml [run options], then merge.
 """
 
 
@@ -99,7 +108,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     return _under_mpi(lambda comm: run_job(args.job, args.set or [], args.out, comm=comm,
                                            progress=not args.quiet, overwrite=args.overwrite,
-                                           resume=args.resume or False))
+                                           resume=args.resume or False,
+                                           configs=args.configs or args.config_block,
+                                           task_file=args.task_file))
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from .results.merge import merge_parts
+
+    merge_parts(args.out, args.parts, overwrite=args.overwrite, progress=not args.quiet)
+    return 0
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
@@ -266,6 +284,21 @@ def build_parser() -> argparse.ArgumentParser:
                      "same datasets, bit for bit, as an uninterrupted run. --resume=auto: "
                      "resume if PATH.partial exists, else start (what slurm/run.sbatch passes "
                      "on a requeue)")
+    from .results.parts import parse_block, parse_configs
+
+    which = run.add_mutually_exclusive_group()
+    which.add_argument("--configs", type=parse_configs, metavar="A:B",
+                       help="run only configurations A..B-1 (0-based, as /configs/00A; 'A:', "
+                       "':B' and one index A work too) into a part file that records the "
+                       "block; mpi-dp merge combines the parts")
+    which.add_argument("--config-block", type=parse_block, metavar="I/N",
+                       help="run only block I (0-based) of N equal blocks of the "
+                       "configurations: [I*C//N, (I+1)*C//N) of C (empty when N > C); what "
+                       "slurm/sweep.sbatch runs in array task I")
+    run.add_argument("--task-file", action="store_true",
+                     help="with --config-block I/N: write OUT.taskI.h5 (OUT: --out or the job's "
+                     "output; results/x.h5 -> results/x.task0.h5 ...), the names `mpi-dp merge "
+                     "OUT` looks for")
     run.add_argument("--quiet", action="store_true", help="no progress messages")
     run.set_defaults(func=_cmd_run)
 
@@ -371,6 +404,35 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_forecast_arguments(fc)
     fc.set_defaults(func=_cmd_forecast)
+
+    mg = sub.add_parser(
+        "merge", help="combine the part files of a split sweep into one result",
+        description="Combine the part files of one job, written by `mpi-dp run --configs A:B` or\n"
+        "`--config-block I/N` (e.g. the array tasks of slurm/sweep.sbatch), into OUT: the file the\n"
+        "whole job writes, every dataset equal bit for bit, with the root attributes of a complete\n"
+        "result (status complete; merged_from lists the parts; provenance: the hosts of all parts,\n"
+        "the earliest start, the latest end, wall_seconds summed).\n\n"
+        "The parts must come from one job and --set options (the same job_resolved apart from\n"
+        "output), each be complete, and together hold every configuration exactly once; otherwise\n"
+        "nothing is written, the exit status is 2 and the message says what is wrong (missing\n"
+        "configurations and the task files that would hold them, overlapping parts, differing\n"
+        "keys). OUT is written as OUT.partial and renamed when complete; an existing OUT is\n"
+        "replaced only with --overwrite.",
+        epilog="Examples:\n"
+        "  sbatch --array=0-3 slurm/sweep.sbatch jobs/demo.toml   # results/demo.task0..3.h5\n"
+        "  mpi-dp merge results/demo.h5                         # reads results/demo.task*.h5\n"
+        "  mpi-dp merge results/all.h5 parts/a.h5 parts/b.h5\n"
+        "  mpi-dp merge results/all.h5 parts/                   # every *.h5 in parts/\n"
+        "  mpi-dp merge results/all.h5 'parts/run*.h5'         # a quoted glob",
+        formatter_class=fmt)
+    mg.add_argument("out", metavar="OUT", help="the merged result file, e.g. results/demo.h5")
+    mg.add_argument("parts", nargs="*", metavar="PART",
+                    help="part files, directories (their *.h5 files) or globs; default: OUT's "
+                    "task files (results/demo.task*.h5 for results/demo.h5)")
+    mg.add_argument("--overwrite", action="store_true",
+                    help="replace an existing OUT (it stays until the merged file is complete)")
+    mg.add_argument("--quiet", action="store_true", help="no summary line")
+    mg.set_defaults(func=_cmd_merge)
 
     info = sub.add_parser("info", help="versions of mpi_dp, MPI, numpy, h5py, scipy, petsc4py")
     info.set_defaults(func=_cmd_info)

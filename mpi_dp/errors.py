@@ -29,3 +29,7 @@ class NumericalError(MpiDpError):
 
 class ProtocolError(MpiDpError):
     """A message between the learner and an owner's host broke the protocol (wrong echo, tag)."""
+
+
+class MergeError(MpiDpError):
+    """Part files that cannot be merged into one result (mpi-dp merge); the message says why."""

@@ -29,6 +29,7 @@ from .methods import REGISTRY, Context, Method, Outcome, Resolved
 from .privacy import accountants
 from .results import provenance
 from .results.output import OutputLock, check_output, check_resume, partial_path
+from .results.parts import BlockSpec, task_path
 from .results.recorder import ConfigRecorder, ResultFile
 
 __all__ = ["AgreedError", "collective", "resolve_configs", "run_job"]
@@ -70,27 +71,40 @@ def resolve_configs(job: Job, shard: ShardFile) -> list[Resolved]:
 
 def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = None,
             comm: MPI.Comm | None = None, progress: bool = True, overwrite: bool = False,
-            resume: bool | str = False) -> Path:
+            resume: bool | str = False, configs: BlockSpec | None = None,
+            task_file: bool = False) -> Path:
     """Run a job file under MPI (collective over `comm`); returns the result path.
 
     The result is written to PATH.partial under an exclusive lock and renamed to PATH when the
     job completes; an existing PATH is replaced only with `overwrite` (and only then). With
     `resume` the job continues PATH.partial left by a stopped run of the same job: complete
     configurations are kept, the rest run again (bitwise what an uninterrupted run writes);
-    resume="auto" resumes when PATH.partial exists and starts afresh otherwise."""
+    resume="auto" resumes when PATH.partial exists and starts afresh otherwise.
+
+    `configs` (--configs A:B, --config-block I/N) runs only that block of the configurations,
+    each written at its own index, into a part file recording the block (`mpi-dp merge`
+    combines the parts); `task_file` names it PATH.taskI.h5 (block I of --config-block)."""
     comm = comm or MPI.COMM_WORLD
     rank = comm.Get_rank()
     overrides = list(overrides) + ([f'output="{out}"'] if out else [])
     job = collective(comm, lambda: load_job(path, overrides))
-    lock = OutputLock(job.output) if rank == 0 else None
+
+    def select() -> tuple[tuple[int, int] | None, Path]:
+        if task_file and (configs is None or configs.task is None):
+            raise JobError("--task-file names the part of --config-block I/N; give the block")
+        block = configs.resolve(len(job.configs())) if configs is not None else None
+        return block, task_path(job.output, configs.task[0]) if task_file else job.output
+
+    block, final = collective(comm, select)
+    lock = OutputLock(final) if rank == 0 else None
 
     def claim() -> bool:  # before anything else: fail fast, and hold the output while we run
         if lock is None:
             return False
         lock.acquire()
         try:
-            go_on = resume and (resume != "auto" or partial_path(job.output).exists())
-            check_resume(job.output) if go_on else check_output(job.output, overwrite)
+            go_on = resume and (resume != "auto" or partial_path(final).exists())
+            check_resume(final) if go_on else check_output(final, overwrite)
             return bool(go_on)
         except BaseException:
             lock.release()
@@ -98,14 +112,17 @@ def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = N
 
     resume = comm.bcast(collective(comm, claim), root=0)
     try:
-        return _run_locked(job, comm, progress, resume)
+        task = configs.task if configs is not None else None
+        return _run_locked(job, comm, progress, resume, final, block, task)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool) -> Path:
-    """run_job once the output is claimed: validate, write PATH.partial, rename when complete."""
+def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool, final: Path,
+                block: tuple[int, int] | None, task: tuple[int, int] | None) -> Path:
+    """run_job once the output `final` is claimed: validate, write PATH.partial, rename when
+    complete. Only the configurations in `block` (all if None) run."""
     rank = comm.Get_rank()
     method = REGISTRY.get(job.algorithm)
     shard = collective(comm, lambda: ShardFile(job["data"]))
@@ -120,10 +137,12 @@ def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool) -> Path:
     settings = [ctx.agree(lambda rc=rc: method.settings(ctx, prepared, rc)) for rc in configs]
 
     hosts = comm.gather(socket.gethostname(), root=0)
-    result = collective_open(job if rank == 0 else None, len(configs), comm, hosts, resume)
+    result = collective_open(job if rank == 0 else None, len(configs), comm, hosts, resume,
+                             final, block, task)
     done = set(comm.bcast(result.completed if result is not None and resume else [], root=0))
+    lo, hi = block if block is not None else (0, len(configs))
     if rank == 0 and progress and resume:
-        print(f"mpi-dp: resuming {partial_path(job.output)}: {len(done)} of {len(configs)} "
+        print(f"mpi-dp: resuming {partial_path(final)}: {len(done)} of {hi - lo} "
               "configuration(s) complete, the others run (again)", file=sys.stderr, flush=True)
     if rank == 0 and progress:
         for note in job.notes:
@@ -132,13 +151,14 @@ def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool) -> Path:
         print(f"mpi-dp: job '{job.name}' ({job.algorithm}/{_variants(job)}): {len(configs)} "
               f"configuration(s) x {len(run_ids)} runs x T={job['T']} on {comm.Get_size()} "
               f"rank(s), {shard.n_agents} owners{'; ' + detail if detail else ''}\n"
-              f"  writing {partial_path(job.output)} (renamed to {job.output.name} when "
+              f"{_block_text(lo, hi, len(configs), task) if block is not None else ''}"
+              f"  writing {partial_path(final)} (renamed to {final.name} when "
               "complete)", file=sys.stderr, flush=True)
     t_start = time.perf_counter()
     status = "failed"
     try:
         for rc, s in zip(configs, settings, strict=True):
-            if rc.index not in done:
+            if lo <= rc.index < hi and rc.index not in done:
                 _run_one(method, ctx, prepared, rc, s, len(configs), result)
         status = "complete"
     except KeyboardInterrupt:
@@ -149,14 +169,23 @@ def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool) -> Path:
             result.close(status, wall_seconds=round(time.perf_counter() - t_start, 3),
                          end_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
             if status == "complete":
-                os.replace(result.path, job.output)  # only a finished job takes the name
+                os.replace(result.path, final)  # only a finished job takes the name
         if rank == 0 and progress and status == "complete":
-            print(f"mpi-dp: done in {time.perf_counter() - t_start:.1f} s -> {job.output}",
+            print(f"mpi-dp: done in {time.perf_counter() - t_start:.1f} s -> {final}",
                   file=sys.stderr, flush=True)
         elif rank == 0 and result is not None and status != "complete":
             print(f"mpi-dp: {status}: what the job did is in {result.path} (mpi-dp analyze "
-                  f"reads it); {job.output} was not touched", file=sys.stderr, flush=True)
-    return job.output
+                  f"reads it); {final} was not touched", file=sys.stderr, flush=True)
+    return final
+
+
+def _block_text(lo: int, hi: int, n: int, task: tuple[int, int] | None) -> str:
+    """The progress line of a part: which configurations it holds."""
+    which = f"block {task[0]}/{task[1]}: " if task is not None else ""
+    held = (f"configuration {hi} of {n} (index {lo})" if hi == lo + 1 else
+            f"configurations {lo + 1}..{hi} of {n} (indices {lo}:{hi})" if hi > lo else
+            f"no configuration of the {n} (an empty block)")
+    return f"  {which}{held}; mpi-dp merge combines the parts\n"
 
 
 def _run_one(method: Method, ctx: Context, prepared: Any, rc: Resolved, s: Any, n_configs: int,
@@ -197,24 +226,28 @@ def _variants(job: Job) -> str:
 
 
 def collective_open(job: Job | None, n_configs: int, comm: MPI.Comm,
-                    hosts: list[str] | None, resume: bool = False) -> ResultFile | None:
-    """Rank 0 creates (or, resuming, reopens) the result file; a failure (e.g. unwritable
-    path) stops every rank."""
+                    hosts: list[str] | None, resume: bool = False, final: Path | None = None,
+                    block: tuple[int, int] | None = None,
+                    task: tuple[int, int] | None = None) -> ResultFile | None:
+    """Rank 0 creates (or, resuming, reopens) the result file of `final` (default: the job's
+    output); a failure (e.g. unwritable path) stops every rank."""
     def make() -> ResultFile | None:
         if job is None:
             return None
+        out = final or job.output
         if resume:
             try:
-                return ResultFile.reopen(partial_path(job.output), job.to_json())
+                return ResultFile.reopen(partial_path(out), job.to_json(), block)
             except (OSError, ValueError) as e:
-                raise JobError(f"cannot resume {partial_path(job.output)}: {e}") from None
+                raise JobError(f"cannot resume {partial_path(out)}: {e}") from None
         try:
             return ResultFile(
-                partial_path(job.output), job_text=job.record_text, job_json=job.to_json(),
+                partial_path(out), job_text=job.record_text, job_json=job.to_json(),
                 algorithm=job.algorithm, variant=_variants(job), n_configs=n_configs,
                 sweep=job.sweep(), provenance=provenance.collect(comm.Get_size(), hosts or [],
-                                                                 job["seed"]))
+                                                                 job["seed"]),
+                block=block, task=task)
         except OSError as e:
-            raise JobError(f"job file {job.path}: key 'output': cannot create {job.output}: "
+            raise JobError(f"job file {job.path}: key 'output': cannot create {out}: "
                            f"{e.strerror or e}") from None
     return collective(comm, make)

@@ -224,7 +224,12 @@ class Result:
     def completeness(self) -> str | None:
         """None for a complete result; else one line saying what is missing and why."""
         if self.status == "complete":
-            return None
+            block = self.attrs.get("config_block")
+            n = int(self.attrs.get("n_configs", 0))
+            if block is None or (int(block[0]), int(block[1])) == (0, n):
+                return None
+            return (f"PART: {self.path} holds configurations {int(block[0])}:{int(block[1])} of "
+                    f"the job's {n} (one block of a split sweep; mpi-dp merge combines the parts)")
         where = progress_text(self.attrs)
         if self.status == "running":
             gone = writer_gone(self.attrs)

@@ -7,10 +7,11 @@
 - PLD: privacy loss distributions through dp-accounting (tight, pessimistic discretisation);
 - RDP: Renyi DP through dp-accounting, as a cross-check of the PLD figure.
 
-Events enter through their accounting keys, so owners with equal budgets share one computation,
-which is cached: a PLD of 1,000 Laplace releases costs about 0.02-2 s depending on the grid, so it
-is computed once per distinct event sequence at the end of a configuration, never per agent per run
-and never inside an iteration loop. dp-accounting is used with NeighboringRelation.ADD_OR_REMOVE_ONE
+Owners with equal budgets release equal events and share one computation, which is cached (by
+the exact events, so a ledger's totals never depend on what was composed before it): a PLD of
+1,000 Laplace releases costs about 0.02-2 s depending on the grid, so it is computed once per
+distinct event sequence at the end of a configuration, never per agent per run and never inside
+an iteration loop. dp-accounting is used with NeighboringRelation.ADD_OR_REMOVE_ONE
 and noise multipliers scale / sensitivity, where the sensitivity is the full distance between the
 outputs on neighbouring datasets (replace-one sensitivities in this project), i.e. 1 in those units.
 """
@@ -149,13 +150,20 @@ _CACHE: dict[tuple, Totals] = {}
 
 
 def compose(pairs: Sequence[tuple[Event, int]], delta: float) -> Totals:
-    """Totals of the releases `pairs` under every accountant (cached by event keys and counts)."""
-    sig = (tuple(sorted((ev.key(), int(c)) for ev, c in pairs if c > 0)), float(delta))
+    """Totals of the releases `pairs` under every accountant, computed from the releases in a
+    canonical order and cached by the exact events (repr: every field, floats round-trip) and
+    counts, so they are a function of the releases alone: never the answer of an earlier,
+    nearly equal ledger (e.g. another configuration's per-release eps one ulp away), which
+    would make a configuration's ledger depend on the configurations run before it."""
+    live = sorted(((repr(ev), int(c), ev) for ev, c in pairs if c > 0),
+                  key=lambda t: t[:2])
+    sig = (tuple((r, c) for r, c, _ in live), float(delta))
     hit = _CACHE.get(sig)
     if hit is None:
-        eps_b, delta_b = basic(pairs)
-        hit = _CACHE[sig] = Totals(eps_b, delta_b, advanced(pairs, delta), pld(pairs, delta),
-                                   rdp(pairs, delta), float(delta))
+        canon = [(ev, c) for _, c, ev in live]
+        eps_b, delta_b = basic(canon)
+        hit = _CACHE[sig] = Totals(eps_b, delta_b, advanced(canon, delta), pld(canon, delta),
+                                   rdp(canon, delta), float(delta))
     return hit
 
 

@@ -4,7 +4,10 @@ Schema (format "mpi_dp.results", version 1) -- a contract analysis code relies o
   /                       attrs format, format_version, job (TOML text), job_resolved (JSON),
                           algorithm, variant, status (running|complete|interrupted|failed),
                           n_configs, sweep (JSON); heartbeat: writer_host, writer_pid,
-                          heartbeat_unix, progress_config, progress_record
+                          heartbeat_unix, progress_config, progress_record; a part file of
+                          one block of the configurations (`run --configs A:B`) also
+                          config_block [A, B] and, from `--config-block I/N`, config_task
+                          [I, N]; a merged file merged_from (JSON, mpi_dp.results.merge)
   /provenance             attrs: versions, git revision, MPI library, ranks, hosts, seed, times
   G = /  (no sweep)  or  /configs/000, /configs/001, ... (one group per configuration)
   G attrs                 config_index, label, eps (per owner), n (per owner), T, runs, ...
@@ -175,7 +178,8 @@ class ResultFile:
 
     def __init__(self, path: str | Path, *, job_text: str, job_json: str, algorithm: str,
                  variant: str, n_configs: int, sweep: Mapping[str, Any],
-                 provenance: Mapping[str, Any]) -> None:
+                 provenance: Mapping[str, Any], block: tuple[int, int] | None = None,
+                 task: tuple[int, int] | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + f".tmp-{os.getpid()}")
@@ -196,6 +200,10 @@ class ResultFile:
         a["status"] = "running"
         a["n_configs"] = n_configs
         a["sweep"] = json.dumps(dict(sweep), default=str)
+        if block is not None:  # a part file: only the configurations [A, B) of the job
+            a["config_block"] = np.array(block, dtype="i8")
+        if task is not None:
+            a["config_task"] = np.array(task, dtype="i8")
         # the heartbeat: who writes, and where it is (analyze tells a stopped job from a slow one)
         a["writer_host"] = socket.gethostname()
         a["writer_pid"] = os.getpid()
@@ -207,9 +215,11 @@ class ResultFile:
         self.file.flush()
 
     @classmethod
-    def reopen(cls, path: str | Path, job_json: str) -> ResultFile:
-        """Continue an unfinished result file of the same job (resume): its complete
-        configurations stay, an unfinished one is dropped and run again."""
+    def reopen(cls, path: str | Path, job_json: str,
+               block: tuple[int, int] | None = None) -> ResultFile:
+        """Continue an unfinished result file of the same job (resume) and the same block of
+        configurations: its complete configurations stay, an unfinished one is dropped and run
+        again."""
         self = cls.__new__(cls)
         self.path = Path(path)
         self.file = h5py.File(self.path, "r+", locking=False)
@@ -222,6 +232,13 @@ class ResultFile:
             self.file.close()
             raise ValueError(f"{path} was written by a different job (its job_resolved differs); "
                              "resume it with the job and --set options that wrote it")
+        had = a.get("config_block")
+        had = None if had is None else (int(had[0]), int(had[1]))
+        if had != (None if block is None else tuple(block)):
+            self.file.close()
+            what = "all configurations" if had is None else f"configurations {had[0]}:{had[1]}"
+            raise ValueError(f"{path} holds {what}; resume it with the same --configs / "
+                             "--config-block")
         self.completed = sorted(int(c) for c in self._complete_indices())
         a["status"] = "running"
         a["writer_host"] = socket.gethostname()
