@@ -91,6 +91,9 @@ def test_a_requeued_job_resumes_and_equals_an_uninterrupted_run(tmp_path, small_
     rq = subprocess.run(["scontrol", "requeue", jid], capture_output=True, text=True, timeout=60)
     assert rq.returncode == 0, rq.stderr
     time.sleep(2)
+    # Slurm holds a requeued job about 2 minutes (BeginTime); let it start at once
+    subprocess.run(["scontrol", "update", f"JobId={jid}", "StartTime=now"], capture_output=True,
+                   timeout=60)
     _wait_gone(jid)
     log = (tmp_path / f"slurm-mpi_dp-{jid}.out").read_text()
     assert "resuming" in log and "mpi-dp: done" in log, log
