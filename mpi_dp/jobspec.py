@@ -103,6 +103,9 @@ SHARED_SECTIONS: dict[str, dict[str, Key]] = {
     },
     "reference": {
         "solver": Key((str,), "auto", "theta* solver", ("auto", "closed", "scipy", "petsc")),
+        "isolated": Key((int,), 256, "owners 0..k-1 get their isolated optimum and its psi "
+                        "(reference/psi_isolated; NaN beyond k): each costs one evaluation over "
+                        "every record, so all 10,000 owners would cost O(N^2)"),
     },
     "comm": {
         "aggregate": Key((str,), "gather", "how answers reach the learner: gather (each answer "
@@ -433,6 +436,7 @@ CHECKS: dict[str, Callable[[str, dict, str], None]] = {
     "T": _positive_int,
     "runs": _positive_int,
     "record_every": _check_record_every,
+    "reference.isolated": _check_range(0, math.inf, False, True, "must be non-negative"),
     "seed": _check_range(0, math.inf, False, True, "must be non-negative"),
     "first_run": _check_range(0, math.inf, False, True, "must be non-negative"),
     "lam": _check_range(0, math.inf, False, False, "must be >= 0"),

@@ -194,3 +194,16 @@ def test_record_every_zero_skips_evaluation_and_changes_no_model(tmp_path, small
     with pytest.raises(AgreedError, match="record_every': must be at least 1 .0, no records, "
                        "only for sync_star"):
         run_job(job, progress=False)
+
+
+def test_reference_isolated_caps_the_owners_evaluated(tmp_path, small_shards):
+    """reference.isolated = k: owners 0..k-1 keep the isolated psi of the full computation, bit
+    for bit; the others get NaN (their evaluation would cost O(N^2) at thousands of owners)."""
+    a = run_job(write_job(tmp_path / "a.toml", small_shards, T=2, runs=1), progress=False)
+    b = run_job(write_job(tmp_path / "b.toml", small_shards, T=2, runs=1,
+                          reference={"isolated": 2}), progress=False)
+    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
+        full, capped = fa["reference/psi_isolated"][()], fb["reference/psi_isolated"][()]
+        assert full.size == 3 and np.all(np.isfinite(full))
+        assert capped[:2].tobytes() == full[:2].tobytes() and np.isnan(capped[2])
+        assert np.isnan(fb["reference/theta_isolated"][2]).all()

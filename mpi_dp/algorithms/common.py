@@ -328,23 +328,27 @@ def baselines(stats: np.ndarray, has_test: bool, classify: bool) -> dict[str, fl
     return out
 
 
-def reference_quantities(oracle: Oracle, theta_max: float, solver: str) -> Reference | None:
-    """theta*, f*, each owner's isolated optimum and its psi, and (outside an audit) the trivial
-    baselines and theta*'s own utility (collective; learner gets it)."""
+def reference_quantities(oracle: Oracle, theta_max: float, solver: str,
+                         isolated: int | None = None) -> Reference | None:
+    """theta*, f*, the isolated optimum of owners 0..isolated-1 (default: all) and its psi, and
+    (outside an audit) the trivial baselines and theta*'s own utility (collective; learner gets
+    it). Owners from `isolated` on get NaN: each isolated psi is an evaluation over every
+    record, so all of them cost O(N^2) for N owners."""
     theta_star, used = oracle.theta_star(theta_max, solver)
+    n_agents = oracle.star.layout.n_agents
+    k_iso = n_agents if isolated is None else min(int(isolated), n_agents)
     local_iso = np.zeros((len(oracle.shards), oracle.p))
     for j, sh in enumerate(oracle.shards):  # owners without records (not taking part): psi nan
-        if sh.n:
+        if sh.n and sh.agent < k_iso:
             local_iso[j] = reference.theta_star_local(oracle.loss, sh.X, sh.y, oracle.lam,
                                                       theta_max)
     empty = oracle.star.gather_agents(np.array([[float(sh.n == 0)] for sh in oracle.shards]
                                                ).reshape(len(oracle.shards), 1), (1,))
     iso = oracle.star.gather_agents(local_iso, (oracle.p,))
-    n_agents = oracle.star.layout.n_agents
-    thetas = np.zeros((1 + n_agents, oracle.p))
+    thetas = np.zeros((1 + k_iso, oracle.p))
     if iso is not None:
         thetas[0] = theta_star
-        thetas[1:] = iso
+        thetas[1:] = iso[:k_iso]
     evaluating = tap.evaluating()
     stats = oracle.label_stats() if evaluating else None
     out = (oracle.evaluate_with_utility(thetas, slice(0, 1)) if evaluating
@@ -356,7 +360,10 @@ def reference_quantities(oracle: Oracle, theta_max: float, solver: str) -> Refer
     if not (math.isfinite(f_star) and f_star > 0):
         raise JobError(f"the reference objective f(theta*) = {f_star!r} is not positive: psi = "
                        "f/f* - 1 is undefined (is the data noiseless with lam = 0?)")
-    psi_iso = np.where(empty[:, 0] > 0, np.nan, f[1:] / f_star - 1.0)
+    psi_iso = np.full(n_agents, np.nan)
+    psi_iso[:k_iso] = np.where(empty[:k_iso, 0] > 0, np.nan, f[1:] / f_star - 1.0)
+    if k_iso < n_agents:
+        iso[k_iso:] = np.nan
     utility = {}
     if evaluating:
         utility = baselines(stats, oracle.evalset.has_test, oracle.classify)
@@ -367,12 +374,13 @@ def reference_quantities(oracle: Oracle, theta_max: float, solver: str) -> Refer
 
 def cached_reference(cache: dict, star: Star, shards: list[LocalShard], loss: str, lam: float,
                      n: list[int], p: int, theta_max: float, solver: str,
-                     evalset: EvalSet | None = None) -> Reference | None:
+                     evalset: EvalSet | None = None,
+                     isolated: int | None = None) -> Reference | None:
     """reference_quantities for the sizes n, computed once per n vector of a sweep (collective)."""
     key = tuple(n)
     if key not in cache:
         oracle = Oracle(star, shards, loss, lam, int(sum(n)), p, evalset)
-        cache[key] = reference_quantities(oracle, theta_max, solver)
+        cache[key] = reference_quantities(oracle, theta_max, solver, isolated)
     return cache[key]
 
 

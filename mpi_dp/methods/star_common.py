@@ -35,7 +35,7 @@ HINGE_KINK_TOL = 1e-8
 
 #: shared keys both star methods read
 STAR_READS = ("loss", "lam", "theta_max", "theta0", "xi", "xi_quantile", "clip", "step.*",
-              "reference.solver")
+              "reference.solver", "reference.isolated")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,5 +192,6 @@ class StarMethod(Method):
         shards = [LocalShard(i, *ctx.shard.read_agent(i, n[i])) if i < N
                   else LocalShard(i, empty, np.zeros(0)) for i in ctx.star.local_agents]
         ref = cached_reference(prep.refs, ctx.star, shards, s.loss, s.lam, n, p, s.theta_max,
-                               ctx.job["reference.solver"], prep.evalset)
+                               ctx.job["reference.solver"], prep.evalset,
+                               ctx.job["reference.isolated"])
         return shards, ref
