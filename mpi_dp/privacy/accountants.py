@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from mpi_dp.privacy.events import Event, PureEvent
+from mpi_dp.privacy.events import Event, GaussianEvent, LaplaceEvent, PureEvent
 from mpi_dp.privacy.ledger import Ledger
 
 #: Finest PLD grid; coarser for large per-release eps (grid = max(this, smallest eps / 200)),
@@ -149,15 +149,34 @@ def rdp(pairs: Sequence[tuple[Event, int]], delta: float) -> float:
 _CACHE: dict[tuple, Totals] = {}
 
 
+def _canonical(ev: Event) -> tuple[tuple, Event]:
+    """(key, event): what the accountants read of a release (Laplace: its eps; Gaussian: its
+    noise multiplier and delta; pure: its eps), exactly, with a canonical event that has just
+    that. Owners whose data-dependent sensitivities differ but whose releases have equal eps
+    (e.g. ADMM's local sensitivity with scale = sensitivity / eps) share one computation."""
+    if isinstance(ev, LaplaceEvent):
+        e = float(ev.eps)
+        return ("laplace", e), (LaplaceEvent(1.0, 0.0) if math.isinf(e) else LaplaceEvent(e, 1.0))
+    if isinstance(ev, GaussianEvent):
+        nm, d = float(ev.noise_multiplier), float(ev.delta)
+        can = GaussianEvent(0.0, 1.0, d) if math.isinf(nm) else GaussianEvent(1.0, nm, d)
+        return ("gaussian", nm, d), can
+    return ("pure", float(ev.eps)), PureEvent(float(ev.eps), "pure")
+
+
 def compose(pairs: Sequence[tuple[Event, int]], delta: float) -> Totals:
-    """Totals of the releases `pairs` under every accountant, computed from the releases in a
-    canonical order and cached by the exact events (repr: every field, floats round-trip) and
-    counts, so they are a function of the releases alone: never the answer of an earlier,
-    nearly equal ledger (e.g. another configuration's per-release eps one ulp away), which
-    would make a configuration's ledger depend on the configurations run before it."""
-    live = sorted(((repr(ev), int(c), ev) for ev, c in pairs if c > 0),
-                  key=lambda t: t[:2])
-    sig = (tuple((r, c) for r, c, _ in live), float(delta))
+    """Totals of the releases `pairs` under every accountant. Computed from the canonical events
+    (`_canonical`; equal keys merged, counts added) in a fixed order and cached by them, so the
+    totals are a function of what was released alone: never the answer of an earlier, nearly
+    equal ledger (e.g. another configuration's per-release eps one ulp away), which would make a
+    configuration's ledger depend on the configurations run before it."""
+    merged: dict[tuple, list] = {}
+    for ev, c in pairs:
+        if c > 0:
+            key, can = _canonical(ev)
+            merged.setdefault(key, [can, 0])[1] += int(c)
+    live = sorted(((key, c, can) for key, (can, c) in merged.items()), key=lambda t: t[:2])
+    sig = (tuple((k, c) for k, c, _ in live), float(delta))
     hit = _CACHE.get(sig)
     if hit is None:
         canon = [(ev, c) for _, c, ev in live]
