@@ -26,8 +26,9 @@ help:
 	@echo "make test    - set up .venv, run the serial tests and the MPI tests on 1, 2 and 4 ranks"
 	@echo "               (WITH_PETSC=1 make test also builds petsc4py and tests the PETSc path)"
 	@echo "make lint    - ruff"
-	@echo "make bench   - benchmarks/replicates.py, async_rate.py (mpiexec -n 3), dola_rounds.py (-n 2),"
-	@echo "               p2p_wakeups.py (-n 2, 4, 8; needs data/movielens.h5)"
+	@echo "make bench   - benchmarks/replicates.py, async_rate.py (mpiexec -n 3 and -n 9), admm_mnist.py"
+	@echo "               (GEMM efficiency; prepares data/mnist.h5), scaling.py (small grid),"
+	@echo "               dola_rounds.py (-n 2), p2p_wakeups.py (-n 2, 4, 8; needs data/movielens.h5)"
 
 venv: $(STAMP) $(if $(filter 1,$(WITH_PETSC)),$(PETSC_STAMP))
 
@@ -82,6 +83,11 @@ lint: venv
 bench: venv
 	$(PY) benchmarks/replicates.py
 	$(MPIEXEC) -n 3 $(PY) benchmarks/async_rate.py
+	$(MPIEXEC) -n 9 $(PY) benchmarks/async_rate.py
+	@test -f data/mnist.h5 || $(VENV)/bin/mpi-dp data prepare mnist --source ../shared/data \
+	  --out data/mnist.h5
+	$(PY) benchmarks/admm_mnist.py --no-loop
+	$(PY) benchmarks/scaling.py --agents 16,1024 --ranks 1,2
 	$(MPIEXEC) -n 2 $(PY) benchmarks/dola_rounds.py
 	@if [ -f data/movielens.h5 ]; then for n in 2 4 8; do \
 	  $(MPIEXEC) -n $$n $(PY) benchmarks/p2p_wakeups.py || exit 1; done; \

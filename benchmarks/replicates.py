@@ -22,6 +22,7 @@ Run:  OPENBLAS_NUM_THREADS=1 python benchmarks/replicates.py [--runs 100] [--T 2
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
 # One BLAS thread, as under MPI (must be set before numpy is imported).
@@ -31,7 +32,6 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import cProfile  # noqa: E402
 import io  # noqa: E402
-import math  # noqa: E402
 import pstats  # noqa: E402
 import time  # noqa: E402
 
@@ -75,6 +75,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "'default' keeps mpi_dp's rule (max(MIN_CHUNK_ROWS, CHUNK_ELEMS // runs): a "
                     "rows x runs block of 2 MiB that stays in cache), a number fixes the rows for "
                     "both timings (monkeypatched; mpi_dp itself is not changed)")
+    ap.add_argument("--blocks", type=int, default=4,
+                    help="interleaved blocks (vectorised, then a share of the loop), for the "
+                    "median and spread on a busy machine")
+    ap.add_argument("--evaluate", action="store_true",
+                    help="also compute psi at k = 0 and k = T (evaluation-only passes over every "
+                    "shard, as a job with record_every = T does); default: the method alone "
+                    "(record_every = 0)")
     ap.add_argument("--profile", action="store_true",
                     help="also profile the vectorised call with cProfile and print the top entries")
     a = ap.parse_args(argv)
@@ -85,7 +92,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             ap.error(f"--chunk must be a number or 'default', not {a.chunk!r}")
         if a.chunk < 1:
             ap.error("--chunk must be at least 1")
-    for k in ("runs", "T", "n", "dim"):
+    for k in ("runs", "T", "n", "dim", "blocks"):
         if getattr(a, k) < 1:
             ap.error(f"--{k} must be at least 1")
     return a
@@ -125,35 +132,58 @@ def main(argv=None) -> int:
     print(f"set-up (data, xi = {xi:.4g}, L = {L:.4g}, theta*): {time.perf_counter() - t:.1f} s "
           "(not timed below)")
 
+    record_every = T if a.evaluate else 0  # 0: no evaluation-only psi passes (method alone)
+
     def one(run_ids: tuple[int, ...]) -> np.ndarray:
         rows = chunk_rows(a.chunk, len(run_ids))
         linear.chunk_rows = lambda runs: rows
-        out = sync_star.run_config(star, shards, settings(T, d, n, xi, L, run_ids), ref,
-                                   recorder=None, progress=False)
+        st = dataclasses.replace(settings(T, d, n, xi, L, run_ids), record_every=record_every)
+        out = sync_star.run_config(star, shards, st, ref, recorder=None, progress=False)
         return out["models/final"]
 
     one((0,))  # warm-up (imports, first-touch of the shards)
+    print("evaluation: " + ("psi at k = 0 and k = T (as a job with record_every = T)"
+                            if a.evaluate else "none (record_every = 0: the method alone; "
+                            "--evaluate adds the two psi passes)"))
+    print(f"{a.blocks} interleaved blocks: each times the vectorised call (all R runs), then the "
+          f"loop over R/{a.blocks} of the runs (its time scaled to R runs)")
 
-    t = time.perf_counter()
-    vec = one(tuple(range(R)))
-    t_vec = time.perf_counter() - t
-
-    t = time.perf_counter()
-    loop = np.concatenate([one((r,)) for r in range(R)])
-    t_loop = time.perf_counter() - t
+    vec = None
+    loop_parts = []
+    t_vecs, t_loops = [], []
+    parts = np.array_split(np.arange(R), a.blocks)
+    for b, runs in enumerate(parts):
+        t = time.perf_counter()
+        vec = one(tuple(range(R)))
+        t_vecs.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        loop_parts.append(np.concatenate([one((int(r),)) for r in runs]))
+        t_loops.append((time.perf_counter() - t) * R / len(runs))
+        print(f"  block {b + 1}: vectorised {t_vecs[-1]:7.3f} s, loop (scaled to R) "
+              f"{t_loops[-1]:8.3f} s, ratio {t_loops[-1] / t_vecs[-1]:5.1f}", flush=True)
+    loop = np.concatenate(loop_parts)
 
     rel = np.abs(vec - loop) / np.maximum(np.abs(loop), 1e-300)
     max_rel = float(rel.max())
     same = np.allclose(vec, loop, rtol=1e-10, atol=0.0)
     print(f"final models: max relative difference vectorised vs loop = {max_rel:.3g} "
           f"({'equal' if same else 'NOT equal'} at rtol 1e-10)")
-    iters = T
-    print(f"vectorised: {t_vec:8.3f} s total, {1e3 * t_vec / iters:8.3f} ms per iteration "
-          f"({1e3 * t_vec / (iters * R):.4f} ms per run-iteration)")
-    print(f"loop      : {t_loop:8.3f} s total, {1e3 * t_loop / iters:8.3f} ms per iteration "
-          f"(of all {R} runs; {1e3 * t_loop / (iters * R):.4f} ms per run-iteration)")
-    ratio = t_loop / t_vec if t_vec > 0 else math.inf
-    print(f"ratio loop/vectorised = {ratio:.1f} (goal >= 20)")
+    t_vec, t_loop = float(np.median(t_vecs)), float(np.median(t_loops))
+    ratios = np.array(t_loops) / np.array(t_vecs)
+
+    def spread(v) -> float:
+        return float(np.max(v) / np.min(v))
+
+    print(f"vectorised: median {t_vec:8.3f} s, {1e3 * t_vec / T:8.3f} ms per iteration "
+          f"({1e3 * t_vec / (T * R):.4f} ms per run-iteration), spread {spread(t_vecs):.2f}x")
+    print(f"loop      : median {t_loop:8.3f} s, {1e3 * t_loop / T:8.3f} ms per iteration "
+          f"(of all {R} runs; {1e3 * t_loop / (T * R):.4f} ms per run-iteration), "
+          f"spread {spread(t_loops):.2f}x")
+    print(f"ratio loop/vectorised = {np.median(ratios):.1f} median over {a.blocks} blocks "
+          f"(min {ratios.min():.1f}, max {ratios.max():.1f}; goal >= 20)")
+    if spread(ratios) > 1.5:
+        print("  note: the blocks' ratios differ by more than 1.5x: the machine was busy; "
+              "take the median with care")
     if T != PAPER_T:
         print(f"at the paper's T = {PAPER_T} (linear extrapolation): vectorised ~ "
               f"{t_vec * PAPER_T / T:.0f} s, loop ~ {t_loop * PAPER_T / T:.0f} s")
