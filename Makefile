@@ -35,7 +35,7 @@ venv: $(STAMP) $(if $(filter 1,$(WITH_PETSC)),$(PETSC_STAMP))
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[mpich,test]"
+	$(PY) -m pip install --quiet -e ".[mpich,test,fast]"
 	touch $@
 
 $(PETSC_STAMP): $(STAMP)
@@ -83,7 +83,7 @@ lint: venv
 bench: venv
 	$(PY) benchmarks/replicates.py
 	$(MPIEXEC) -n 3 $(PY) benchmarks/async_rate.py
-	$(MPIEXEC) -n 9 $(PY) benchmarks/async_rate.py
+	$(MPIEXEC) -n 9 $(PY) benchmarks/async_rate.py --pings 500
 	@test -f data/mnist.h5 || $(VENV)/bin/mpi-dp data prepare mnist --source ../shared/data \
 	  --out data/mnist.h5
 	$(PY) benchmarks/admm_mnist.py --no-loop

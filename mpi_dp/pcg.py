@@ -158,6 +158,17 @@ def generator_normal(g: np.random.Generator, size: int) -> np.ndarray:
     return normal_from_raw(g.bit_generator.random_raw(size))
 
 
+_PCG64: list[np.random.PCG64] = []
+
+
+def _scratch_pcg64() -> np.random.PCG64:
+    """One reusable numpy PCG64 whose whole state is set before each use (building one seeds it
+    from the OS, ~10 us)."""
+    if not _PCG64:
+        _PCG64.append(np.random.PCG64(0))
+    return _PCG64[0]
+
+
 class RunStreams:
     """The noise (or other purpose) streams of a set of runs of one agent, drawn as blocks.
 
@@ -197,7 +208,7 @@ class RunStreams:
         if rows.size >= 2 * size or size <= 8:
             return self._block_columns(rows, size)
         out = np.empty((rows.size, size), dtype=_U64)
-        bg = np.random.PCG64()
+        bg = _scratch_pcg64()
         for i, r in enumerate(rows):
             bg.state = self.state(int(r))
             out[i] = bg.random_raw(size)
@@ -272,8 +283,8 @@ class RunStreams:
         rows = self._rows(rows)
         size = int(size)
         u = self.random(size, rows)
-        zero = np.argwhere(u == 0.0)
-        if zero.size:  # exact numpy semantics: redraw in place, later positions shift by one
+        zero = np.argwhere(u == 0.0) if not u.all() else ()
+        if len(zero):  # exact numpy semantics: redraw in place, later positions shift by one
             for i in np.unique(zero[:, 0]):
                 u[i] = self._redraw_row(int(rows[i]), size)
         return laplace_from_uniform(u)

@@ -34,12 +34,15 @@ def test_replay_bitwise_identical_on_1_2_4_ranks(tmp_path, small_shards):
     assert np.all(r["configs/000/privacy/answered"].sum(axis=1) == 200)
 
 
-@pytest.mark.parametrize("protocol", ["owner_request", "learner_broadcast"])
-def test_live_run_on_oversubscribed_ranks_and_its_replay(tmp_path, eight_owners, protocol):
+@pytest.mark.parametrize("protocol,numba", [("owner_request", "1"), ("learner_broadcast", "1"),
+                                            ("owner_request", "0")])
+def test_live_run_on_oversubscribed_ranks_and_its_replay(tmp_path, eight_owners, protocol, numba):
+    """numba "0": the NumPy kernels (mpi_dp.kernels); "1": numba where installed."""
+    env = {"MPI_DP_NUMBA": numba}
     live = _async_job(tmp_path / "live.toml", eight_owners, eps=5.0, runs=2, T=150,
                       **{"async": {"mode": "live", "protocol": protocol, "clock_unit_s": 0.002,
                                    "per_owner_cap": [10, 0, 0, 0, 0, 0, 0, 0]}})
-    cp = mpi_run(4, ["run", str(live), "--quiet"])  # 8 owners on 3 hosts + the learner
+    cp = mpi_run(4, ["run", str(live), "--quiet"], env=env)  # 8 owners on 3 hosts + the learner
     assert cp.returncode == 0, cp.stderr
     with h5py.File(tmp_path / "live.h5", "r") as f:
         assert f.attrs["status"] == "complete" and f.attrs["protocol"] == protocol
@@ -55,7 +58,7 @@ def test_live_run_on_oversubscribed_ranks_and_its_replay(tmp_path, eight_owners,
     replay = _async_job(tmp_path / "replay.toml", eight_owners, eps=5.0, runs=2, T=150,
                         **{"async": {"schedule_from": str(tmp_path / "live.h5"),
                                      "per_owner_cap": [10, 0, 0, 0, 0, 0, 0, 0]}})
-    cp = mpi_run(2, ["run", str(replay), "--quiet"])
+    cp = mpi_run(2, ["run", str(replay), "--quiet"], env=env)
     assert cp.returncode == 0, cp.stderr
     with h5py.File(tmp_path / "replay.h5", "r") as f:
         assert f.attrs["scheduler"] == "logged"

@@ -23,16 +23,18 @@ import dataclasses
 import math
 import sys
 import time
-from collections.abc import Callable
 
 import numpy as np
+import scipy.sparse as sp
 
+from .. import kernels
 from ..comm.p2p_star import ANSWERED, DECLINED, LAST_ANSWER, OwnerClocks, P2PStar
 from ..comm.schedule import LoggedSchedule, Scheduler
 from ..comm.star import Star
 from ..errors import JobError, NumericalError
 from ..models import linear
 from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, laplace_mechanism, tap
+from ..privacy.events import LaplaceEvent
 from ..rng import LEARNER, run_streams, stream
 from .common import Checkpointed, EvalSet, LocalShard, Oracle, Reference, agent_order_sum
 
@@ -129,6 +131,12 @@ class DataOwner(Checkpointed):
     `answer` is the only way anything about its records leaves it; the clean gradient, the noise
     and the clip counts stay here (clip counts are copied out after the run, evaluation-only).
     It answers at most `cap` (m_i) times per run, each answer a release of eps_i / m_i.
+
+    Hot path (squared loss, dense records, clipping on, few records x runs: the live benchmark's
+    case): the clipped gradient sum and the noisy answer are computed by mpi_dp.kernels into
+    buffers kept per row count, and the ledger is charged the owner's one precomputed event;
+    every other case goes through models.linear and privacy.laplace_mechanism. Both paths clip,
+    charge the ledger, then draw the noise, in that order, and give the same numbers.
     """
 
     STATE = ("ledger", "clipped")
@@ -148,6 +156,20 @@ class DataOwner(Checkpointed):
         self.scalar_noise = s.noise_shape == "scalar"
         self.clipped = np.zeros(s.runs)  # records clipped, summed over this owner's answers
         self.p = s.p
+        self.n = shard.n
+        # the event of every answer (privacy.laplace_mechanism's, built once)
+        self.event = LaplaceEvent(float(self.sensitivity), float(self.lap_scale),
+                                  certified=self.certified and not self.scalar_noise)
+        X = shard.X
+        self._direct = (s.loss == "squared" and not sp.issparse(X) and math.isfinite(self.xi)
+                        and 0 < shard.n <= linear.SMALL_PASS_ELEMS and not self.scalar_noise
+                        and math.isfinite(self.lap_scale) and self.lap_scale >= 0)
+        if self._direct:
+            stats = shard.squared_stats
+            self._X = np.ascontiguousarray(X, dtype=np.float64)
+            self._y = np.ascontiguousarray(shard.y, dtype=np.float64)
+            self._thr = np.ascontiguousarray(linear._thresholds(self.xi, stats.row_l1))
+        self._work: dict[int, tuple[np.ndarray, ...]] = {}  # rows -> scratch arrays
 
     def answer(self, runs: np.ndarray, thetas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Line 6 for the runs (positions) that picked this owner: (status, responses)."""
@@ -158,36 +180,102 @@ class DataOwner(Checkpointed):
         ok = left > 0
         if not ok.any():
             return status, resp
-        r_ok = runs[ok]
-        stats = self.shard.squared_stats if self.loss == "squared" else None
-        grad_sum, clipped = linear.clipped_grad_sum(self.loss, self.shard.X, self.shard.y,
-                                                    thetas[ok], self.xi, stats)
-        gens = self.noise_gens.subset(r_ok)
-        resp[ok], _ = laplace_mechanism(grad_sum / self.shard.n, gens, self.lap_scale,
-                                        self.sensitivity, self.ledger, r_ok,
-                                        certified=self.certified, scalar=self.scalar_noise)
-        if not np.all(np.isfinite(resp)):
-            raise NumericalError(f"owner {self.agent}: non-finite answer (diverging model? lower "
-                                 "step.rho or async.gamma)")
+        if ok.all():
+            self._release(runs, thetas, resp)
+        else:
+            r_ok = runs[ok]
+            out = np.empty((r_ok.size, self.p))
+            self._release(r_ok, thetas[ok], out)
+            resp[ok] = out
         status[ok] = np.where(left[ok] == 1, LAST_ANSWER, ANSWERED)
-        self.clipped[r_ok] += clipped
         return status, resp
 
+    def answer_into(self, runs: np.ndarray, thetas: np.ndarray, status_out: np.ndarray,
+                    resp_out: np.ndarray) -> None:
+        """`answer`, written into the caller's arrays (the RSP buffer of a live host)."""
+        if runs.size == 1:
+            r = int(runs[0])
+            left = self.cap - int(self.ledger.releases[r])
+            if left > 0:
+                self._release(runs, thetas, resp_out, r)
+                status_out[0] = LAST_ANSWER if left == 1 else ANSWERED
+                return
+        else:
+            left = self.cap - self.ledger.releases[runs]
+            if np.all(left > 0):
+                self._release(runs, thetas, resp_out)
+                status_out[:] = np.where(left == 1, LAST_ANSWER, ANSWERED)
+                return
+        status_out[:], resp_out[:] = self.answer(runs, thetas)
 
-def owners_answer(owners: dict[int, DataOwner]) -> Callable:
-    """The host's answer callback: each owner serves its rows (its batch of runs) in one pass."""
-    def answer(agents: np.ndarray, runs: np.ndarray, thetas: np.ndarray):
+    def _release(self, runs: np.ndarray, thetas: np.ndarray, out: np.ndarray,
+                 one: int | None = None) -> None:
+        """Answers of runs that may still release (`one`: the run position when there is only
+        one): clipped mean gradient + Laplace noise into `out`, the ledger charged before any
+        noise is drawn; raises NumericalError on a non-finite answer."""
+        m, n = runs.size, self.n
+        if not (self._direct and m * n <= linear.SMALL_PASS_ELEMS):
+            stats = self.shard.squared_stats if self.loss == "squared" else None
+            grad_sum, clipped = linear.clipped_grad_sum(self.loss, self.shard.X, self.shard.y,
+                                                        thetas, self.xi, stats)
+            out[:], _ = laplace_mechanism(grad_sum / n, self.noise_gens.subset(runs),
+                                          self.lap_scale, self.sensitivity, self.ledger, runs,
+                                          certified=self.certified, scalar=self.scalar_noise)
+            finite = bool(np.all(np.isfinite(out)))
+        else:
+            work = self._work.get(m)
+            if work is None:
+                work = self._work[m] = (np.empty((m, self.p)), np.zeros(m, dtype=np.int64),
+                                        np.empty((m, self.p)), np.empty((m, self.p)))
+            if one is not None:
+                self.ledger.charge_one(self.event, one)
+            else:
+                self.ledger.charge(self.event, runs)
+            finite = kernels.owner_answer(self._X, self._y, self._thr, thetas, n, self.noise_gens,
+                                          runs, self.lap_scale, work, out)
+            clipped = work[1]
+            tap.release(self.agent, out, runs, self.event)
+        if not finite:
+            raise NumericalError(f"owner {self.agent}: non-finite answer (diverging model? lower "
+                                 "step.rho or async.gamma)")
+        if one is not None:
+            self.clipped[one] += clipped[0]
+        else:
+            self.clipped[runs] += clipped
+
+
+class OwnersAnswer:
+    """The host's answer callback: each owner serves its rows (its batch of runs) in one pass;
+    `into` answers the rows of one owner straight into the caller's arrays (live hot path)."""
+
+    def __init__(self, owners: dict[int, DataOwner]) -> None:
+        self.owners = owners
+
+    def _owner(self, a: int) -> DataOwner:
+        try:
+            return self.owners[a]
+        except KeyError:
+            raise JobError(f"owner {a} was queried but does not take part") from None
+
+    def __call__(self, agents: np.ndarray, runs: np.ndarray, thetas: np.ndarray):
         status = np.empty(agents.size, dtype=np.int64)
         resp = np.empty((agents.size, thetas.shape[1]))
         for a in np.unique(agents):
             idx = np.flatnonzero(agents == a)
-            try:
-                owner = owners[int(a)]
-            except KeyError:
-                raise JobError(f"owner {int(a)} was queried but does not take part") from None
-            status[idx], resp[idx] = owner.answer(runs[idx], thetas[idx])
+            status[idx], resp[idx] = self._owner(int(a)).answer(runs[idx], thetas[idx])
         return status, resp
-    return answer
+
+    def into(self, agent: int, runs: np.ndarray, thetas: np.ndarray, status_out: np.ndarray,
+             resp_out: np.ndarray) -> None:
+        owner = self.owners.get(agent)
+        if owner is None:
+            owner = self._owner(agent)  # raises
+        owner.answer_into(runs, thetas, status_out, resp_out)
+
+
+def owners_answer(owners: dict[int, DataOwner]) -> OwnersAnswer:
+    """The host's answer callback for the owners it hosts (OwnersAnswer)."""
+    return OwnersAnswer(owners)
 
 
 class Learner:
@@ -199,10 +287,15 @@ class Learner:
         self.theta_loc = np.repeat(self.theta_L[:, None, :], s.N, axis=1)
         self.weights = np.array(s.n, dtype=np.float64) / s.n_total  # n_i / n, public
         self.a_own, self.a_ctr = s.a_own, s.a_ctr
+        self._work = tuple(np.empty(self.theta_L.shape) for _ in range(3))
 
     def query_points(self, runs: np.ndarray, owners: np.ndarray) -> np.ndarray:
         """theta_bar (6) of each (run, owner) pair."""
         return 0.5 * (self.theta_L[runs] + self.theta_loc[runs, owners])
+
+    def query_points_into(self, i: int, out: np.ndarray) -> None:
+        """query_points(all runs, owner i), written into `out` (R, p) (live hot path)."""
+        kernels.query_points(self.theta_L, self.theta_loc, i, out)
 
     def update(self, runs: np.ndarray, owners: np.ndarray, tb: np.ndarray, r: np.ndarray) -> None:
         """(5) and (7) for runs that got an answer r from owners (one owner per run)."""
@@ -212,6 +305,15 @@ class Learner:
         self.theta_loc[runs, owners] = linear.project_box(local, s.theta_max)
         self.theta_L[runs] = linear.project_box(tb - self.a_ctr * g, s.theta_max)
         if not np.all(np.isfinite(self.theta_L[runs])):
+            raise NumericalError("learner: the model became non-finite (step too large? lower "
+                                 "step.rho or async.gamma)")
+
+    def update_owner(self, i: int, tb: np.ndarray, r: np.ndarray) -> None:
+        """update(all runs, owner i): the same numbers, no temporaries (live hot path)."""
+        s = self.s
+        if not kernels.learner_step(self.theta_L, self.theta_loc, i, tb, r, s.lam,
+                                    float(2 * s.N), self.a_own, self.a_ctr,
+                                    float(self.weights[i]), s.theta_max, self._work):
             raise NumericalError("learner: the model became non-finite (step too large? lower "
                                  "step.rho or async.gamma)")
 
@@ -232,7 +334,17 @@ class Trace:
                r: np.ndarray) -> None:
         self.owner[runs, k - 1] = owners
         self.time[runs, k - 1] = times
-        self.resp_norm[runs, k - 1] = np.sqrt(np.einsum("ij,ij->i", r, r))
+        self.resp_norm[runs, k - 1] = kernels.row_norms(r)
+
+    def served_owner(self, k: int, i: int, t: float, r: np.ndarray, norms: np.ndarray) -> None:
+        """served(k, all runs, owner i at time t, r); `norms`: an (R,) scratch array."""
+        kernels.row_norms(r, norms)
+        if norms.size == 1:
+            self.owner[0, k - 1], self.time[0, k - 1] = i, t
+            self.resp_norm[0, k - 1] = norms[0]
+        else:
+            self.owner[:, k - 1], self.time[:, k - 1] = i, t
+            self.resp_norm[:, k - 1] = norms
 
     def decline_array(self) -> np.ndarray:
         return np.array(self.declines, dtype=DECLINE_DTYPE)
@@ -368,6 +480,7 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
     trace = Trace(R, s.T) if saved is None else saved["trace"]
     dropped = np.zeros(0)
     if s.mode == "live":
+        kernels.warm_up()  # compile or load the kernels before the clocks start
         link.start_clock()
     if link.is_learner:
         learner = Learner(s, initial_models(s))
@@ -396,7 +509,7 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
         gens = {a: stream(s.seed, "schedule", a, s.run_ids[0]) for a in owners}  # owner clocks
         clocks = OwnerClocks(sorted(owners), np.array(s.rates or [1.0] * N), s.clock_unit_s,
                              gens, restart_after_service=s.protocol == "learner_broadcast")
-        link.serve_live(s.protocol, clocks, answer)
+        link.serve_live(s.protocol, clocks, answer, s.runs)
     else:
         link.serve(answer, lambda: _owner_states(owners))
 
@@ -496,10 +609,24 @@ def _replay_learner(link: P2PStar, answer, learner: Learner, sched, s: Settings,
 
 def _live_learner(link: P2PStar, learner: Learner, s: Settings, trace: Trace, records: _Records,
                   label: str, progress: bool, t0: float) -> None:
-    """Serve owners in arrival order, one-on-one; every run follows the realised schedule."""
+    """Serve owners in arrival order, one-on-one; every run follows the realised schedule.
+
+    The hot path allocates nothing per update: the query points are written into the QRY buffer,
+    the answers received into the RSP buffer (p2p_star.OwnerQuery) and the learner's steps and
+    the trace written in place (mpi_dp.kernels)."""
+    q = link.owner_query(s.runs)
+    try:
+        _live_loop(link, learner, s, trace, records, label, progress, t0, q)
+    finally:
+        q.close()
+
+
+def _live_loop(link: P2PStar, learner: Learner, s: Settings, trace: Trace, records: _Records,
+               label: str, progress: bool, t0: float, q) -> None:
     R, N = s.runs, s.N
-    runs = np.arange(R)
+    hosts = link.host_of(np.arange(N)).tolist()
     retired: set[int] = set()
+    norms = np.empty(R)
     k, seq = 0, 0
     last_print = t0
     while k < s.T and len(retired) < N:
@@ -516,21 +643,22 @@ def _live_learner(link: P2PStar, learner: Learner, s: Settings, trace: Trace, re
             host, i = claims[0]
             for h, _ in claims[1:]:  # later claims of this poll
                 link.deny(h, seq)
+        if hosts[i] == 0:
+            raise JobError(f"live mode: owner {i} is hosted on the learner's rank")
         t_k = link.now()
-        own = np.full(R, i, dtype=np.int64)
-        tb = learner.query_points(runs, own)
+        learner.query_points_into(i, q.points)
         q0 = time.perf_counter()
-        status, resp = link.query(k + 1, own, runs, tb)
+        status = q.ask(k + 1, i, hosts[i])
         rtt = time.perf_counter() - q0
-        if status[0] == DECLINED:
+        if status == DECLINED:
             retired.add(i)
             trace.declines.extend((r, k + 1, i, t_k, REFUSED) for r in range(R))
             continue
         k += 1
-        learner.update(runs, own, tb, resp)
-        trace.served(k, runs, own, np.full(R, t_k), resp)
+        learner.update_owner(i, q.points, q.resp)
+        trace.served_owner(k, i, t_k, q.resp, norms)
         trace.rtt[k - 1] = rtt
-        if status[0] == LAST_ANSWER:
+        if status == LAST_ANSWER:
             retired.add(i)
             trace.declines.extend((r, k, i, t_k, RETIRED) for r in range(R))
         if k % s.record_every == 0 or k == s.T:

@@ -12,13 +12,24 @@ float64 buffers (buffer-based Send/Recv); layouts (m rows, p features):
   SNAP  learner -> host   [0];    STATE host -> learner: pickled [(owner, state), ...] (replay
         checkpoints: the hosted owners' states; a small control message, not owner data)
 
-Waiting is polite: a short spin on Iprobe, then sleeps that double up to MAX_SLEEP_S, so idle ranks
-on oversubscribed cores leave the CPU to the ranks that compute (MPICH busy-polls in Recv).
+Waiting is polite, because MPICH busy-polls in its blocking calls and on oversubscribed cores a
+polling rank takes the core of the rank it waits for: a short spin on Iprobe / Test that gives the
+core away between probes (sched_yield; MPI_DP_SPIN_YIELD=0 spins hard), then naps that double up
+to a cap. A live host whose owners have all asked predicts when its next query comes (HostWait)
+and sleeps through most of that time in one nap. On Linux the ranks of a star lower their timer
+slack (MPI_DP_TIMER_SLACK_NS, default 1 us; the kernel's default of 50 us is added to every nap).
+The knobs are the module constants below (environment variables MPI_DP_*).
+
+The live hot path allocates nothing per message: persistent receives into preallocated buffers on
+the learner (OwnerQuery, next_request) and on the hosts (HostSlot), each owner's REQ from its own
+buffer.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +50,36 @@ SPIN_S = float(os.environ.get("MPI_DP_SPIN_S", 5e-5))
 #: the learner waiting for an answer is on the critical path: it spins longer before napping
 ANSWER_SPIN_S = float(os.environ.get("MPI_DP_ANSWER_SPIN_S", 1e-3))
 MAX_SLEEP_S = float(os.environ.get("MPI_DP_MAX_SLEEP_S", 1e-4))
+#: the first nap after a spin (naps then double up to the cap)
+FIRST_NAP_S = 1e-5
+#: spin politely: give the core away (sched_yield) between probes, so that on oversubscribed
+#: cores a waiting rank never holds up the rank it waits for (free when nothing else is runnable)
+SPIN_YIELD = os.environ.get("MPI_DP_SPIN_YIELD", "1") not in ("0", "") and hasattr(os,
+                                                                                     "sched_yield")
+#: a live host waiting for its next query: after its predicted sleep (HostWait) a short spin,
+#: then naps up to a longer cap (its wake-ups take CPU time from the learner and the host being
+#: served on oversubscribed cores)
+HOST_SPIN_S = float(os.environ.get("MPI_DP_HOST_SPIN_S", 5e-5))
+HOST_MAX_SLEEP_S = float(os.environ.get("MPI_DP_HOST_MAX_SLEEP_S", 1e-4))
+#: the share of the predicted time to its next query a live host sleeps through in one nap (0: off)
+HOST_PREDICT = float(os.environ.get("MPI_DP_HOST_PREDICT", 0.8))
+#: after that nap it spins (yielding) for up to this share of the predicted time before napping
+HOST_PREDICT_SPIN = float(os.environ.get("MPI_DP_HOST_PREDICT_SPIN", 0.5))
+
+#: timer slack (ns) a star rank asks for (prctl PR_SET_TIMERSLACK; 0 leaves the default)
+TIMER_SLACK_NS = int(os.environ.get("MPI_DP_TIMER_SLACK_NS", 1000))
+
+
+def set_timer_slack(ns: int = TIMER_SLACK_NS) -> bool:
+    """Ask Linux for `ns` of timer slack for this process (naps overshoot by up to that much);
+    returns whether it was set (False elsewhere or with ns <= 0)."""
+    if ns <= 0 or not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(29, int(ns), 0, 0, 0) == 0  # SET_TIMERSLACK
+    except (OSError, AttributeError):
+        return False
+
 
 #: answer(owners (m,), runs (m,), thetas (m, p)) -> (status (m,), responses (m, p))
 AnswerFn = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
@@ -46,18 +87,43 @@ AnswerFn = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.n
 StateFn = Callable[[], list[tuple[int, Any]]]
 
 
-def wait_message(comm: MPI.Comm, source: int, tag: int, spin_s: float | None = None) -> MPI.Status:
-    """Block until a matching message is pending; spin briefly, then sleep (polite under load)."""
-    spin = SPIN_S if spin_s is None else spin_s
-    st = MPI.Status()
+def wait_message(comm: MPI.Comm, source: int, tag: int, spin_s: float | None = None,
+                 status: MPI.Status | None = None, max_sleep_s: float | None = None) -> MPI.Status:
+    """Block until a matching message is pending; spin briefly, then sleep (polite under load).
+
+    Spins on Iprobe for `spin_s` (SPIN_S), then naps that double from FIRST_NAP_S up to
+    `max_sleep_s` (MAX_SLEEP_S). `status`: an MPI.Status to fill (none is allocated)."""
+    st = MPI.Status() if status is None else status
     if comm.Iprobe(source, tag, st):
         return st
+    spin = SPIN_S if spin_s is None else spin_s
+    cap = MAX_SLEEP_S if max_sleep_s is None else max_sleep_s
     t0 = time.perf_counter()
-    nap = 1e-5
+    nap = FIRST_NAP_S
     while not comm.Iprobe(source, tag, st):
         if time.perf_counter() - t0 > spin:
             time.sleep(nap)
-            nap = min(2 * nap, MAX_SLEEP_S)
+            nap = min(2 * nap, cap)
+        elif SPIN_YIELD:
+            os.sched_yield()
+    return st
+
+
+def wait_request(req: MPI.Request, st: MPI.Status, spin_s: float | None = None,
+                 max_sleep_s: float | None = None) -> MPI.Status:
+    """wait_message for a posted receive `req` (Test instead of Iprobe); fills `st`."""
+    if req.Test(st):
+        return st
+    spin_s = SPIN_S if spin_s is None else spin_s
+    max_sleep_s = MAX_SLEEP_S if max_sleep_s is None else max_sleep_s
+    t0 = time.perf_counter()
+    nap = FIRST_NAP_S
+    while not req.Test(st):
+        if time.perf_counter() - t0 > spin_s:
+            time.sleep(nap)
+            nap = min(2 * nap, max_sleep_s)
+        elif SPIN_YIELD:
+            os.sched_yield()
     return st
 
 
@@ -108,6 +174,11 @@ class P2PStar:
         counts = layout.counts()
         self.hosts = [h for h in range(1, self.size) if counts[h] > 0]
         self.t0 = 0.0
+        self._status = MPI.Status()  # reused by the live hot path (no per-message objects)
+        self._req = np.empty(2)
+        self._req_recv: MPI.Prequest | None = None
+        self._poll, self._claim, self._deny = np.empty(1), np.empty(2), np.empty(1)
+        set_timer_slack()
 
     @property
     def is_learner(self) -> bool:
@@ -178,31 +249,52 @@ class P2PStar:
             self.comm.Send([np.zeros(1), MPI.DOUBLE], dest=h, tag=STOP)
 
     def next_request(self) -> tuple[int, int, float]:
-        """Live owner_request: the next REQ in arrival order -> (host rank, owner, tick time)."""
-        st = wait_message(self.comm, MPI.ANY_SOURCE, REQ)
-        buf = recv_pending(self.comm, st)
-        return st.Get_source(), int(buf[0]), float(buf[1])
+        """Live owner_request: the next REQ in arrival order -> (host rank, owner, tick time).
+        Received by a persistent receive into a preallocated buffer (posted only while waiting,
+        so none is left posted when the learner stops)."""
+        req = self._req_recv
+        if req is None:
+            req = self._req_recv = self.comm.Recv_init([self._req, MPI.DOUBLE], MPI.ANY_SOURCE,
+                                                       REQ)
+        req.Start()
+        st = wait_request(req, self._status)
+        if st.Get_count(MPI.DOUBLE) != 2:
+            raise ProtocolError(f"learner: REQ of {st.Get_count(MPI.DOUBLE)} numbers from rank "
+                                f"{st.Get_source()}")
+        return st.Get_source(), int(self._req[0]), float(self._req[1])
+
+    def owner_query(self, runs: int) -> OwnerQuery:
+        """Preallocated QRY / RSP buffers for live queries of all `runs` runs to one owner."""
+        return OwnerQuery(self, runs)
 
     def poll(self, seq: int) -> list[tuple[int, int]]:
         """Live learner_broadcast: POLL every host; the CLAIMs (host, owner) in arrival order."""
-        msg = np.array([float(seq)])
+        msg, claim, st = self._poll, self._claim, self._status
+        msg[0] = seq
         for h in self.hosts:
             self.comm.Send([msg, MPI.DOUBLE], dest=h, tag=POLL)
         claims = []
         for _ in self.hosts:
-            st = wait_message(self.comm, MPI.ANY_SOURCE, CLAIM)
-            buf = recv_pending(self.comm, st)
-            if int(buf[0]) != seq:
-                raise ProtocolError(f"learner: CLAIM for poll {int(buf[0])} during poll {seq}")
-            if buf[1] >= 0:
-                claims.append((st.Get_source(), int(buf[1])))
+            wait_message(self.comm, MPI.ANY_SOURCE, CLAIM, status=st)
+            if st.Get_count(MPI.DOUBLE) != 2:
+                raise ProtocolError(f"learner: CLAIM of {st.Get_count(MPI.DOUBLE)} numbers")
+            src = st.Get_source()
+            self.comm.Recv([claim, MPI.DOUBLE], source=src, tag=CLAIM)
+            if int(claim[0]) != seq:
+                raise ProtocolError(f"learner: CLAIM for poll {int(claim[0])} during poll {seq}")
+            if claim[1] >= 0:
+                claims.append((src, int(claim[1])))
         return claims
 
     def deny(self, host: int, seq: int) -> None:
-        self.comm.Send([np.array([float(seq)]), MPI.DOUBLE], dest=host, tag=DENY)
+        self._deny[0] = seq
+        self.comm.Send([self._deny, MPI.DOUBLE], dest=host, tag=DENY)
 
     def stop_and_drain(self) -> np.ndarray:
         """STOP every host; discard late REQs until each host ACKs; returns their ACK payloads."""
+        if self._req_recv is not None:  # next_request's receive (not posted between requests)
+            self._req_recv.Free()
+            self._req_recv = None
         self.stop_hosts()
         acks = {}
         while len(acks) < self.size - 1:
@@ -238,40 +330,210 @@ class P2PStar:
                                     "from the learner")
             self._answer_query(buf, answer)
 
-    def serve_live(self, protocol: str, clocks: OwnerClocks, answer: AnswerFn) -> None:
-        """Live host loop for `protocol`: owner_request or learner_broadcast, until STOP + ACK."""
-        sends: list[tuple[MPI.Request, np.ndarray]] = []
+    def serve_live(self, protocol: str, clocks: OwnerClocks, answer: AnswerFn,
+                   runs: int = 1) -> None:
+        """Live host loop for `protocol`: owner_request or learner_broadcast, until STOP + ACK.
+
+        The learner's messages (at most `runs` rows: live QRYs ask one owner for every run) arrive
+        through one persistent receive, posted again after each message is handled; a QRY of one
+        owner is answered by `answer.into` straight into a preallocated RSP buffer (HostSlot), and
+        each owner's REQ goes from its own two-number buffer (its previous REQ, long received by
+        then, completed first): the loop allocates nothing per message."""
+        st = MPI.Status()
+        slot = HostSlot(self.p, runs)
+        into = getattr(answer, "into", None)
+        recv = self.comm.Recv_init([slot.qbuf, MPI.DOUBLE], 0, MPI.ANY_TAG)
+        reqs: dict[int, tuple[np.ndarray, MPI.Request]] = {}  # owner -> (REQ buffer, its Isend)
+        claim = np.empty(2)
+        waiter = HostWait()
+        recv.Start()
         while True:
-            st = MPI.Status()
             if protocol == "owner_request":
-                got = self.comm.Iprobe(0, MPI.ANY_TAG, st)
-                if not got:
-                    now = self.now()
-                    for a, tick in clocks.due_requests(now):
-                        msg = np.array([float(a), tick])
-                        sends.append((self.comm.Isend([msg, MPI.DOUBLE], dest=0, tag=REQ), msg))
+                if not recv.Test(st):
+                    for a, tick in clocks.due_requests(self.now()):
+                        self._request(reqs, a, tick)
                     wait = clocks.time_to_next(self.now())
                     if wait is None:  # every owner waits for service or is done: block politely
-                        st = wait_message(self.comm, 0, MPI.ANY_TAG)
+                        waiter.wait(recv, st)
                     else:
                         time.sleep(min(max(wait, 0.0), MAX_SLEEP_S))
                         continue
             else:
-                st = wait_message(self.comm, 0, MPI.ANY_TAG)
-            buf = recv_pending(self.comm, st)
-            tag = st.Get_tag()
+                wait_request(recv, st, HOST_SPIN_S, HOST_MAX_SLEEP_S)
+            waiter.noticed()
+            tag, count = st.Get_tag(), st.Get_count(MPI.DOUBLE)
             if tag == STOP:
                 break
             if tag == QRY:
-                owners, status = self._answer_query(buf, answer)
-                clocks.served(owners, status, self.now())
+                if into is not None and slot.holds(count):
+                    a, status = slot.answer(into)
+                    self.comm.Send([slot.rsp, MPI.DOUBLE], dest=0, tag=RSP)
+                    waiter.answered(a)
+                    clocks.served_one(a, status, self.now())
+                else:
+                    owners, status = self._answer_query(slot.qbuf[:count].copy(), answer)
+                    waiter.answered(int(owners[0]))
+                    clocks.served(owners, status, self.now())
             elif tag == POLL:
-                a = clocks.claim(self.now())
-                self.comm.Send([np.array([buf[0], float(a)]), MPI.DOUBLE], dest=0, tag=CLAIM)
+                claim[0], claim[1] = slot.qbuf[0], float(clocks.claim(self.now()))
+                self.comm.Send([claim, MPI.DOUBLE], dest=0, tag=CLAIM)
             elif tag != DENY:
                 raise ProtocolError(f"rank {self.rank}: unexpected {TAG_NAMES.get(tag, tag)}")
-        MPI.Request.Waitall([r for r, _ in sends])
+            recv.Start()
+        recv.Free()
+        MPI.Request.Waitall([r for _, r in reqs.values()])
         self.comm.Send([np.array([float(clocks.dropped)]), MPI.DOUBLE], dest=0, tag=ACK)
+
+    def _request(self, reqs: dict[int, tuple[np.ndarray, MPI.Request]], a: int,
+                 tick: float) -> None:
+        """Isend owner a's REQ [a, tick] from its own buffer."""
+        prev = reqs.get(a)
+        if prev is None:
+            buf = np.empty(2)
+        else:
+            buf = prev[0]
+            prev[1].Wait()  # the learner received it before serving a: complete, buffer free
+        buf[0], buf[1] = a, tick
+        reqs[a] = (buf, self.comm.Isend([buf, MPI.DOUBLE], dest=0, tag=REQ))
+
+
+class HostSlot:
+    """A live host's receive buffer (room for a QRY of `runs` rows) and the RSP buffer of such a
+    QRY, with their row views made once."""
+
+    def __init__(self, p: int, runs: int) -> None:
+        self.m = runs
+        self.qbuf = np.empty(2 + runs * (2 + p))
+        self.rows = self.qbuf[2:].reshape(runs, 2 + p)
+        self.thetas = self.rows[:, 2:]
+        self.rsp = np.empty(2 + runs * (3 + p))
+        self.rrows = self.rsp[2:].reshape(runs, 3 + p)
+        self.status = self.rrows[:, 2]
+        self.resp = self.rrows[:, 3:]
+        self.runs = np.empty(runs, dtype=np.int64)
+
+    def holds(self, count: int) -> bool:
+        """Whether the message received is a full QRY of one owner (the hot path)."""
+        return (count == self.qbuf.size and int(self.qbuf[1]) == self.m
+                and (self.m == 1 or bool(np.all(self.rows[:, 0] == self.rows[0, 0]))))
+
+    def answer(self, into: Callable) -> tuple[int, int]:
+        """Answer the QRY in qbuf into rsp through `into`; returns (owner, status of row 0)."""
+        rows, rrows = self.rows, self.rrows
+        a = int(rows[0, 0])
+        if self.m == 1:  # [k, 1, owner, run] heads both messages
+            self.rsp[:4] = self.qbuf[:4]
+            self.runs[0] = rows[0, 1]
+        else:
+            self.rsp[:2] = self.qbuf[:2]
+            rrows[:, :2] = rows[:, :2]
+            self.runs[:] = rows[:, 1]
+        into(a, self.runs, self.thetas, self.status, self.resp)
+        return a, int(rrows[0, 2])
+
+
+class HostWait:
+    """How a live owner_request host waits for the learner's next query, all its owners asked.
+
+    The learner serves requests in arrival order, so under steady load the time from this host's
+    answer for owner a to its next query repeats from one round to the next (round robin when
+    every owner always has a request queued). The host keeps the last few such gaps per owner a;
+    after answering a it sleeps in one nap through HOST_PREDICT of the shortest (less its naps'
+    measured overshoot), then spins (yielding) for up to HOST_PREDICT_SPIN of it, then naps up to
+    HOST_MAX_SLEEP_S. It is then awake when its query comes, without spinning or waking all the
+    while in between. A gap is measured to when the host noticed the query, which a late wake-up
+    only lengthens; the shortest of the last few is the one met while awake. Without a gap for a
+    (its first answers) it waits as wait_message does (spin HOST_SPIN_S, then naps).
+    """
+
+    KEEP = 4
+
+    def __init__(self, predict: float | None = None) -> None:
+        self.predict = HOST_PREDICT if predict is None else predict
+        self.gaps: dict[int, list[float]] = {}
+        self.last: int | None = None  # the owner answered last, while no message came since
+        self.t_last = 0.0
+        self.overshoot = 3e-5  # how much longer than asked a nap lasts (running estimate)
+
+    def answered(self, owner: int) -> None:
+        self.last, self.t_last = owner, time.perf_counter()
+
+    def noticed(self) -> None:
+        """A message from the learner came (called on receiving it): ends the gap."""
+        if self.last is not None:
+            gaps = self.gaps.setdefault(self.last, [])
+            gaps.append(time.perf_counter() - self.t_last)
+            if len(gaps) > self.KEEP:
+                del gaps[0]
+            self.last = None
+
+    def wait(self, recv: MPI.Request, st: MPI.Status) -> MPI.Status:
+        """Wait for the posted receive `recv` (the learner's next message); fills `st`."""
+        gaps = self.gaps.get(self.last) if self.last is not None and self.predict > 0 else None
+        if gaps:
+            if recv.Test(st):
+                return st
+            t = time.perf_counter()
+            gap = min(gaps)
+            nap = self.t_last + self.predict * gap - self.overshoot - t
+            if nap > 0:
+                time.sleep(nap)
+                over = time.perf_counter() - t - nap
+                self.overshoot += 0.25 * (min(max(over, 0.0), 1e-3) - self.overshoot)
+            return wait_request(recv, st, max(HOST_SPIN_S, HOST_PREDICT_SPIN * gap),
+                                HOST_MAX_SLEEP_S)
+        return wait_request(recv, st, HOST_SPIN_S, HOST_MAX_SLEEP_S)
+
+
+class OwnerQuery:
+    """The learner's preallocated QRY and RSP buffers for one-owner queries of all R runs (live).
+
+    The learner writes the query points into `points` (the theta_bar rows of the QRY buffer);
+    `ask` posts the receive of the answer (a persistent receive per host), sends the QRY and
+    waits; `resp` is a view of the answers (valid until the next ask). `close` frees the
+    receives."""
+
+    def __init__(self, link: P2PStar, runs: int) -> None:
+        p = link.p
+        self.link, self.R = link, runs
+        self.qbuf = np.empty(2 + runs * (2 + p))
+        self.qrows = self.qbuf[2:].reshape(runs, 2 + p)
+        self.qrows[:, 1] = np.arange(runs)
+        self.points = self.qrows[:, 2:]
+        self.rbuf = np.empty(2 + runs * (3 + p))
+        self.rrows = self.rbuf[2:].reshape(runs, 3 + p)
+        self.resp = self.rrows[:, 3:]
+        self._status = MPI.Status()
+        self._recv: dict[int, MPI.Prequest] = {}
+
+    def ask(self, k: int, owner: int, host: int) -> int:
+        """QRY iteration k for `owner` on rank `host`, every run; returns run 0's status."""
+        comm, R = self.link.comm, self.R
+        recv = self._recv.get(host)
+        if recv is None:
+            recv = self._recv[host] = comm.Recv_init([self.rbuf, MPI.DOUBLE], host, RSP)
+        self.qbuf[0], self.qbuf[1] = k, R
+        if R == 1:
+            self.qbuf[2] = owner
+        else:
+            self.qrows[:, 0] = owner
+        recv.Start()  # posted before the QRY leaves: the answer lands in rbuf directly
+        comm.Send([self.qbuf, MPI.DOUBLE], dest=host, tag=QRY)
+        st = wait_request(recv, self._status, ANSWER_SPIN_S)
+        rb, rr = self.rbuf, self.rrows
+        if st.Get_count(MPI.DOUBLE) != rb.size or rb[0] != k or rb[1] != R:
+            raise ProtocolError(f"learner: bad RSP from rank {host} for k={k} "
+                                f"({st.Get_count(MPI.DOUBLE)} numbers)")
+        if not (rr[0, 0] == owner and rr[0, 1] == 0 if R == 1
+                else np.array_equal(rr[:, :2], self.qrows[:, :2])):
+            raise ProtocolError(f"learner: RSP from rank {host} at k={k} does not echo the "
+                                "(owner, run) pairs it was asked")
+        return int(rr[0, 2])
+
+    def close(self) -> None:
+        for r in self._recv.values():
+            r.Free()
+        self._recv.clear()
 
 
 class OwnerClocks:
@@ -325,8 +587,17 @@ class OwnerClocks:
         ready = [a for a in self._live() if self.next_tick[a] <= now]
         return min(ready, key=lambda a: self.next_tick[a]) if ready else -1
 
+    def served_one(self, a: int, status: int, now: float) -> None:
+        """served() for one owner answering all its rows alike (the live hot path)."""
+        self.outstanding.discard(a)
+        if status in (DECLINED, LAST_ANSWER):
+            self.retired.add(a)
+        if self.restart and self.next_tick[a] <= now:
+            self.next_tick[a] = now + self._gap(a)
+
     def served(self, owners: np.ndarray, status: np.ndarray, now: float) -> None:
         for a, s in zip(owners.tolist(), status.tolist(), strict=True):
+            a = int(a)
             self.outstanding.discard(a)
             if s in (DECLINED, LAST_ANSWER):
                 self.retired.add(a)

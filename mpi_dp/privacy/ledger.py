@@ -55,6 +55,7 @@ class Ledger:
         self.releases = np.zeros(runs, dtype=np.int64)
         #: event key -> [representative event, releases per run]
         self._counts: dict[tuple, list] = {}
+        self._last: list | None = None  # see _cached
 
     # -- totals ---------------------------------------------------------------------------
     def _total(self, field: str) -> np.ndarray:
@@ -117,11 +118,30 @@ class Ledger:
     def can_charge(self, event: Event, runs: np.ndarray | None = None) -> bool:
         return bool(np.all(self._fits(event.eps, event.delta, self._idx(runs))))
 
+    def _cached(self, event: Event) -> list:
+        """[event, eps, delta, counts entry or None] of the last event charged (repeated charges
+        of one event object, an owner answering queries, skip re-deriving its key)."""
+        last = self.__dict__.get("_last")
+        if last is None or last[0] is not event:
+            last = self._last = [event, event.eps, event.delta, None]
+        return last
+
+    def _count(self, event: Event, last: list) -> np.ndarray:
+        """The per-run counts of `event` (created at its first release)."""
+        if last[3] is None:
+            key = event.key()
+            entry = self._counts.get(key)
+            if entry is None:
+                entry = self._counts[key] = [event, np.zeros(self.runs, dtype=np.int64)]
+            last[3] = entry
+        return last[3][1]
+
     def charge(self, event: Event, runs: np.ndarray | None = None, note: str = "") -> None:
         """Record one release of `event` in each of `runs` (all runs by default); raise
         BudgetExceededError, recording nothing, if any of them would exceed its budget."""
         idx = self._idx(runs)
-        eps, delta = event.eps, event.delta
+        last = self._cached(event)
+        eps, delta = last[1], last[2]
         ok = self._fits(eps, delta, idx)
         if ok is not True and not np.all(ok):
             r = np.arange(self.runs)[idx][np.flatnonzero(~np.asarray(ok))[0]]
@@ -131,11 +151,25 @@ class Ledger:
         if delta:
             self._run_delta[idx] += delta
         self.releases[idx] += 1
-        key = event.key()
-        entry = self._counts.get(key)
-        if entry is None:
-            entry = self._counts[key] = [event, np.zeros(self.runs, dtype=np.int64)]
-        entry[1][idx] += 1
+        self._count(event, last)[idx] += 1
+
+    def charge_one(self, event: Event, r: int, note: str = "") -> None:
+        """charge(event, [r]) for the one run position r: the same check and the same running
+        sums and counts (the same float additions), with scalar arithmetic (the live hot path)."""
+        if not 0 <= r < self.runs:
+            raise ValueError(f"run positions must be a 1-D array in 0..{self.runs - 1}")
+        last = self._cached(event)
+        eps, delta = last[1], last[2]
+        if ((eps and math.isfinite(self.budget_eps) and self._run_eps[r] + eps > self._limit_eps)
+                or (delta and math.isfinite(self.budget_delta)
+                    and self._run_delta[r] + delta > self._limit_delta)):
+            raise BudgetExceededError(self._refusal(event, r, note))
+        if eps:
+            self._run_eps[r] += eps
+        if delta:
+            self._run_delta[r] += delta
+        self.releases[r] += 1
+        self._count(event, last)[r] += 1
 
     def _refusal(self, event: Event, r: int, note: str) -> str:
         n = int(self.releases[r])
