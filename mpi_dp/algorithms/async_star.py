@@ -386,7 +386,7 @@ class GramEvaluator:
 def _progress(label: str, k: int, T: int, psi: np.ndarray | None, t0: float) -> None:
     med = "" if psi is None else f"  median psi {np.median(psi):.3g}"
     dt = time.perf_counter() - t0
-    print(f"  [{label}] k={k}/{T}{med}  ({dt:.1f} s, {k / max(dt, 1e-9):.0f} updates/s)",
+    print(f"  [{label}] k={k}/{T}{med}  ({dt:.1f} s, {k / max(dt, 1e-9):.3g} updates/s)",
           file=sys.stderr, flush=True)
 
 
