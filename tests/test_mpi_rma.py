@@ -176,3 +176,39 @@ def test_raw_put_rate_is_collective(locked):
     rate = rma.raw_put_rate(comm, 10, 200, locked=locked)
     assert rate > 0
     assert comm.allgather(rate) == [rate] * comm.size
+
+
+@pytest.mark.parametrize("side", ["row", "column"])
+def test_an_asymmetric_graph_is_refused_on_every_rank(side):
+    """Each rank checks only its own rows' transposes (no transpose of the whole graph): a
+    one-way entry in the last rank's rows (or pointing into them) is refused on every rank."""
+    comm = MPI.COMM_WORLD
+    W = _graph(13, 0.2, 4).tolil()
+    a, b = (12, 1) if side == "row" else (1, 12)  # agent 12 sits on the last rank
+    W[a, b] = 0.0 if W[a, b] else 1.0  # one direction changed only
+    W = W.tocsr()
+    W.eliminate_zeros()
+    W.sort_indices()
+    with pytest.raises(ValueError, match="symmetric"):
+        rma.Mailboxes(comm, W, 2)
+    with rma.Mailboxes(comm, _graph(13, 0.2, 4), 2) as mb:  # and the ranks still agree after
+        assert comm.allreduce(mb.degree(int(mb.agents[0])) if len(mb.agents) else 0) > 0
+
+
+def test_a_post_fills_every_slot_of_a_dense_row():
+    """One Put per target rank scatters the same [stamp, vector] into all of a high-degree
+    agent's slots there (an indexed datatype), equal to one Put per slot."""
+    comm = MPI.COMM_WORLD
+    n, item = 40, 3
+    A = np.ones((n, n)) - np.eye(n)  # complete graph: every agent a neighbour everywhere
+    W = sp.csr_matrix(A)
+    with rma.Mailboxes(comm, W, item) as mb, mb.rounds():
+        for j in mb.agents:
+            mb.post(int(j), float(j) + 0.5, _payload(int(j), item))
+        comm.Barrier()
+        for i in mb.agents:
+            stamps, models = mb.read(int(i))
+            nb = _nbrs(W, int(i))
+            assert stamps.tolist() == [float(j) + 0.5 for j in nb]
+            assert np.array_equal(models, np.stack([_payload(int(j), item) for j in nb]))
+        assert comm.allreduce(mb.puts) == n * (n - 1)

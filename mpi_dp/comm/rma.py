@@ -53,14 +53,17 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 import scipy.sparse as sp
 from mpi4py import MPI
 
+from .agree import collective
 from .graph import block_starts
+
+T_ = TypeVar("T_")
 
 PROGRESS = ("none", "iprobe", "flush", "sleep", "nap")
 DEFAULT_PROGRESS = "flush"
@@ -91,6 +94,41 @@ def polite_barrier(comm: MPI.Comm, nap: float = NAP_S) -> None:
         time.sleep(nap)
 
 
+def on_root(comm: MPI.Comm, fn: Callable[[], T_]) -> T_ | None:
+    """fn() on rank 0 (None elsewhere), collective: its user errors are raised on every rank
+    (comm.agree.collective), and the other ranks wait in `polite_barrier` instead of spinning in
+    MPI while rank 0 works (they share oversubscribed cores with it)."""
+
+    def work() -> T_ | None:
+        try:
+            return fn() if comm.Get_rank() == 0 else None
+        finally:
+            polite_barrier(comm)
+
+    return collective(comm, work)
+
+
+def bcast_csr(comm: MPI.Comm, W: sp.csr_matrix | None, root: int = 0) -> sp.csr_matrix:
+    """Rank root's CSR matrix on every rank: three buffer broadcasts (no pickling of the arrays)."""
+    meta = comm.bcast(None if W is None else (W.shape, W.nnz, W.indptr.dtype.str,
+                                              W.indices.dtype.str, W.data.dtype.str,
+                                              bool(W.has_sorted_indices)), root=root)
+    shape, nnz, ip, ix, dt, srt = meta
+    if comm.Get_rank() == root:
+        assert W is not None
+        indptr, indices, data = (np.ascontiguousarray(W.indptr), np.ascontiguousarray(W.indices),
+                                 np.ascontiguousarray(W.data))
+    else:
+        indptr, indices, data = (np.empty(shape[0] + 1, ip), np.empty(nnz, ix), np.empty(nnz, dt))
+    for a in (indptr, indices, data):
+        comm.Bcast(a, root=root)
+    if comm.Get_rank() == root:
+        return W
+    out = sp.csr_matrix((data, indices, indptr), shape=shape)
+    out.has_sorted_indices = srt
+    return out
+
+
 class Mailboxes:
     """Context manager. Collective over comm (construction, `free`, `__exit__`)."""
 
@@ -98,18 +136,12 @@ class Mailboxes:
                  progress: str = DEFAULT_PROGRESS) -> None:
         if progress not in PROGRESS:
             raise ValueError(f"progress must be one of {PROGRESS}, got {progress!r}")
-        W = sp.csr_matrix(W, copy=True)
+        if not (sp.issparse(W) and W.format == "csr" and W.has_sorted_indices):
+            W = sp.csr_matrix(W, copy=True)  # sorted below: never the caller's matrix
+            W.sort_indices()
         n = W.shape[0]
         if W.shape != (n, n):
             raise ValueError(f"W must be square, got {W.shape}")
-        W.sort_indices()
-        # twin[e]: position in W of the transpose of entry e (symmetric W: the same pattern)
-        pos = sp.csr_matrix((np.arange(1, W.nnz + 1, dtype=np.float64), W.indices, W.indptr),
-                            shape=W.shape).T.tocsr()
-        pos.sort_indices()
-        if not (np.array_equal(pos.indptr, W.indptr) and np.array_equal(pos.indices, W.indices)):
-            raise ValueError("W must be symmetric (the same pattern as its transpose)")
-        twin = pos.data.astype(np.int64) - 1
         self.comm, self.item, self.progress = comm, int(item), progress
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.starts = block_starts(n, self.size) if starts is None else np.asarray(starts, np.int64)
@@ -122,6 +154,11 @@ class Mailboxes:
         self.agents = np.arange(lo, hi, dtype=np.int64)
         indptr = W.indptr.astype(np.int64)
         e0, e1 = int(indptr[lo]), int(indptr[hi])
+        # twin[e - e0]: position in W of the transpose of my entry e (symmetric W: the same
+        # pattern; every rank checks its rows, all ranks agree before the first set-up message)
+        twin, ok = _local_twins(W, indptr, lo, hi)
+        if not comm.allreduce(ok, op=MPI.LAND):
+            raise ValueError("W must be symmetric (the same pattern as its transpose)")
         self._first = indptr[lo:hi + 1] - e0  # slots of local agent i: _first[i-lo]:_first[i-lo+1]
         n_slots = e1 - e0
         owner = np.repeat(np.arange(self.size), np.diff(self.starts))
@@ -164,20 +201,23 @@ class Mailboxes:
         for q, start, cnt in zip(self.peers, _displs(rc_a), rc_a, strict=True):
             disp[np.flatnonzero(col_owner == q)] = recvbuf[start:start + cnt]
         # the layout is public: check what arrived
-        expect_disp = (twin[e0:e1] - indptr[self.starts[col_owner]]) * self.width
+        expect_disp = (twin - indptr[self.starts[col_owner]]) * self.width
         if not np.array_equal(disp, expect_disp):
             raise RuntimeError("mailbox set-up: received slot displacements differ from the layout")
         self.received_disps = disp  # per CSR entry (j local, i): slot (i, j) on owner(i)
         # per local agent: [(rank, displacements)]; a row's columns ascend, so owners are runs
-        self._targets: list[list[tuple[int, list[int]]]] = []
+        self._targets: list[list[tuple[int, np.ndarray]]] = []
         for k in range(hi - lo):
             a, b = int(self._first[k]), int(self._first[k + 1])
             o = col_owner[a:b]
             cut = np.flatnonzero(np.diff(o)) + 1
-            self._targets.append([(int(o[s]), disp[a:b][s:t].tolist())
+            self._targets.append([(int(o[s]), disp[a:b][s:t])
                                   for s, t in zip(np.r_[0, cut], np.r_[cut, b - a], strict=True)])
-        self._send = np.zeros(self.width)
-        self._spec = [self._send, MPI.DOUBLE]
+        # per local agent, built at its first post: one indexed-block datatype per target rank
+        # scattering a staged copy per slot, so a post is one Put per rank, not one per slot
+        self._types: list[list[MPI.Datatype] | None] = [None] * (hi - lo)
+        most = max((len(d) for tg in self._targets for _, d in tg), default=0)
+        self._stage = np.zeros((max(1, most), self.width))
         self._rounds = False  # inside rounds(): one shared epoch on every rank, no locks
         self.puts = 0
         self.max_write_epoch_s = 0.0  # longest Lock..Unlock of one target rank in post()
@@ -193,21 +233,30 @@ class Mailboxes:
         return len(self._targets[j - self._lo])
 
     def post(self, j: int, stamp: float, vec: np.ndarray) -> None:
-        """Put [stamp, vec] into slot (i, j) of every neighbour i of local agent j."""
-        self._send[0] = stamp
-        self._send[1:] = vec.reshape(-1)
-        win, spec = self.win, self._spec
+        """Put [stamp, vec] into slot (i, j) of every neighbour i of local agent j: one Put per
+        target rank, its datatype scattering the staged copies into the slots there."""
+        k = j - self._lo
+        targets = self._targets[k]
+        types = self._types[k]
+        if types is None:
+            types = self._types[k] = [
+                MPI.DOUBLE.Create_indexed_block(self.width, d.tolist()).Commit()
+                for _, d in targets]
+        most = max((len(d) for _, d in targets), default=0)
+        stage = self._stage
+        stage[:most, 0] = stamp
+        stage[:most, 1:] = vec.reshape(-1)
+        win = self.win
         assert win is not None
-        for q, disps in self._targets[j - self._lo]:
+        for (q, disps), ttype in zip(targets, types, strict=True):
+            spec = [stage, len(disps) * self.width, MPI.DOUBLE]
             t0 = time.perf_counter()
             if self._rounds:
-                for d in disps:
-                    win.Put(spec, q, d)
+                win.Put(spec, q, target=(0, 1, ttype))
                 win.Flush(q)
             else:
                 win.Lock(q, MPI.LOCK_EXCLUSIVE)
-                for d in disps:
-                    win.Put(spec, q, d)
+                win.Put(spec, q, target=(0, 1, ttype))
                 win.Unlock(q)
             dt = time.perf_counter() - t0
             if dt > self.max_write_epoch_s:
@@ -275,6 +324,10 @@ class Mailboxes:
         polite_barrier(self.comm)
         self.win.Free()
         self.win = None
+        for types in self._types:
+            for t in types or ():
+                t.Free()
+        self._types = [None] * len(self._types)
         self._mem = np.zeros((0, self.width))
         if self.dgraph != MPI.COMM_NULL:
             self.dgraph.Free()
@@ -287,6 +340,40 @@ class Mailboxes:
         collective free, so leave the window to MPI_Abort (the CLI aborts on errors)."""
         if exc_type is None:
             self.free()
+
+
+def _row_counts(W: sp.csr_matrix, indptr: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Per row of W, how many of its entries have `mask` set (mask over W's entries)."""
+    cs = np.zeros(len(mask) + 1, dtype=np.int32 if len(mask) < 2**31 else np.int64)
+    np.cumsum(mask, out=cs[1:])
+    return (cs[indptr[1:]] - cs[indptr[:-1]]).astype(np.int64)
+
+
+def _local_twins(W: sp.csr_matrix, indptr: np.ndarray, lo: int, hi: int
+                 ) -> tuple[np.ndarray, bool]:
+    """For the entries of rows lo..hi-1 (CSR order; W sorted), the position in W of each one's
+    transpose, and whether every one has it (row j's columns in lo..hi-1 are exactly the local
+    rows i with an entry (i, j)). Work O(nnz of W) in vectorised passes and O(local entries)
+    memory beyond two boolean masks, not a transpose of all of W."""
+    n = W.shape[0]
+    e0, e1 = int(indptr[lo]), int(indptr[hi])
+    cols = W.indices[e0:e1].astype(np.int64)
+    # column j of my rows: which local rows i (ascending) have an entry (i, j), and where it is
+    B = sp.csr_matrix((np.arange(1, e1 - e0 + 1, dtype=np.int64), cols, indptr[lo:hi + 1] - e0),
+                      shape=(hi - lo, n)).tocsc()
+    B.sort_indices()
+    per_col = np.diff(B.indptr)
+    below = _row_counts(W, indptr, W.indices < lo)  # row j's entries left of my columns
+    inside = _row_counts(W, indptr, W.indices < hi) - below
+    if not np.array_equal(inside, per_col):
+        return np.zeros(e1 - e0, dtype=np.int64), False
+    j = np.repeat(np.arange(n, dtype=np.int64), per_col)
+    rank_in = np.arange(B.nnz, dtype=np.int64) - B.indptr[j]
+    twin = np.empty(e1 - e0, dtype=np.int64)
+    twin[B.data - 1] = indptr[j] + below[j] + rank_in
+    rows = np.repeat(np.arange(lo, hi, dtype=np.int64), np.diff(indptr[lo:hi + 1]))
+    ok = bool(np.array_equal(W.indices[twin].astype(np.int64), rows)) if twin.size else True
+    return twin, ok
 
 
 def _displs(counts: np.ndarray) -> np.ndarray:

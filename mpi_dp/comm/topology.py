@@ -102,6 +102,28 @@ def _pairs_within(points: np.ndarray, r: float) -> np.ndarray:
     return np.sort(pairs.astype(np.int64), axis=1)
 
 
+#: relative distance from the crossing radius beyond which `geometric`'s bisection takes the
+#: side from the sorted pair distances; nearer, it counts pairs with the k-d tree as it always did
+#: (the two distance computations differ by rounding only, many orders below this margin)
+BISECT_MARGIN = 1e-7
+
+
+def _kth_pair_distance(tree: cKDTree, pts: np.ndarray, k: int) -> float:
+    """The k-th smallest distance between two of the points (k >= 1): the radius at which the
+    number of pairs within reaches k."""
+    m = len(pts)
+    if k > m * (m - 1) // 2:
+        return math.inf
+    r = math.sqrt(4.0 * k / (math.pi * max(1, m * (m - 1)))) + 1e-12  # ~2k pairs if uniform
+    while True:
+        pairs = tree.query_pairs(r, output_type="ndarray")
+        if len(pairs) >= k or r > 2.0:
+            break
+        r *= 2.0
+    d = np.sqrt(((pts[pairs[:, 0]] - pts[pairs[:, 1]]) ** 2).sum(axis=1))
+    return float(np.partition(d, k - 1)[k - 1])
+
+
 def geometric(m: int, degree: float, seed: int, kind: str = "geometric") -> Graph:
     """Random geometric graph in the unit square with the radius bisected so the mean degree is
     the first >= `degree`; positions are resampled (attempt a = 0, 1, ...) until it is connected."""
@@ -112,11 +134,14 @@ def geometric(m: int, degree: float, seed: int, kind: str = "geometric") -> Grap
         tree = cKDTree(pts)
         lo, hi = 0.0, math.sqrt(2.0)
         target = degree * m / 2.0  # edges
+        d_star = _kth_pair_distance(tree, pts, math.ceil(target))
         for _ in range(60):
             mid = 0.5 * (lo + hi)
-            # count_neighbors counts ordered pairs including i == i
-            pairs = (tree.count_neighbors(tree, mid) - m) / 2
-            if pairs >= target:
+            if abs(mid - d_star) > BISECT_MARGIN * d_star:  # far from the crossing: its side
+                enough = mid > d_star
+            else:  # count_neighbors counts ordered pairs including i == i
+                enough = (tree.count_neighbors(tree, mid) - m) / 2 >= target
+            if enough:
                 hi = mid
             else:
                 lo = mid
@@ -152,13 +177,42 @@ def complete(m: int) -> Graph:
     return Graph(m, np.stack([i, j], axis=1), "complete")
 
 
+#: agent pairs per block of `erdos_renyi`'s draws (32 MiB of uniforms): O(m^2) time in
+#: vectorised blocks, memory for the kept edges only
+ER_PAIRS_BLOCK = 2**22
+
+
+def _upper_pairs(m: int, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs (i, j), i < j, of rows a..b-1 in the row-major order of np.triu_indices(m, 1)."""
+    rows = np.arange(a, b, dtype=np.int64)
+    counts = m - 1 - rows
+    first = np.cumsum(counts) - counts
+    i = np.repeat(rows, counts)
+    j = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(first - rows - 1, counts)
+    return i, j
+
+
+def _er_edges(m: int, p: float, g: np.random.Generator) -> np.ndarray:
+    """The pairs with u < p, u one uniform per pair of np.triu_indices(m, 1) in order, drawn by
+    blocks of rows (the same numbers as one draw of all: doubles are chunk-invariant)."""
+    out, a = [], 0
+    while a < m - 1:
+        b, pairs = a, 0
+        while b < m - 1 and (b == a or pairs + (m - 1 - b) <= ER_PAIRS_BLOCK):
+            pairs += m - 1 - b
+            b += 1
+        i, j = _upper_pairs(m, a, b)
+        keep = g.random(i.size) < p
+        out.append(np.stack([i[keep], j[keep]], axis=1))
+        a = b
+    return np.concatenate(out) if out else np.zeros((0, 2), dtype=np.int64)
+
+
 def erdos_renyi(m: int, p: float, seed: int) -> Graph:
     if not 0 < p <= 1:
         raise JobError(f"graph: erdos_renyi needs an edge probability p in (0, 1], got {p}")
-    i, j = np.triu_indices(m, k=1)
     for attempt in range(MAX_ATTEMPTS):
-        keep = rng.stream(seed, "graph", 0, attempt).random(i.size) < p
-        g = Graph(m, np.stack([i[keep], j[keep]], axis=1), "erdos_renyi",
+        g = Graph(m, _er_edges(m, p, rng.stream(seed, "graph", 0, attempt)), "erdos_renyi",
                   info={"seed": seed, "p": p, "attempt": attempt})
         if g.is_connected():
             return g

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.sparse.csgraph import connected_components
 
 from mpi_dp import rng
 from mpi_dp.data.graphs import graph_arrays, laplacian_lambda2
@@ -305,16 +306,46 @@ def p2p_targets(n: int, seed: int) -> np.ndarray:
                      for i in range(n)]).reshape(n, 2)
 
 
-def p2p_kernel(targets: np.ndarray, gamma: float = 0.1) -> np.ndarray:
-    """Dense W_ij = exp((cos(phi_ij) - 1) / gamma), phi_ij the angle between s_i and s_j; the
-    diagonal is 0."""
+#: entries of one block of kernel rows in `p2p_graph` (64 MiB of float64): up to sqrt(2^23) = 2896
+#: agents the block is the whole matrix, computed exactly as `p2p_kernel` does
+P2P_KERNEL_BLOCK = 2**23
+
+
+def _unit_targets(targets: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(targets, axis=1)
     if np.any(norms == 0):
         raise DataError(f"p2p: agent(s) {np.flatnonzero(norms == 0).tolist()} have a zero target")
-    u = targets / norms[:, None]
+    return targets / norms[:, None]
+
+
+def p2p_kernel(targets: np.ndarray, gamma: float = 0.1) -> np.ndarray:
+    """Dense W_ij = exp((cos(phi_ij) - 1) / gamma), phi_ij the angle between s_i and s_j; the
+    diagonal is 0."""
+    u = _unit_targets(targets)
     K = np.exp((np.clip(u @ u.T, -1.0, 1.0) - 1.0) / gamma)
     np.fill_diagonal(K, 0.0)
     return K
+
+
+def _kernel_blocks(u: np.ndarray, gamma: float, block: int = P2P_KERNEL_BLOCK):
+    """Rows lo:hi of `p2p_kernel` (diagonal 0) for near-equal blocks of rows of at most `block`
+    entries: yields (lo, K[lo:hi]). One block is the whole matrix, computed as `p2p_kernel` does
+    (u @ u.T); more blocks take u[lo:hi] @ u.T (BLAS gives the same bits for blocks of many rows
+    of a large matrix, checked at 10^4 agents; the graph's structure does not hinge on them)."""
+    n = u.shape[0]
+    parts = max(1, -(-n * n // block))
+    base, extra = divmod(n, parts)
+    lo = 0
+    for q in range(parts):
+        hi = lo + base + (1 if q < extra else 0)
+        Kb = (u if parts == 1 else u[lo:hi]) @ u.T
+        np.clip(Kb, -1.0, 1.0, out=Kb)  # p2p_kernel's operations, in place
+        Kb -= 1.0
+        Kb /= gamma
+        np.exp(Kb, out=Kb)
+        Kb[np.arange(hi - lo), np.arange(lo, hi)] = 0.0
+        yield lo, Kb
+        lo = hi
 
 
 def p2p_graph(targets: np.ndarray, gamma: float = 0.1,
@@ -323,28 +354,60 @@ def p2p_graph(targets: np.ndarray, gamma: float = 0.1,
     k = 1, 2, ..., keep W_ij > thr for the first k whose Laplacian has lambda_2 > tol.
 
     Returns (W as CSR with sorted indices, thr, k).
+
+    The kernel is never held whole beyond P2P_KERNEL_BLOCK entries: one pass over blocks of rows
+    finds max and min W, one pass per threshold keeps the pairs above it (a sparse W). A graph
+    whose threshold leaves it disconnected has lambda_2 = 0 (connected components decide, no
+    eigenvalue); a connected one gets `laplacian_lambda2` (dense LAPACK up to
+    graphs.LAMBDA2_DENSE_MAX agents, sparse Lanczos above): the same W, thr and k as thresholding
+    the dense kernel and taking the dense lambda_2 of every candidate.
     """
     n = targets.shape[0]
     if n < 2:
         raise DataError(f"p2p: a graph needs at least 2 agents, got {n}")
-    K = p2p_kernel(targets, gamma)
-    off = K[~np.eye(n, dtype=bool)]
-    wmax, wmin = float(off.max()), float(off.min())
+    u = _unit_targets(targets)
+    wmax, wmin = -np.inf, np.inf
+    for lo, Kb in _kernel_blocks(u, gamma):
+        rows = np.arange(Kb.shape[0])
+        wmax = max(wmax, float(Kb.max()))  # the diagonal's 0 is never above an off-diagonal max
+        Kb[rows, lo + rows] = np.inf
+        wmin = min(wmin, float(Kb.min()))
+    if not wmax > 0:
+        raise DataError(f"p2p: every kernel weight underflows to 0 at gamma = {gamma}; use a "
+                        "larger gamma")
     k = 0
     while True:
         k += 1
         thr = wmax * 10.0 ** (-k / 2)
-        A = np.where(K > thr, K, 0.0)
-        if laplacian_lambda2(A) > tol:
-            W = sp.csr_matrix(A)
-            W.sort_indices()
+        W = _threshold_graph(u, gamma, thr, n)
+        lam2 = laplacian_lambda2(W) if connected_components(W, directed=False)[0] == 1 else 0.0
+        if lam2 > tol:
             return W, thr, k
         if thr < wmin:  # every pair kept and still not connected enough
-            deg = K.sum(axis=1)
+            deg = np.asarray(W.sum(axis=1)).ravel()
             raise DataError(f"p2p: even the complete kernel graph has Laplacian lambda_2 = "
-                            f"{laplacian_lambda2(K):.3g} <= {tol} (agent {int(np.argmin(deg))} "
+                            f"{lam2:.3g} <= {tol} (agent {int(np.argmin(deg))} "
                             f"has total weight {deg.min():.3g}); use another seed, more agents "
                             f"or a larger gamma than {gamma}")
+
+
+def _threshold_graph(u: np.ndarray, gamma: float, thr: float, n: int) -> sp.csr_matrix:
+    """The symmetric CSR (sorted indices) of the kernel entries > thr (thr > 0): each pair's
+    value from the upper triangle, mirrored."""
+    ii, jj, ww = [], [], []
+    for lo, Kb in _kernel_blocks(u, gamma):
+        r, c = np.nonzero(Kb > thr)
+        up = c > lo + r
+        r, c = r[up] + lo, c[up]
+        ii.append(r)
+        jj.append(c)
+        ww.append(Kb[r - lo, c])
+    i, j, w = np.concatenate(ii), np.concatenate(jj), np.concatenate(ww)
+    W = sp.csr_matrix((np.concatenate([w, w]), (np.concatenate([i, j]), np.concatenate([j, i]))),
+                      shape=(n, n))
+    W.sum_duplicates()
+    W.sort_indices()
+    return W
 
 
 def _p2p_records(g: np.random.Generator, m: int, s: np.ndarray, p: int, flip: float,
@@ -369,6 +432,13 @@ def p2p_instance(n: int = 100, p: int = 100, seed: int = 0, *, min_records: int 
     options, never on n, and its test set not on m_i. normalise="l1" divides every x by its L1
     norm (spec §5.5 "sound" mode: ||x||_2 <= ||x||_1 = 1).
     """
+    _p2p_check(n, p, seed, min_records, max_records, test_records, flip, gamma, normalise)
+    return _p2p_instance(n, p, seed, min_records, max_records, test_records, flip, gamma,
+                         normalise)[0]
+
+
+def _p2p_check(n: int, p: int, seed: int, min_records: int, max_records: int,
+               test_records: int, flip: float, gamma: float, normalise: str) -> None:
     if n < 2 or p < 2:
         raise DataError(f"p2p: needs at least 2 agents and 2 features, got n={n}, p={p}")
     if not 1 <= min_records <= max_records:
@@ -384,8 +454,14 @@ def p2p_instance(n: int = 100, p: int = 100, seed: int = 0, *, min_records: int 
         raise DataError(f"p2p: normalise must be one of {list(P2P_NORMALISE)}, got {normalise!r}")
     if seed < 0:
         raise DataError(f"seed must be non-negative, got {seed}")
+
+
+def _p2p_instance(n: int, p: int, seed: int, min_records: int, max_records: int,
+                  test_records: int, flip: float, gamma: float, normalise: str
+                  ) -> tuple[P2PInstance, float, int]:
+    """`p2p_instance` (checked arguments) with the graph's threshold and k."""
     targets = p2p_targets(n, seed)
-    W, _, _ = p2p_graph(targets, gamma)
+    W, thr, k = p2p_graph(targets, gamma)
     train, test = [], []
     for i in range(n):
         g_m, g_tr, g_te = (np.random.Generator(np.random.PCG64(c))
@@ -393,27 +469,32 @@ def p2p_instance(n: int = 100, p: int = 100, seed: int = 0, *, min_records: int 
         m = int(g_m.integers(min_records, max_records + 1))
         train.append(_p2p_records(g_tr, m, targets[i], p, flip, normalise))
         test.append(_p2p_records(g_te, test_records, targets[i], p, flip, normalise))
-    return P2PInstance(W, train, test, targets)
+    return P2PInstance(W, train, test, targets), thr, k
 
 
 def write_p2p(path: str | os.PathLike[str], n: int = 100, p: int = 100, seed: int = 0,
               **kw: Any) -> pathlib.Path:
     """Write `p2p_instance(n, p, seed, **kw)` as a shard file: per-agent X, y, X_test, y_test;
     /public/graph_edges, graph_weights (see mpi_dp.data.graphs) and targets; the generator's
-    options in the "synth" attribute and the threshold in the "graph" attribute."""
-    inst = p2p_instance(n, p, seed, **kw)
+    options in the "synth" attribute (with the range and total of the record counts: each
+    agent's own count is its group's "n") and the threshold in the "graph" attribute."""
     defaults = {"min_records": 10, "max_records": 100, "test_records": 100, "flip": 0.05,
                 "gamma": 0.1, "normalise": "l1"}
+    unknown = sorted(set(kw) - set(defaults))
+    if unknown:
+        raise TypeError(f"write_p2p got unexpected option(s) {unknown}")
     opts = {**defaults, **kw}
-    _, thr, k = p2p_graph(inst.targets, float(opts["gamma"]))
-    params = {"n": n, "p": p, "seed": int(seed), **opts,
-              "records": [X.shape[0] for X, _ in inst.train]}
+    _p2p_check(n, p, seed, **opts)
+    inst, thr, k = _p2p_instance(n, p, seed, **opts)
+    sizes = np.array([X.shape[0] for X, _ in inst.train], dtype=np.int64)
+    params = {"n": n, "p": p, "seed": int(seed), **opts, "records_min": int(sizes.min()),
+              "records_max": int(sizes.max()), "records_total": int(sizes.sum())}
     graph = {"kernel": "exp((cos(phi_ij) - 1) / gamma)", "gamma": float(opts["gamma"]),
              "threshold": thr, "k": k, "rule": "keep W_ij > max(W) 10^(-k/2), smallest k "
              f"with Laplacian lambda_2 > {P2P_LAMBDA2_TOL}",
              "lambda2": laplacian_lambda2(inst.W), "edges": int(inst.W.nnz // 2)}
     source = "mpi_dp.data.synth.p2p_instance(" + ", ".join(
-        f"{key}={v!r}" for key, v in params.items() if key != "records") + ")"
+        f"{key}={v!r}" for key, v in params.items() if not key.startswith("records")) + ")"
     return write_shards(path, inst.train, task="binary", test=inst.test,
                         feature_names=[f"x{j}" for j in range(p)], source=source,
                         attrs={"synth": params, "graph": graph},

@@ -22,6 +22,7 @@ import scipy.sparse as sp
 from ..algorithms import dola
 from ..comm import graph as cg
 from ..comm import topology as tp
+from ..comm.rma import on_root
 from ..data import ShardFile
 from ..errors import JobError
 from ..jobspec import Key, err
@@ -91,6 +92,10 @@ class Prepared:
     majority_error: float
     graphs: dict = dataclasses.field(default_factory=dict)
     comparators: dict = dataclasses.field(default_factory=dict)
+    sizes: np.ndarray | None = None  # n_i of every shard owner
+    # {(groups, n_used): {agent: (X, y)}}: the consumed records of this rank's agents, read once
+    # for the comparator and handed to the stream of the first configuration that reads them
+    records: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,20 +117,55 @@ def owner_groups(n_owners: int, m: int, pool: bool) -> tuple[tuple[int, ...], ..
     return tuple(tuple(range(int(starts[a]), int(starts[a + 1]))) for a in range(m))
 
 
-class PooledReader:
-    """read(agent, start, stop) over the concatenation of an agent's owners' records."""
+def owner_sizes(ctx: Context) -> np.ndarray:
+    """n_i of every shard owner (int64), each rank reading the attributes of its own block of
+    owners once (collective; errors agreed)."""
+    comm, shard = ctx.comm, ctx.shard
+    st = cg.block_starts(shard.n_agents, comm.Get_size())
+    r = comm.Get_rank()
+    mine = ctx.agree(lambda: shard.sizes(range(int(st[r]), int(st[r + 1]))))
+    return np.concatenate(comm.allgather(mine)).astype(np.int64)
 
-    def __init__(self, shard: ShardFile, groups: tuple[tuple[int, ...], ...]) -> None:
-        self.shard, self.groups = shard, groups
-        self.offsets = [np.concatenate([[0], np.cumsum(shard.sizes(g))]) for g in groups]
+
+def group_sizes(sizes: np.ndarray, groups: tuple[tuple[int, ...], ...]) -> list[int]:
+    """Records of each agent: the sum over its owners."""
+    if all(len(g) == 1 for g in groups):
+        return sizes[[g[0] for g in groups]].tolist()
+    return [int(sizes[list(g)].sum()) for g in groups]
+
+
+class PooledReader:
+    """read(agent, start, stop) over the concatenation of an agent's owners' records; `sizes`
+    (n_i of every owner, e.g. `owner_sizes`) saves reading them from the shard file, and
+    `cache` ({agent: (X, y)} of records 0..len(y), e.g. what `consumed_records` read) answers a
+    read of exactly those records once without the file."""
+
+    def __init__(self, shard: ShardFile, groups: tuple[tuple[int, ...], ...],
+                 sizes: np.ndarray | None = None,
+                 cache: dict[int, tuple[Any, np.ndarray]] | None = None) -> None:
+        self.shard, self.groups, self.sizes = shard, groups, sizes
+        self.cache = cache
+        self._offsets: dict[int, np.ndarray] = {}
+
+    def offsets(self, a: int) -> np.ndarray:
+        """Where each of agent a's owners starts in its concatenation (and the end)."""
+        off = self._offsets.get(a)
+        if off is None:
+            g = self.groups[a]
+            n = self.shard.sizes(g) if self.sizes is None else self.sizes[list(g)]
+            off = self._offsets[a] = np.concatenate([[0], np.cumsum(n)])
+        return off
 
     def __call__(self, a: int, start: int, stop: int) -> tuple[Any, np.ndarray]:
+        if self.cache and start == 0 and a in self.cache and len(self.cache[a][1]) == stop:
+            return self.cache.pop(a)
         Xs, ys = [], []
-        off = self.offsets[a]
+        off = self.offsets(a)
         for i, owner in enumerate(self.groups[a]):
             lo, hi = max(start, off[i]), min(stop, off[i + 1])
-            if lo < hi:
-                X, y = self.shard.read_agent_rows(owner, int(lo - off[i]), int(hi - off[i]))
+            if lo < hi:  # a prefix through read_agent (the shard file's fast path)
+                X, y = (self.shard.read_agent(owner, int(hi - off[i])) if lo == off[i] else
+                        self.shard.read_agent_rows(owner, int(lo - off[i]), int(hi - off[i])))
                 Xs.append(X)
                 ys.append(y)
         if len(Xs) == 1:
@@ -134,15 +174,42 @@ class PooledReader:
         return X, np.concatenate(ys)
 
 
-def comparator(shard: ShardFile, groups, n_used, lam: float, path: str
-               ) -> tuple[np.ndarray | None, str]:
-    """w* = argmin over W of the total loss on every consumed record (exact dual CD; lam > 0:
-    the optimum lies inside the ball of radius 1/sqrt(lam)), with the data checks on the way."""
-    read = PooledReader(shard, groups)
-    parts = [read(a, 0, n) for a, n in enumerate(n_used)]
+def _stack(shard: ShardFile, parts: list[tuple[Any, np.ndarray]]) -> tuple[Any, np.ndarray]:
     X = sp.vstack([p[0] for p in parts], format="csr") if shard.is_sparse else \
         np.concatenate([p[0] for p in parts])
-    y = np.concatenate([p[1] for p in parts])
+    return X, np.concatenate([p[1] for p in parts])
+
+
+def consumed_records(ctx: Context, groups, n_used, sizes: np.ndarray | None = None,
+                     keep: dict[int, tuple[Any, np.ndarray]] | None = None
+                     ) -> tuple[Any, np.ndarray] | None:
+    """Every record the agents consume (agent order) on rank 0, None elsewhere: each rank reads
+    its block of agents (collective; read errors agreed), the block a GraphNet hosts, and puts
+    each agent's records into `keep` when given (its stream's first read)."""
+    comm, shard = ctx.comm, ctx.shard
+    st = cg.block_starts(len(groups), comm.Get_size())
+    r = comm.Get_rank()
+    read = PooledReader(shard, groups, sizes)
+
+    def mine() -> tuple[Any, np.ndarray]:
+        parts = {a: read(a, 0, n_used[a]) for a in range(int(st[r]), int(st[r + 1]))}
+        if keep is not None:
+            keep.update(parts)
+        return _stack(shard, list(parts.values())) if parts else None
+
+    parts = comm.gather(ctx.agree(mine), root=0)
+    return _stack(shard, [p for p in parts if p is not None]) if parts is not None else None
+
+
+def comparator(shard: ShardFile, groups, n_used, lam: float, path: str,
+               records: tuple[Any, np.ndarray] | None = None) -> tuple[np.ndarray | None, str]:
+    """w* = argmin over W of the total loss on every consumed record (exact dual CD; lam > 0:
+    the optimum lies inside the ball of radius 1/sqrt(lam)), with the data checks on the way.
+    `records`: those records already read (`consumed_records`)."""
+    if records is None:
+        read = PooledReader(shard, groups)
+        records = _stack(shard, [read(a, 0, n) for a, n in enumerate(n_used)])
+    X, y = records
     if not np.all(np.isin(y, (-1.0, 1.0))):
         raise JobError(f"job file {path}: dola trains a linear SVM: labels must be -1/+1, the "
                        f"shard file {shard.path} has {np.unique(y)[:5].tolist()}")
@@ -223,7 +290,11 @@ class Dola(Method):
         maj = math.nan
         if test is not None:
             maj = float(min(np.mean(test[1] > 0), np.mean(test[1] < 0)))
-        prep = Prepared(test, maj)
+        prep = Prepared(test, maj, sizes=owner_sizes(ctx))
+        j, n_owners = ctx.job, ctx.shard.n_agents
+        for o in j.get("sweep.owners") or [j["owners"]]:  # built on rank 0, broadcast
+            for kind in j.get("sweep.graph") or [j["dola.graph"]]:
+                self._graph(ctx, prep, n_owners if o == "all" else int(o), kind)
         ctx.agree(lambda: self._check_agents(ctx, prep))
         return prep
 
@@ -236,7 +307,7 @@ class Dola(Method):
             for kind in j.get("sweep.graph") or [j["dola.graph"]]:
                 self._graph(ctx, prep, m, kind)
             groups = owner_groups(n_owners, m, j["dola.pool_owners"])
-            sizes = [int(ctx.shard.sizes(g).sum()) for g in groups]
+            sizes = group_sizes(prep.sizes, groups)
             for variant in j["sweep.variant"] or [j["variant"]]:
                 h = self._batch(j, variant)
                 few = [a for a, n in enumerate(sizes) if n < h]
@@ -258,13 +329,16 @@ class Dola(Method):
                 f"{graphs}, {j['dola.activation']} activation, {j['dola.exchange']} exchange")
 
     def _graph(self, ctx: Context, prep: Prepared, m: int, kind: str) -> tp.Graph:
+        """The base graph, built on rank 0 and broadcast (collective on first use of (kind, m):
+        `prepare` builds every one a job needs)."""
         if (kind, m) not in prep.graphs:
             j = ctx.job
             p = j["dola.graph_p"]
-            prep.graphs[kind, m] = tp.make_graph(kind, m, j["seed"],
-                                           degree=float(j["dola.graph_degree"]),
-                                           p=None if p == "auto" else float(p),
-                                           path=j["dola.graph_file"] or None)
+            g = on_root(ctx.comm, lambda: tp.make_graph(kind, m, j["seed"],
+                                                   degree=float(j["dola.graph_degree"]),
+                                                   p=None if p == "auto" else float(p),
+                                                   path=j["dola.graph_file"] or None))
+            prep.graphs[kind, m] = ctx.comm.bcast(g, root=0)
         return prep.graphs[kind, m]
 
     def settings(self, ctx: Context, prep: Prepared, rc: Resolved) -> DolaSettings:
@@ -274,7 +348,7 @@ class Dola(Method):
         graph = self._graph(ctx, prep, m, rc.config.param("dola.graph", j["dola.graph"]))
         groups = owner_groups(shard.n_agents, m, j["dola.pool_owners"])
         h = self._batch(j, variant)
-        sizes = [int(shard.sizes(g).sum()) for g in groups]
+        sizes = group_sizes(prep.sizes, groups)
         rounds = min(n // h for n in sizes)
         T = j["T"]
         if T > rounds:
@@ -293,9 +367,9 @@ class Dola(Method):
         n_used = tuple([T * h] * m)
         key = (groups, n_used, lam)
         if key not in prep.comparators:
-            root = ctx.comm.Get_rank() == 0
-            found = ctx.agree(lambda: comparator(shard, groups, n_used, lam, j.path) if root
-                              else None)
+            records = consumed_records(ctx, groups, n_used, prep.sizes,
+                                       prep.records.setdefault((groups, n_used), {}))
+            found = on_root(ctx.comm, lambda: comparator(shard, groups, n_used, lam, j.path, records))
             prep.comparators[key] = ctx.comm.bcast(found, root=0)
         w_star, how = prep.comparators[key]
         if not 0 <= j["dola.ref_agent"] < m:
@@ -343,7 +417,8 @@ class Dola(Method):
                                             two_hop=a.weights == "mh_active"))
         # no try/finally: freeing the window is collective, and a rank that raised must reach the
         # CLI's Abort rather than wait in Win.Free for ranks still computing
-        reader = PooledReader(ctx.shard, s.groups)
+        reader = PooledReader(ctx.shard, s.groups, prep.sizes,
+                              prep.records.get((s.groups, s.n_used)))
         block = dola.Block(a, s.graph, net, dola.Stream(net.agents, a.h, a.T, a.n_features,
                                                         reader), s.w_star)
         t0 = time.perf_counter()

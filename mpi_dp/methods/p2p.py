@@ -17,6 +17,7 @@ predictor as baselines, and (evaluation-only) the optimum Q* of objective (2).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import sys
@@ -32,6 +33,7 @@ from ..algorithms import p2p_baselines as B
 from ..algorithms import p2p_cd as C
 from ..comm import rma
 from ..comm.graph import block_starts
+from ..comm.rma import bcast_csr, on_root
 from ..data import ShardFile
 from ..data.graphs import read_graph
 from ..errors import DataError, JobError
@@ -115,6 +117,8 @@ class Data:
     full: bool = False  # every peer's records are loaded (rank 0's evaluation copy)
     Xv: list | None = None  # held-out validation records of each peer (p2p.validation > 0)
     yv: list | None = None
+    m_all: np.ndarray | None = None  # records in the shard file (m + the validation share)
+    graph: M.Graph | None = None  # the checked graph of W, built once (`_problem`)
 
 
 @dataclasses.dataclass
@@ -203,10 +207,10 @@ class P2P(Method):
         j = ctx.job
         paths = j.get("sweep.shard") or [j["p2p.shard"] or str(ctx.shard.path)]
         for path in paths:
-            prep.data[path] = ctx.agree(lambda p=path: self._load(ctx, p, hosted=True))
+            prep.data[path] = self._load_hosted(ctx, path)
         return prep
 
-    def _load(self, ctx: Context, path: str, hosted: bool) -> Data:
+    def _open(self, ctx: Context, path: str) -> ShardFile:
         j = ctx.job
         try:
             shard = ctx.shard if Path(path) == Path(ctx.shard.path) else ShardFile(path)
@@ -217,9 +221,30 @@ class P2P(Method):
                            f"{shard.path} holds a {shard.task} task")
         if shard.is_sparse:
             raise JobError(f"job file {j.path}: p2p needs dense features ({shard.path} is CSR)")
-        W = read_graph(shard)
+        return shard
+
+    def _load_hosted(self, ctx: Context, path: str) -> Data:
+        """Collective: the graph read and checked on rank 0 and broadcast, every peer's m_i
+        gathered from the ranks hosting it, then each rank's own peers' records."""
+        comm = ctx.comm
+        W = bcast_csr(comm, on_root(comm, lambda: read_graph(self._open(ctx, path))))
+        shard = ctx.agree(lambda: self._open(ctx, path))
+        st = block_starts(W.shape[0], comm.Get_size())
+        r = comm.Get_rank()
+        mine = ctx.agree(lambda: shard.sizes(range(int(st[r]), int(st[r + 1]))))
+        m_all = np.concatenate(comm.allgather(mine)).astype(np.int64)
+        return ctx.agree(lambda: self._load(ctx, path, hosted=True, W=W, m_all=m_all,
+                                            shard=shard))
+
+    def _load(self, ctx: Context, path: str, hosted: bool, W: sp.csr_matrix | None = None,
+              m_all: np.ndarray | None = None, shard: ShardFile | None = None) -> Data:
+        """The public graph and sizes (read unless given) and the records of this rank's peers
+        (`hosted`) or of all of them."""
+        j = ctx.job
+        shard = self._open(ctx, path) if shard is None else shard
+        W = read_graph(shard) if W is None else W
         n = shard.n_agents
-        m_all = shard.sizes().astype(np.int64)
+        m_all = shard.sizes().astype(np.int64) if m_all is None else m_all
         frac = float(j["p2p.validation"])
         n_val = np.floor(frac * m_all).astype(np.int64) if frac > 0 else np.zeros_like(m_all)
         m = m_all - n_val  # public: depends on the public m_i only
@@ -266,7 +291,7 @@ class P2P(Method):
             raise JobError(f"job file {j.path}: key 'p2p.loss': logistic needs a binary shard, "
                            f"{shard.path} is {shard.task}")
         return Data(str(path), W, m, X, y, Xt, yt, float(rn), shard.task, full=not hosted,
-                    Xv=Xv if frac > 0 else None, yv=yv if frac > 0 else None)
+                    Xv=Xv if frac > 0 else None, yv=yv if frac > 0 else None, m_all=m_all)
 
     @staticmethod
     def _loss(j: Any, task: str) -> str:
@@ -353,7 +378,9 @@ class P2P(Method):
 
     # -- run -----------------------------------------------------------------------------
     def _problem(self, d: Data, s: P2PSettings, L_loc: np.ndarray | None = None) -> M.Problem:
-        P = M.make_problem(d.W, d.X, d.y, s.loss, s.mu, np.asarray(s.lam), m=d.m,
+        if d.graph is None:
+            d.graph = M.Graph(sp.csr_matrix(d.W), symmetric=True)  # read_graph made W so
+        P = M.make_problem(d.graph, d.X, d.y, s.loss, s.mu, np.asarray(s.lam), m=d.m,
                            smooth=s.smooth, row_norm=d.row_norm)
         if L_loc is not None:  # every peer's constant (data mode: gathered)
             P.L_loc[:] = L_loc
@@ -365,7 +392,9 @@ class P2P(Method):
         if ctx.comm.Get_rank() != 0:
             return None
         if s.path not in prep.full:
-            prep.full[s.path] = self._load(ctx, s.path, hosted=False)
+            d = prep.data[s.path]
+            prep.full[s.path] = self._load(ctx, s.path, hosted=False, W=d.W, m_all=d.m_all)
+            prep.full[s.path].graph = d.graph
         return prep.full[s.path]
 
     def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: P2PSettings,
@@ -382,24 +411,42 @@ class P2P(Method):
                 for i, v in part.items():
                     L_all[i] = v
             P = self._problem(d, s, L_all)
-        root = comm.Get_rank() == 0
-        full = ctx.agree(lambda: self._full(ctx, prep, s))
         solver = self._solver(ctx, s)
+        # every peer's records on rank 0 only where a solve needs them all (Q* on one rank, the
+        # admm baseline simulated there)
+        need_full = s.variant == "admm" or solver in ("scipy", "petsc")
+        full = on_root(comm, lambda: self._full(ctx, prep, s)) if need_full else None
         key = (s.path, s.loss, s.mu, s.lam, s.smooth, solver)
+        # the local models (and Q of the baselines) are evaluation-only unless the run starts
+        # from them or Q* starts there: then they come after the run, not before its first round
+        late = s.variant == "cd" and s.algo.init != "local" and solver not in ("scipy", "petsc")
         if key not in prep.refs:
-            ref = ctx.agree(lambda: self._reference(s, full, P, solver) if root else None)
+            ref = self._reference(ctx, s, d, full, P, solver, local=not late)
             ref = comm.bcast(ref, root=0)
             if solver == "petsc_dist":  # KSP over every rank, each with its own peers' rows
                 th, q = ctx.agree(lambda: REF.theta_star_petsc_dist(comm, P))
                 ref.update(theta_star=th, Q_star=float(q),
                            solver=f"PETSc KSP distributed over {comm.Get_size()} rank(s)")
-            prep.refs[key] = ref
-        ref = prep.refs[key]
+            if late:
+                ref["_complete"] = lambda: self._complete_reference(ctx, prep, key, s, d, P,
+                                                                    solver)
+            else:
+                prep.refs[key] = ref
+        else:
+            ref = prep.refs[key]
         if s.variant == "admm":
             return self._run_admm(ctx, s, d, full, P, ref, recorder, label, t0)
         if s.variant == "local_dp":
             return self._run_local_dp(ctx, rc, s, d, P, ref, recorder, t0)
         return self._run_cd(ctx, prep, s, d, P, ref, recorder, label, t0)
+
+    def _complete_reference(self, ctx: Context, prep: Prepared, key: tuple, s: P2PSettings,
+                            d: Data, P: M.Problem, solver: str) -> dict[str, Any]:
+        """Collective: the reference of a run that did not need the local models before its
+        rounds, completed with them (and kept for the job's later configurations)."""
+        ref = ctx.comm.bcast(self._reference(ctx, s, d, None, P, "none"), root=0)
+        prep.refs[key] = ref
+        return ref
 
     @staticmethod
     def _solver(ctx: Context, s: P2PSettings) -> str:
@@ -415,18 +462,48 @@ class P2P(Method):
                            "petsc4py (make venv WITH_PETSC=1), or use 'scipy'")
         return "petsc_dist" if solver == "petsc" and s.loss == "quadratic" else solver
 
-    def _reference(self, s: P2PSettings, full: Data, P: M.Problem, solver: str
-                   ) -> dict[str, Any]:
-        """On rank 0, from every peer's records (evaluation-only): local models, Q of the
-        baselines and, unless distributed or 'none', Theta* and Q*."""
-        Pf = self._problem(full, s, P.L_loc)
-        out: dict[str, Any] = {"theta_loc": REF.local_models(Pf)}
-        if solver in ("scipy", "petsc"):
-            th, q = REF.theta_star(Pf, solver=solver)
-            out.update(theta_star=th, Q_star=float(q), solver=solver)
-        out["Q_loc"] = float(Pf.objective(out["theta_loc"][None])[0])
-        out["Q_zero"] = float(Pf.objective(np.zeros((1, Pf.n, Pf.p)))[0])
-        return out
+    def _reference(self, ctx: Context, s: P2PSettings, d: Data, full: Data | None,
+                   P: M.Problem, solver: str, local: bool = True) -> dict[str, Any] | None:
+        """Collective, evaluation-only; the answer on rank 0 (None elsewhere): the local models
+        and the baselines' Q (each rank solves and scores its own peers, rank 0 assembles them
+        in peer order: the numbers of one rank doing it all) and, unless distributed or 'none',
+        Theta* and Q* on rank 0 from every peer's records. Without `local`: only the latter
+        (solver 'none' or 'petsc_dist': nothing; the local models come later)."""
+        comm = ctx.comm
+        if not local:
+            if solver in ("scipy", "petsc"):
+                raise ValueError("Theta* by L-BFGS starts from the local models")
+            return on_root(comm, dict)
+        st = block_starts(P.n, comm.Get_size())
+        r = comm.Get_rank()
+        agents = range(int(st[r]), int(st[r + 1]))
+
+        def local() -> tuple[np.ndarray, list, list]:
+            th = REF.local_models_of(P.loss, [d.X[i] for i in agents], [d.y[i] for i in agents],
+                                     P.lam[int(st[r]):int(st[r + 1])], P.p)
+            full_th = np.zeros((1, P.n, P.p))
+            full_th[0, agents.start:agents.stop] = th
+            return (th, P.loss_terms(full_th, agents),
+                    P.loss_terms(np.zeros((1, P.n, P.p)), agents))
+
+        parts = comm.gather(ctx.agree(local), root=0)
+
+        def assemble() -> dict[str, Any]:
+            assert parts is not None
+            theta_loc = np.concatenate([th for th, _, _ in parts if len(th)])
+            out: dict[str, Any] = {"theta_loc": theta_loc}
+            if solver in ("scipy", "petsc"):
+                assert full is not None
+                Pf = self._problem(full, s, P.L_loc)
+                th, q = REF.theta_star(Pf, solver=solver, x0=theta_loc.ravel())
+                out.update(theta_star=th, Q_star=float(q), solver=solver)
+            out["Q_loc"] = float(P.combine(theta_loc[None], [t for _, lt, _ in parts
+                                                             for t in lt])[0])
+            out["Q_zero"] = float(P.combine(np.zeros((1, P.n, P.p)), [t for _, _, zt in parts
+                                                                       for t in zt])[0])
+            return out
+
+        return on_root(comm, assemble)
 
     # -- cd ------------------------------------------------------------------------------
     def _theta0(self, ctx: Context, s: P2PSettings, d: Data, P: M.Problem,
@@ -455,7 +532,8 @@ class P2P(Method):
         tl = np.stack([allrel[i] for i in range(P.n)], axis=1)  # (R, n, p)
         Pmp = dataclasses.replace(P, mu=a.mu_ws)
         Pmp.__post_init__()
-        out = np.stack([REF.mp_solution(Pmp, tl[r]) for r in range(R)])
+        out = ctx.comm.bcast(on_root(ctx.comm, lambda: np.stack(
+            [REF.mp_solution(Pmp, tl[r]) for r in range(R)])), root=0)  # solved once
         info["warm_start"] = "output perturbation (L2 Laplace) + model propagation solved exactly"
         return {int(i): out[:, int(i), :].copy() for i in agents}, info
 
@@ -490,6 +568,9 @@ class P2P(Method):
                       f"{rounds.record_at[saved['round']]} ({rounds.starts[saved['round'] + 1]}"
                       f"/{len(keep)} wake-ups)", file=sys.stderr, flush=True)
         boxes = ctx.agree(lambda: rma.Mailboxes(comm, P.graph.W, a.R * P.p, st))
+        epoch = contextlib.ExitStack()
+        if rounds is not None:  # replay: one Lock_all epoch from the initial posts on (barriers
+            epoch.enter_context(boxes.rounds())  # order every read after the writes it sees)
         C.post_initial(block, boxes)
         comm.Barrier()
         state = {"next": time.perf_counter() + 10.0}
@@ -502,6 +583,7 @@ class P2P(Method):
             if recorder is not None and vals is not None:
                 vals["vectors_sent"] = float(sent_cum[done - 1]) if done else 0.0
                 recorder.append(t, vals)
+            rma.polite_barrier(comm)  # the others nap while rank 0 sums Q and writes
 
         def progress(k: int) -> None:
             now = time.perf_counter()
@@ -528,7 +610,7 @@ class P2P(Method):
         log = None
         if rounds is not None:
             start = 0 if saved is None else saved["round"] + 1
-            with boxes.rounds():  # the rounds exclude readers from writers: no locks needed
+            with epoch:  # the rounds exclude readers from writers: no locks needed
                 C.replay(block, boxes, rounds, comm.Barrier, record, progress, checkpoint, start)
         else:
             log = C.live(block, boxes, float(ctx.job["p2p.tau"]),
@@ -542,6 +624,9 @@ class P2P(Method):
         logs = comm.gather(log, root=0)
         rep = comm.gather(C.theorem1_report(block, a), root=0)
         ledgers = comm.gather([block.ledgers[int(i)] for i in agents], root=0)
+        complete = ref.pop("_complete", None)
+        if complete is not None:  # the local models, evaluation-only, after the rounds
+            ref.update(complete())
         final = ev.final(block)
         boxes.free()
         if rank != 0:
@@ -769,10 +854,7 @@ class Evaluator:
 
     def _Q(self, theta: np.ndarray, lo: np.ndarray) -> np.ndarray:
         P = self.P
-        W = P.graph.W
-        rows = np.repeat(np.arange(P.n), np.diff(W.indptr))
-        diff = theta[:, rows, :] - theta[:, W.indices, :]
-        smooth = 0.25 * np.einsum("e,rep,rep->r", W.data, diff, diff)
+        smooth = P.graph.smooth_term(theta)
         return smooth + P.mu * ((P.deg * P.conf)[:, None] * lo).sum(axis=0)
 
     def record(self, block: Any) -> dict[str, Any] | None:

@@ -17,6 +17,8 @@ import numpy as np
 import scipy.sparse as sp
 
 LOSSES = ("logistic", "quadratic")
+#: (edge, run, coordinate) entries of one block of `Graph.smooth_term` (128 MiB of differences)
+SMOOTH_BLOCK = 2**24
 
 
 def _sigmoid_neg(z: np.ndarray) -> np.ndarray:
@@ -86,9 +88,13 @@ def smoothness_bound(loss: str, row_norm: float, lam: float) -> float:
 
 @dataclasses.dataclass
 class Graph:
-    """The public similarity graph: W (symmetric CSR, zero diagonal) and its derived constants."""
+    """The public similarity graph: W (symmetric CSR, zero diagonal) and its derived constants.
+
+    `symmetric=True`: the caller vouches that W is symmetric (data.graphs.read_graph builds it
+    from an edge list, both directions alike), so the O(nnz) transposition check is skipped."""
 
     W: sp.csr_matrix
+    symmetric: bool = dataclasses.field(default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         W = sp.csr_matrix(self.W, dtype=np.float64)
@@ -97,12 +103,17 @@ class Graph:
         W.eliminate_zeros()
         if W.shape[0] != W.shape[1]:
             raise ValueError(f"W must be square, got {W.shape}")
-        if abs(W - W.T).max() > 0 if W.nnz else False:
-            raise ValueError("W must be symmetric")
+        if W.nnz and not self.symmetric:  # symmetric: the transpose has the same arrays
+            T = W.T.tocsr()
+            T.sort_indices()
+            if not (np.array_equal(T.indptr, W.indptr) and np.array_equal(T.indices, W.indices)
+                    and np.array_equal(T.data, W.data)):
+                raise ValueError("W must be symmetric")
         if W.nnz and (W.data.min() < 0 or np.any(W.diagonal() != 0)):
             raise ValueError("W must be non-negative with a zero diagonal")
         self.W = W
         self.n = W.shape[0]
+        self._upper: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # smooth_term
         self.deg = np.asarray(W.sum(axis=1)).ravel()
         if np.any(self.deg <= 0):
             raise ValueError(f"agent(s) {np.flatnonzero(self.deg <= 0)[:5].tolist()} have no "
@@ -119,13 +130,39 @@ class Graph:
         return sp.csr_matrix(sp.diags(self.deg) - self.W)
 
     def lambda2(self) -> float:
-        """Second-smallest Laplacian eigenvalue (connectivity: > 0)."""
+        """Second-smallest Laplacian eigenvalue (connectivity: > 0); sparse (Lanczos) above
+        2000 agents."""
         if self.n <= 2000:
             ev = np.linalg.eigvalsh(self.laplacian.toarray())
             return float(ev[1]) if self.n > 1 else 0.0
-        from scipy.sparse.csgraph import connected_components
+        from mpi_dp.data.graphs import laplacian_lambda2
 
-        return 1.0 if connected_components(self.W, directed=False)[0] == 1 else 0.0
+        return laplacian_lambda2(self.W, method="sparse")
+
+    def smooth_term(self, Theta: np.ndarray) -> np.ndarray:
+        """1/2 sum_{i<j} W_ij ||Theta_i - Theta_j||^2 for Theta (R, n, p): shape (R,). One
+        einsum over every (edge, run, coordinate) up to SMOOTH_BLOCK of them (the bits objective
+        (2) always had); above, the upper triangle's edges in blocks of SMOOTH_BLOCK / p per run
+        (memory O(block), not O(edges x runs x p); the same sum in another order)."""
+        W = self.W
+        R, p = Theta.shape[0], Theta.shape[2]
+        if W.nnz * R * p <= SMOOTH_BLOCK:
+            rows = np.repeat(np.arange(self.n), np.diff(W.indptr))
+            diff = Theta[:, rows, :] - Theta[:, W.indices, :]
+            return 0.25 * np.einsum("e,rep,rep->r", W.data, diff, diff)  # each edge twice
+        if self._upper is None:
+            rows = np.repeat(np.arange(self.n, dtype=W.indices.dtype), np.diff(W.indptr))
+            up = W.indices > rows
+            self._upper = (rows[up], W.indices[up], W.data[up])
+        rows, cols, w = self._upper
+        per = max(1, SMOOTH_BLOCK // max(1, p))
+        out = np.zeros(R)
+        for r in range(R):
+            T = np.ascontiguousarray(Theta[r])
+            for a in range(0, len(w), per):
+                d = T[rows[a:a + per]] - T[cols[a:a + per]]
+                out[r] += w[a:a + per] @ np.einsum("ep,ep->e", d, d)
+        return 0.5 * out
 
 
 def confidence(m: np.ndarray, conf_floor: float = 1e-3) -> np.ndarray:
@@ -188,14 +225,18 @@ class Problem:
 
     def objective(self, Theta: np.ndarray) -> np.ndarray:
         """Q for Theta (R, n, p): shape (R,). Needs every agent's data."""
-        W = self.graph.W
-        rows = np.repeat(np.arange(self.n), np.diff(W.indptr))
-        diff = Theta[:, rows, :] - Theta[:, W.indices, :]
-        smooth = 0.25 * np.einsum("e,rep,rep->r", W.data, diff, diff)  # each edge counted twice
-        loss = sum(self.deg[i] * self.conf[i] * local_obj(self.loss, self.X[i], self.y[i],
-                                                          float(self.lam[i]), Theta[:, i, :])
-                   for i in range(self.n))
-        return smooth + self.mu * loss
+        return self.combine(Theta, self.loss_terms(Theta, range(self.n)))
+
+    def loss_terms(self, Theta: np.ndarray, agents) -> list[np.ndarray]:
+        """D_ii c_i L_i(Theta_i) (R,) of each of `agents` (their data must be here)."""
+        return [self.deg[i] * self.conf[i] * local_obj(self.loss, self.X[i], self.y[i],
+                                                       float(self.lam[i]), Theta[:, i, :])
+                for i in agents]
+
+    def combine(self, Theta: np.ndarray, terms: list[np.ndarray]) -> np.ndarray:
+        """Q from the loss terms of every agent in agent order (`loss_terms`, gathered from the
+        ranks hosting them: the same sum as with all the data in one place)."""
+        return self.graph.smooth_term(Theta) + self.mu * sum(terms)
 
     def partial_grad(self, Theta: np.ndarray, i: int) -> np.ndarray:
         """[grad Q]_i (eq. 3) for Theta (R, n, p): shape (R, p)."""
@@ -205,11 +246,12 @@ class Problem:
                               ) - s
 
 
-def make_problem(W: sp.spmatrix, X: list, y: list, loss: str, mu: float, lam: np.ndarray,
+def make_problem(W: sp.spmatrix | Graph, X: list, y: list, loss: str, mu: float, lam: np.ndarray,
                  m: np.ndarray | None = None, smooth: str = "data", row_norm: float = 1.0,
                  conf_floor: float = 1e-3) -> Problem:
-    """A Problem; smooth = 'data' (L_loc from each agent's data) or 'bound' (public row norm)."""
-    g = Graph(sp.csr_matrix(W))
+    """A Problem; smooth = 'data' (L_loc from each agent's data) or 'bound' (public row norm).
+    W may be a built `Graph` (shared, not copied: it is not modified)."""
+    g = W if isinstance(W, Graph) else Graph(sp.csr_matrix(W))
     lam = np.broadcast_to(np.asarray(lam, dtype=np.float64), (g.n,)).copy()
     m = np.array([x.shape[0] for x in X], dtype=np.int64) if m is None else np.asarray(m)
     L_loc, s_loc = np.empty(g.n), np.empty(g.n)

@@ -33,6 +33,10 @@ SOLVERS = ("auto", "scipy", "petsc")
 #: default tolerances: relative residual of the quadratic system, inf-norm of grad Q (logistic)
 QUAD_TOL = 1e-14
 GRAD_TOL = 1e-10
+#: Newton polish of the logistic Theta*: sparse direct solves while nnz(W) p stays below this
+POLISH_DIRECT_NNZ = 4_000_000
+#: model propagation (`mp_solution`): a sparse LU up to this many graph entries, CG above
+MP_DIRECT_NNZ = 1_000_000
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,7 +91,10 @@ def _weighted_newton(data: list[tuple[np.ndarray, np.ndarray, float, float]], p:
             t *= 0.5
         else:  # no decrease at rounding level: f is flat to machine precision here
             return theta
-        theta = theta + t * d
+        new = theta + t * d
+        if np.array_equal(new, theta):  # a step below rounding: every later iteration would
+            break  # repeat this one from the same state, up to max_iter, to the same answer
+        theta = new
         f, g, H = fgh(theta, True)
     if np.max(np.abs(g), initial=0.0) > math.sqrt(tol):
         raise NumericalError(f"logistic Newton did not converge: ||grad||_inf = "
@@ -278,6 +285,7 @@ def _logistic_parts(problem: p2p.Problem):
     y = np.concatenate([problem.y[i] for i in range(n)])
     m = np.array([problem.X[i].shape[0] for i in range(n)])
     owner = np.repeat(np.arange(n), m)
+    off = np.concatenate([[0], np.cumsum(m)])  # agent i's records: off[i]:off[i + 1]
     w = problem.mu * problem.deg * problem.conf  # per agent
     ew = (w / np.maximum(m, 1))[owner]  # per example
     reg = (w * problem.lam)[:, None]  # + reg_i ||Theta_i||^2
@@ -298,20 +306,25 @@ def _logistic_parts(problem: p2p.Problem):
         z = y * np.einsum("kp,kp->k", X, T[owner])
         s = p2p._sigmoid_neg(z)
         d = ew * s * (1.0 - s)
-        blocks = [(X[owner == i].T * d[owner == i]) @ X[owner == i] + 2.0 * reg[i, 0] * np.eye(p)
-                  for i in range(n)]
+        blocks = []
+        for i, (a, b) in enumerate(zip(off[:-1], off[1:], strict=True)):
+            Xi = X[a:b].copy()  # fresh arrays, as the boolean selection owner == i made them
+            blocks.append((Xi.T * d[a:b]) @ Xi + 2.0 * reg[i, 0] * np.eye(p))
         return sp.csr_matrix(sp.kron(lap, sp.eye(p)) + sp.block_diag(blocks))
 
     return fg, hess
 
 
-def theta_star(problem: p2p.Problem, solver: str = "auto", tol: float | None = None
-               ) -> tuple[np.ndarray, float]:
+def theta_star(problem: p2p.Problem, solver: str = "auto", tol: float | None = None,
+               x0: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """(Theta* (n, p), Q*) of objective (2); needs every agent's data.
 
     Quadratic: the SPD system to relative residual `tol` (default 1e-14, or the rounding floor),
     by SciPy CG ("scipy"; "auto") or PETSc KSP ("petsc"). Logistic: L-BFGS ("scipy"; "auto") or
-    TAO ("petsc") on Q to ||grad Q||_inf <= tol (default 1e-10), then sparse Newton polish."""
+    TAO ("petsc") on Q to ||grad Q||_inf <= tol (default 1e-10), from x0 (default: the local
+    models, vec (n p,)), then Newton polish: a sparse direct solve per step up to
+    POLISH_DIRECT_NNZ Laplacian entries times p, block-Jacobi CG above (a direct factor of a
+    dense-ish graph's Hessian does not fit 10^4 agents)."""
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
     if solver == "petsc" and not petsc_available():
@@ -328,14 +341,16 @@ def theta_star(problem: p2p.Problem, solver: str = "auto", tol: float | None = N
     else:
         tol = GRAD_TOL if tol is None else tol
         fg, hess = _logistic_parts(problem)
-        x0 = local_models(problem).ravel()
+        x0 = local_models(problem).ravel() if x0 is None else np.asarray(x0, np.float64).ravel()
         x = minimize_smooth(fg, n * p, math.inf, solver="scipy" if solver == "auto" else solver,
                             x0=x0, tol=tol)
         g = fg(x)[1]
+        direct = problem.graph.W.nnz * p <= POLISH_DIRECT_NNZ
         for _ in range(5):  # Newton polish: L-BFGS stalls at rounding of f before grad -> 0
             if np.max(np.abs(g)) <= tol * 1e-2:
                 break
-            x_new = x - spla.spsolve(hess(x).tocsc(), g)
+            H = hess(x)
+            x_new = x - (spla.spsolve(H.tocsc(), g) if direct else _newton_cg(H, g, n, p))
             g_new = fg(x_new)[1]
             if not np.linalg.norm(g_new) < np.linalg.norm(g):
                 break
@@ -344,6 +359,19 @@ def theta_star(problem: p2p.Problem, solver: str = "auto", tol: float | None = N
             raise NumericalError(f"logistic Theta*: ||grad Q||_inf = {np.max(np.abs(g)):.3g}")
         Theta = x.reshape(n, p)
     return Theta, float(problem.objective(Theta[None])[0])
+
+
+def _newton_cg(H: sp.csr_matrix, g: np.ndarray, n: int, p: int) -> np.ndarray:
+    """H^-1 g by CG with the p x p diagonal blocks of H as preconditioner, to relative residual
+    1e-13 (a Newton step of the polish; the loop keeps it only if it lowers the gradient)."""
+    B = sp.bsr_matrix(H, blocksize=(p, p))
+    B.sort_indices()
+    rows = np.repeat(np.arange(n), np.diff(B.indptr))
+    binv = np.linalg.inv(B.data[B.indices == rows])  # every row holds its diagonal block
+    M = spla.LinearOperator((n * p, n * p), dtype=np.float64,
+                            matvec=lambda r: np.einsum("nij,nj->ni", binv, r.reshape(n, p)).ravel())
+    x, _ = spla.cg(H, g, rtol=1e-13, atol=0.0, maxiter=20 * n * p + 1000, M=M)
+    return x
 
 
 def block_starts(n: int, size: int) -> np.ndarray:
@@ -395,6 +423,47 @@ def mp_solution(problem: p2p.Problem, theta_loc: np.ndarray, mu: float | None = 
     (Lap + mu diag(D_ii c_i)) Theta = mu diag(D_ii c_i) Theta^loc (sparse direct, all columns)."""
     mu = problem.mu if mu is None else float(mu)
     d = mu * problem.deg * problem.conf
+    rhs = np.ascontiguousarray(d[:, None] * np.asarray(theta_loc, dtype=np.float64))
+    if problem.graph.W.nnz > MP_DIRECT_NNZ:  # a sparse LU of a dense-ish graph does not fit
+        return _jacobi_block_cg(sp.csr_matrix(problem.graph.laplacian + sp.diags(d)), rhs)
     M = sp.csc_matrix(problem.graph.laplacian + sp.diags(d))
     lu = spla.splu(M)
-    return lu.solve(np.ascontiguousarray(d[:, None] * np.asarray(theta_loc, dtype=np.float64)))
+    return lu.solve(rhs)
+
+
+def _jacobi_block_cg(A: sp.csr_matrix, B: np.ndarray, rtol: float = 1e-13,
+                     maxiter: int | None = None) -> np.ndarray:
+    """A^-1 B for SPD A and B (n, k): k independent Jacobi-preconditioned CGs, one sparse product
+    with all k columns per iteration, each column to residual <= rtol ||b|| (or its rounding
+    floor: stops when the residual no longer falls)."""
+    n, k = B.shape
+    dinv = 1.0 / A.diagonal()
+    X = np.zeros_like(B)
+    R = B.copy()
+    Z = dinv[:, None] * R
+    P = Z.copy()
+    rz = np.einsum("ij,ij->j", R, Z)
+    goal = rtol * np.linalg.norm(B, axis=0)
+    best = np.linalg.norm(R, axis=0)
+    stall = np.zeros(k, dtype=np.int64)
+    live = best > goal
+    for _ in range(maxiter or 10 * n + 100):
+        if not live.any():
+            break
+        AP = A @ P
+        pap = np.einsum("ij,ij->j", P, AP)
+        alpha = np.where(live, rz / np.where(live, pap, 1.0), 0.0)
+        X += alpha * P
+        R -= alpha * AP
+        res = np.linalg.norm(R, axis=0)
+        stall = np.where(res < 0.999 * best, 0, stall + 1)
+        best = np.minimum(best, res)
+        live &= (res > goal) & (stall < 20)
+        Z = dinv[:, None] * R
+        rz_new = np.einsum("ij,ij->j", R, Z)
+        beta = np.where(live, rz_new / np.where(rz > 0, rz, 1.0), 0.0)
+        P = Z + beta * P
+        rz = rz_new
+    if not np.all(np.isfinite(X)) or np.any(best > math.sqrt(rtol) * np.linalg.norm(B, axis=0)):
+        raise NumericalError("model propagation: CG did not converge")
+    return X
