@@ -1,4 +1,4 @@
-"""The live hot path of the asynchronous star (issue 15): mpi_dp.kernels on both backends, the
+"""The live hot path of the asynchronous star (issue 15): mpi_dp.models.kernels on both backends, the
 owner's one-owner answer path, the ledger's scalar charge.
 
 NumPy backend: the same bits as the general code it replaces (linear.clipped_grad_sum,
@@ -16,12 +16,11 @@ import numpy as np
 import pytest
 from test_async_star import run, settings, synth_S
 
-from mpi_dp import kernels
 from mpi_dp.algorithms import async_star
 from mpi_dp.algorithms.common import LocalShard
 from mpi_dp.comm.p2p_star import ANSWERED, LAST_ANSWER
 from mpi_dp.errors import BudgetExceededError
-from mpi_dp.models import linear
+from mpi_dp.models import kernels, linear
 from mpi_dp.privacy import Ledger, tap
 from mpi_dp.privacy.events import LaplaceEvent
 from mpi_dp.rng import run_streams

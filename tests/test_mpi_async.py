@@ -37,7 +37,7 @@ def test_replay_bitwise_identical_on_1_2_4_ranks(tmp_path, small_shards):
 @pytest.mark.parametrize("protocol,numba", [("owner_request", "1"), ("learner_broadcast", "1"),
                                             ("owner_request", "0")])
 def test_live_run_on_oversubscribed_ranks_and_its_replay(tmp_path, eight_owners, protocol, numba):
-    """numba "0": the NumPy kernels (mpi_dp.kernels); "1": numba where installed."""
+    """numba "0": the NumPy kernels (mpi_dp.models.kernels); "1": numba where installed."""
     env = {"MPI_DP_NUMBA": numba}
     live = _async_job(tmp_path / "live.toml", eight_owners, eps=5.0, runs=2, T=150,
                       **{"async": {"mode": "live", "protocol": protocol, "clock_unit_s": 0.002,

@@ -27,12 +27,11 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from .. import kernels
 from ..comm.p2p_star import ANSWERED, DECLINED, LAST_ANSWER, OwnerClocks, P2PStar
 from ..comm.schedule import LoggedSchedule, Scheduler
 from ..comm.star import Star
 from ..errors import JobError, NumericalError
-from ..models import linear
+from ..models import kernels, linear
 from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, laplace_mechanism, tap
 from ..privacy.events import LaplaceEvent
 from ..rng import LEARNER, run_streams, stream
@@ -133,7 +132,7 @@ class DataOwner(Checkpointed):
     It answers at most `cap` (m_i) times per run, each answer a release of eps_i / m_i.
 
     Hot path (squared loss, dense records, clipping on, few records x runs: the live benchmark's
-    case): the clipped gradient sum and the noisy answer are computed by mpi_dp.kernels into
+    case): the clipped gradient sum and the noisy answer are computed by mpi_dp.models.kernels into
     buffers kept per row count, and the ledger is charged the owner's one precomputed event;
     every other case goes through models.linear and privacy.laplace_mechanism. Both paths clip,
     charge the ledger, then draw the noise, in that order, and give the same numbers.
@@ -613,7 +612,7 @@ def _live_learner(link: P2PStar, learner: Learner, s: Settings, trace: Trace, re
 
     The hot path allocates nothing per update: the query points are written into the QRY buffer,
     the answers received into the RSP buffer (p2p_star.OwnerQuery) and the learner's steps and
-    the trace written in place (mpi_dp.kernels)."""
+    the trace written in place (mpi_dp.models.kernels)."""
     q = link.owner_query(s.runs)
     try:
         _live_loop(link, learner, s, trace, records, label, progress, t0, q)

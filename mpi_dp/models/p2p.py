@@ -135,7 +135,7 @@ class Graph:
         if self.n <= 2000:
             ev = np.linalg.eigvalsh(self.laplacian.toarray())
             return float(ev[1]) if self.n > 1 else 0.0
-        from mpi_dp.data.graphs import laplacian_lambda2
+        from mpi_dp.models.spectral import laplacian_lambda2
 
         return laplacian_lambda2(self.W, method="sparse")
 

@@ -1,4 +1,4 @@
-"""The numba-compiled kernels behind mpi_dp.kernels (imported only when numba is used).
+"""The numba-compiled kernels behind mpi_dp.models.kernels (imported only when numba is used).
 
 Elementwise kernels repeat NumPy's operations in NumPy's order (no fused multiply-add: numba
 compiles without fastmath), so they give the same bits; reductions (dot products, norms) add in

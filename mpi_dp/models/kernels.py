@@ -23,8 +23,8 @@ import os
 
 import numpy as np
 
-from .models import linear
-from .pcg import RunStreams
+from ..pcg import RunStreams
+from . import linear
 
 _AVAILABLE = importlib.util.find_spec("numba") is not None
 _use_numba = _AVAILABLE and os.environ.get("MPI_DP_NUMBA", "1").strip() not in ("0", "")
