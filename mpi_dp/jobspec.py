@@ -133,6 +133,7 @@ class MethodSpec(Protocol):
     label_variant: bool
     key_help: Mapping[str, str]
     sweeps: tuple[str, ...]
+    records_optional: bool
 
     def validate(self, values: dict[str, Any], path: str) -> None: ...
 
@@ -397,12 +398,13 @@ def _positive_int(path: str, values: dict, key: str) -> None:
         raise err(path, key, f"must be at least 1, got {values[key]}")
 
 
-def _check_record_every(path: str, values: dict, key: str) -> None:
+def _check_record_every(path: str, values: dict, key: str, m: MethodSpec) -> None:
     v = values[key]
-    if v == 0 and values.get("algorithm") == "sync_star":
+    if v == 0 and m.records_optional:
         return  # no evaluation-only records: the method's cost alone (final models, ledgers)
     if v < 1:
-        raise err(path, key, f"must be at least 1 (0, no records, only for sync_star), got {v}")
+        zero = "; 0 (no records) is not offered by this method" if v == 0 else ""
+        raise err(path, key, f"must be at least 1, got {v}{zero}")
 
 
 def _check_xi(path: str, values: dict, key: str) -> None:
@@ -435,7 +437,6 @@ def _check_range(lo: float, hi: float, lo_open: bool, hi_open: bool, what: str):
 CHECKS: dict[str, Callable[[str, dict, str], None]] = {
     "T": _positive_int,
     "runs": _positive_int,
-    "record_every": _check_record_every,
     "reference.isolated": _check_range(0, math.inf, False, True, "must be non-negative"),
     "seed": _check_range(0, math.inf, False, True, "must be non-negative"),
     "first_run": _check_range(0, math.inf, False, True, "must be non-negative"),
@@ -498,6 +499,8 @@ def validate(raw: Mapping[str, Any], path: str, methods: Mapping[str, MethodSpec
     for key, check in CHECKS.items():
         if key in values:
             check(path, values, key)
+    if "record_every" in values:
+        _check_record_every(path, values, "record_every", m)
     if "owners" in values:
         _check_owners(path, "owners", values["owners"])
     if values.get("sweep.owners") is not None:

@@ -260,3 +260,32 @@ def test_outp_gaussian_calibration_options(tmp_path, multiclass):
     assert not admm.Agent(0, *synth_multiclass(3, 100, 5, 0.35, 1, classes=3)["agents"][0],
                           s_paper).next_event(0, 1.0).certified
     assert agents[0].next_event(0, 1.0).certified
+
+
+@pytest.mark.parametrize("algorithm", ["dola", "p2p"])
+def test_graph_method_ledgers_carry_every_accountant(tmp_path, algorithm, capsys):
+    """The graph methods' privacy/ledger has the same accountant columns as the star methods',
+    with totals that agree with the closed forms (basic = sum of the releases' eps; advanced by
+    Dwork-Rothblum-Vadhan for equal releases; PLD between one release and both bounds), and
+    `mpi-dp analyze` prints them."""
+    from mpi_dp.cli import main
+
+    if algorithm == "dola":
+        data = write_synth(tmp_path / "o.h5", "online", 8, 40, 4, 0.05, 3, public=100)
+        keys = dict(T=6, eps=0.5, dola={"graph": "ring"})
+    else:
+        data = write_synth(tmp_path / "p.h5", "p2p", 24, 0, 4, 0.05, 3)
+        keys = dict(T=24 * 12, eps=0.5, record_every=96)
+    out = run_job(write_job(tmp_path / "g.toml", data, algorithm=algorithm, runs=2, **keys),
+                  comm=MPI.COMM_SELF, progress=False)
+    rows, attrs, _ = _ledger(out)
+    assert len(rows) == (8 if algorithm == "dola" else 24) and attrs["delta"] == 1e-5 and attrs["guarantee"]
+    k, e = rows["releases"].astype(float), rows["eps_per_release"]
+    assert np.all(k >= 2) and np.all((e > 0) & (e <= 0.5))
+    np.testing.assert_allclose(rows["eps_basic"], k * e, rtol=1e-9)
+    adv = np.sqrt(2 * k * math.log(1e5)) * e + k * e * np.expm1(e)
+    np.testing.assert_allclose(rows["eps_advanced"], adv, rtol=1e-9)
+    assert np.all(rows["eps_pld"] >= e) and np.all(
+        rows["eps_pld"] <= np.minimum(rows["eps_basic"], rows["eps_advanced"]) * (1 + 1e-9))
+    assert main(["analyze", str(out)]) == 0
+    assert "basic | advanced | PLD" in capsys.readouterr().out

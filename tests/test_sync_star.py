@@ -191,8 +191,8 @@ def test_record_every_zero_skips_evaluation_and_changes_no_model(tmp_path, small
     job = write_job(tmp_path / "c.toml", small_shards, algorithm="async_star", variant="proof",
                     T=6, runs=2,
                     record_every=0, lam=1e-5)
-    with pytest.raises(AgreedError, match="record_every': must be at least 1 .0, no records, "
-                       "only for sync_star"):
+    with pytest.raises(AgreedError, match="record_every': must be at least 1, got 0; 0 .no "
+                       "records. is not offered by this method"):
         run_job(job, progress=False)
 
 

@@ -151,6 +151,8 @@ class Method:
     #: its own keys that a job may sweep, e.g. ("dola.rho",) -> `[sweep] rho = [...]`; the
     #: configuration's value is `rc.config.param(key, job[key])`
     sweeps: tuple[str, ...] = ()
+    #: `record_every = 0` is allowed: no evaluation-only records, the method's cost alone
+    records_optional: bool = False
 
     # -- job ---------------------------------------------------------------------------------
     def validate(self, values: dict[str, Any], path: str) -> None:

@@ -34,6 +34,7 @@ class SyncStar(StarMethod):
     variant_help = ("alg2 (sub-gradient steps mu_k = rho/(T sqrt(k)) with polynomial-decay "
                     "averaging; default) or alg1 (mu_k = rho/(k T^2), smooth f)")
     reads = STAR_READS + ("comm.aggregate",)
+    records_optional = True
     sections = {
         "average": {
             "kind": Key((str,), "polynomial", "averaging of alg2", ("polynomial", "stepweighted")),
