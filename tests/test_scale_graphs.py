@@ -321,3 +321,32 @@ def test_the_private_warm_start_is_solved_once_and_rank_invariant(tmp_path, monk
     lu = REF.mp_solution(P, loc)
     monkeypatch.setattr(REF, "MP_DIRECT_NNZ", 0)
     np.testing.assert_allclose(REF.mp_solution(P, loc), lu, rtol=1e-10, atol=1e-12)
+
+
+def test_logistic_polish_without_the_hessian_matrix_equals_the_direct_one(monkeypatch):
+    """Above POLISH_DIRECT_NNZ the logistic Theta* polish applies the Hessian as an operator
+    (Laplacian x I_p + the agents' p x p blocks) with block-Jacobi CG: the operator equals the
+    sparse Hessian on any vector, its diagonal blocks are the matrix's, and Theta* equals the
+    direct solve's."""
+    from test_p2p_cd import logistic_problem
+
+    P = logistic_problem(n=30, p=4, seed=2)
+    fg, hess = REF._logistic_parts(P)
+    v = np.random.default_rng(0).standard_normal(30 * 4)
+    H, d1 = hess(v, True)
+    op, d2 = hess(v, False)
+    r = np.random.default_rng(1).standard_normal(30 * 4)
+    np.testing.assert_allclose(op @ r, H @ r, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(d1, d2)
+    dense = H.toarray()
+    for i in range(30):
+        np.testing.assert_allclose(d1[i], dense[4 * i:4 * i + 4, 4 * i:4 * i + 4], rtol=1e-14)
+    direct, q_direct = REF.theta_star(P, "scipy")
+    monkeypatch.setattr(REF, "POLISH_DIRECT_NNZ", 0)
+    calls = []
+    newton_cg = REF._newton_cg
+    monkeypatch.setattr(REF, "_newton_cg", lambda *a: calls.append(1) or newton_cg(*a))
+    cg, q_cg = REF.theta_star(P, "scipy")
+    assert calls  # the polish ran through the operator
+    np.testing.assert_allclose(cg, direct, rtol=1e-8, atol=1e-10)
+    assert q_cg == pytest.approx(q_direct, rel=1e-12)

@@ -376,6 +376,12 @@ class ShardFile:
             self._agents_gid: h5py.h5g.GroupID | None = None
             #: owners' records kept (read-only) after `check_finite`, so they are read once
             self._kept: dict[int, ArrayPair] = {}
+            self._kept_test: dict[int, ArrayPair] = {}
+            # per-agent lookups, each made once (a group lookup costs ~90 us: thousands of
+            # agents are checked, validated and read in several passes)
+            self._groups: dict[int, h5py.Group] = {}
+            self._sizes: dict[int, int] = {}
+            self._tests: dict[int, bool] = {}
         except OSError as exc:
             raise ShardError(
                 f"shard file '{self._path}' is not a readable HDF5 file ({exc})"
@@ -418,6 +424,7 @@ class ShardFile:
     # -- lifecycle --
     def close(self) -> None:
         """Close the underlying HDF5 file (idempotent)."""
+        self._groups.clear()
         if self._f.id.valid:
             self._f.close()
 
@@ -561,18 +568,26 @@ class ShardFile:
     # -- agents --
     def _group(self, i: int) -> h5py.Group:
         i = int(i)
+        g = self._groups.get(i)
+        if g is not None:
+            return g
         if not 0 <= i < self.n_agents:
             raise self._fail(f"agent {i} out of range (the file has agents 0..{self.n_agents - 1})")
         g = self._f["agents"].get(str(i))
         if not isinstance(g, h5py.Group):
             raise self._fail(f"agent {i} group /agents/{i} is missing")
+        self._groups[i] = g
         return g
 
     def _size(self, i: int) -> int:
-        g = self._group(i)
-        if "n" not in g.attrs:
-            raise self._fail(f"agent {i} has no 'n' attribute")
-        return int(g.attrs["n"])
+        i = int(i)
+        n = self._sizes.get(i)
+        if n is None:
+            g = self._group(i)
+            if "n" not in g.attrs:
+                raise self._fail(f"agent {i} has no 'n' attribute")
+            n = self._sizes[i] = int(g.attrs["n"])
+        return n
 
     def sizes(self, ids: Iterable[int] | None = None) -> np.ndarray:
         """Record counts n_i (int64) of `ids` (default: all agents), from attributes only."""
@@ -588,16 +603,20 @@ class ShardFile:
             raise self._fail(f"agent {i}: asked for n={n} records but only {available} available")
         return n
 
-    def _read_dense_fast(self, i: int, n: int | None) -> ArrayPair | None:
-        """Owner i's dense (X, y) through HDF5's low-level API (a third of the high-level cost:
-        thousands of owners per rank start in seconds); None when anything is not the plain
-        dense float64 layout with n = rows, so that `read_agent` names the problem."""
+    def _read_dense_fast(self, i: int, n: int | None, suffix: str = "") -> ArrayPair | None:
+        """Owner i's dense (X, y) (suffix "_test": its test set) through HDF5's low-level API (a
+        third of the high-level cost: thousands of owners per rank start in seconds); None when
+        anything is not the plain dense float64 layout with n = rows, so that `read_agent` names
+        the problem."""
         try:
             if self._agents_gid is None:
                 self._agents_gid = self._f["agents"].id
-            g = h5py.h5g.open(self._agents_gid, str(int(i)).encode())
-            avail = int(np.asarray(_attr_read(g, b"n")).ravel()[0])
-            dX, dy = h5py.h5d.open(g, b"X"), h5py.h5d.open(g, b"y")
+            g = self._groups[int(i)].id if int(i) in self._groups else h5py.h5g.open(
+                self._agents_gid, str(int(i)).encode())
+            dX = h5py.h5d.open(g, f"X{suffix}".encode())
+            dy = h5py.h5d.open(g, f"y{suffix}".encode())
+            avail = (int(np.asarray(_attr_read(g, b"n")).ravel()[0]) if not suffix
+                     else dX.shape[0])
         except (KeyError, ValueError, OSError, TypeError):
             return None
         rows = avail if n is None else int(n)
@@ -606,7 +625,10 @@ class ShardFile:
             return None
         X = np.empty((rows, dX.shape[1]))
         y = np.empty(rows)
-        if rows:
+        if rows == avail and rows:
+            dX.read(h5py.h5s.ALL, h5py.h5s.ALL, X)
+            dy.read(h5py.h5s.ALL, h5py.h5s.ALL, y)
+        elif rows:
             for d, out in ((dX, X), (dy, y)):
                 space = d.get_space()
                 count = (rows,) + tuple(d.shape[1:])
@@ -642,13 +664,24 @@ class ShardFile:
 
     def has_test(self, i: int) -> bool:
         """Whether owner i has a held-out test set."""
-        g = self._group(i)
-        return "X_test" in g and "y_test" in g
+        i = int(i)
+        t = self._tests.get(i)
+        if t is None:
+            g = self._group(i)
+            t = self._tests[i] = "X_test" in g and "y_test" in g
+        return t
 
     def read_agent_test(self, i: int) -> ArrayPair:
         """Owner i's held-out (X_test, y_test)."""
+        kept = self._kept_test.get(int(i))
+        if kept is not None:
+            return kept
         if not self.has_test(i):
             raise self._fail(f"agent {i} has no test set")
+        if not self.is_sparse:
+            fast = self._read_dense_fast(i, None, "_test")
+            if fast is not None:
+                return fast
         g = self._group(i)
         return (self._read_matrix(g, "X_test", f"agent {i} test set"),
                 np.asarray(g["y_test"][()], np.float64))
@@ -681,6 +714,8 @@ class ShardFile:
         for i in range(self.n_agents) if ids is None else ids:
             g = self._group(i)
             n = self._size(i)
+            if not self.is_sparse and self._dense_agent_ok(g.id, n, self.n_features):
+                continue
             rows = self._check_pair(g, "", f"agent {i}")
             if rows != n:
                 raise self._fail(f"agent {i}: attribute n={n} but X has {rows} rows")
@@ -694,6 +729,26 @@ class ShardFile:
                 if not isinstance(ds, h5py.Dataset) or ds.ndim == 0 or ds.shape[0] != n:
                     raise self._fail(f"agent {i}: extra array {name!r} has shape "
                                      f"{getattr(ds, 'shape', None)}, expected {n} entries")
+
+    @staticmethod
+    def _dense_agent_ok(gid: h5py.h5g.GroupID, n: int, d: int) -> bool:
+        """Whether an agent group is the plain dense layout (X (n, d), y (n,), optionally
+        X_test (m, d) and y_test (m,), all float64, no extra arrays), checked through the
+        low-level API; False sends `check_agents` to the slow path, which names any problem."""
+        try:
+            if gid.links.exists(b"extra"):
+                return False
+            for suffix, rows in ((b"", n), (b"_test", None)):
+                if suffix and not (gid.links.exists(b"X_test") or gid.links.exists(b"y_test")):
+                    break
+                dX, dy = h5py.h5d.open(gid, b"X" + suffix), h5py.h5d.open(gid, b"y" + suffix)
+                rows = dX.shape[0] if rows is None else rows
+                if (len(dX.shape) != 2 or dX.shape != (rows, d) or dy.shape != (rows,)
+                        or dX.dtype != np.float64 or dy.dtype != np.float64):
+                    return False
+        except (KeyError, ValueError, OSError, TypeError):
+            return False
+        return True
 
     def check_finite(self, ids: Iterable[int] | None = None) -> None:
         """Check that the records of `ids` (default: all) hold no NaN or inf, naming the owner,
@@ -709,7 +764,13 @@ class ShardFile:
                 X.flags.writeable = y.flags.writeable = False
                 self._kept[int(i)] = (X, y)
             if self.has_test(i):
-                parts.append(("test ", self.read_agent_test(i)))
+                test = self.read_agent_test(i)
+                parts.append(("test ", test))
+                size = sum(a.nbytes for a in test) if not sp.issparse(test[0]) else budget + 1
+                if size <= budget:
+                    budget -= size
+                    test[0].flags.writeable = test[1].flags.writeable = False
+                    self._kept_test[int(i)] = test
             for what, (X, y) in parts:
                 data = X.data if sp.issparse(X) else X
                 if not np.all(np.isfinite(data)):

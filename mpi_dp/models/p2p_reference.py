@@ -301,16 +301,29 @@ def _logistic_parts(problem: p2p.Problem):
         g = LT + S @ (coef[:, None] * X) + 2.0 * reg * T
         return f, g.ravel()
 
-    def hess(v: np.ndarray) -> sp.csr_matrix:
+    lap_diag = lap.diagonal()
+
+    def hess(v: np.ndarray, sparse: bool) -> tuple[Any, np.ndarray]:
+        """(H, its p x p diagonal blocks (n, p, p)): H as a sparse matrix when `sparse` (for a
+        direct solve), else as an operator (Laplacian x I_p + block diagonal: no n p x n p
+        matrix is formed; at 10^4 agents of a dense-ish graph that matrix takes gigabytes)."""
         T = v.reshape(n, p)
         z = y * np.einsum("kp,kp->k", X, T[owner])
         s = p2p._sigmoid_neg(z)
         d = ew * s * (1.0 - s)
-        blocks = []
+        blocks = np.empty((n, p, p))
         for i, (a, b) in enumerate(zip(off[:-1], off[1:], strict=True)):
-            Xi = X[a:b].copy()  # fresh arrays, as the boolean selection owner == i made them
-            blocks.append((Xi.T * d[a:b]) @ Xi + 2.0 * reg[i, 0] * np.eye(p))
-        return sp.csr_matrix(sp.kron(lap, sp.eye(p)) + sp.block_diag(blocks))
+            Xi = X[a:b]
+            blocks[i] = (Xi.T * d[a:b]) @ Xi + 2.0 * reg[i, 0] * np.eye(p)
+        diag = blocks + lap_diag[:, None, None] * np.eye(p)
+        if sparse:
+            return sp.csr_matrix(sp.kron(lap, sp.eye(p)) + sp.block_diag(list(blocks))), diag
+
+        def matvec(r: np.ndarray) -> np.ndarray:
+            R = r.reshape(n, p)
+            return (lap @ R + np.einsum("nij,nj->ni", blocks, R)).ravel()
+
+        return spla.LinearOperator((n * p, n * p), matvec=matvec, dtype=np.float64), diag
 
     return fg, hess
 
@@ -349,8 +362,8 @@ def theta_star(problem: p2p.Problem, solver: str = "auto", tol: float | None = N
         for _ in range(5):  # Newton polish: L-BFGS stalls at rounding of f before grad -> 0
             if np.max(np.abs(g)) <= tol * 1e-2:
                 break
-            H = hess(x)
-            x_new = x - (spla.spsolve(H.tocsc(), g) if direct else _newton_cg(H, g, n, p))
+            H, diag = hess(x, direct)
+            x_new = x - (spla.spsolve(H.tocsc(), g) if direct else _newton_cg(H, diag, g))
             g_new = fg(x_new)[1]
             if not np.linalg.norm(g_new) < np.linalg.norm(g):
                 break
@@ -361,13 +374,12 @@ def theta_star(problem: p2p.Problem, solver: str = "auto", tol: float | None = N
     return Theta, float(problem.objective(Theta[None])[0])
 
 
-def _newton_cg(H: sp.csr_matrix, g: np.ndarray, n: int, p: int) -> np.ndarray:
-    """H^-1 g by CG with the p x p diagonal blocks of H as preconditioner, to relative residual
-    1e-13 (a Newton step of the polish; the loop keeps it only if it lowers the gradient)."""
-    B = sp.bsr_matrix(H, blocksize=(p, p))
-    B.sort_indices()
-    rows = np.repeat(np.arange(n), np.diff(B.indptr))
-    binv = np.linalg.inv(B.data[B.indices == rows])  # every row holds its diagonal block
+def _newton_cg(H: Any, diag: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """H^-1 g by CG with the p x p diagonal blocks `diag` (n, p, p) of H as preconditioner, to
+    relative residual 1e-13 (a Newton step of the polish; the loop keeps it only if it lowers
+    the gradient)."""
+    n, p = diag.shape[:2]
+    binv = np.linalg.inv(diag)
     M = spla.LinearOperator((n * p, n * p), dtype=np.float64,
                             matvec=lambda r: np.einsum("nij,nj->ni", binv, r.reshape(n, p)).ravel())
     x, _ = spla.cg(H, g, rtol=1e-13, atol=0.0, maxiter=20 * n * p + 1000, M=M)
