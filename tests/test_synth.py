@@ -137,3 +137,24 @@ def test_cli_round_trip(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["--task", "binary"])  # --out is required
     assert "--public" in parser.format_help()
+
+
+@pytest.mark.parametrize("task", ["regression", "online", "multiclass"])
+def test_synth_parameters_stay_small_for_many_agents(tmp_path, task):
+    """The file's `synth` attribute and source keep the record counts as one number (equal) or
+    a summary (unequal, more than RECORDS_PARAM_MAX agents), never a per-agent list: an HDF5
+    attribute is capped at 64 KiB, which 13,000 listed counts exceed. The counts stay exact in
+    every agent's `n`."""
+    from mpi_dp.data import synth as S
+
+    n = S.RECORDS_PARAM_MAX + 1
+    sizes = [2 + i % 3 for i in range(n)]
+    kw = {"public": 5}  # online, multiclass: the global test set
+    for records, want in ((3, 3), (sizes, f"{n} per-agent counts")):
+        path = write_synth(tmp_path / f"{task}{len(str(records))}.h5", task, n, records, 2, 0.1,
+                           seed=1, **kw)
+        with ShardFile(path) as sf:
+            got = json.loads(sf.attrs["synth"])["records"]
+            assert got == want if isinstance(want, int) else got.startswith(want)
+            assert sf.sizes().tolist() == ([records] * n if isinstance(records, int) else sizes)
+            assert len(sf.source) < 1000

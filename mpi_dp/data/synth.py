@@ -30,6 +30,22 @@ from mpi_dp.errors import DataError
 SYNTH_TASKS = ("regression", "binary", "multiclass", "online", "p2p")
 
 
+#: longest list of per-agent sizes stored in the file's `synth` attribute (attributes are capped
+#: at 64 KiB; every agent's size is its group's `n` attribute anyway)
+RECORDS_PARAM_MAX = 256
+
+
+def _records_param(sizes: Sequence[int]) -> int | list[int] | str:
+    """The `records` entry of the synth parameters: one number when every agent has the same
+    count, the list when it is short, else a summary (thousands of agents)."""
+    if len(set(sizes)) == 1:
+        return int(sizes[0])
+    if len(sizes) <= RECORDS_PARAM_MAX:
+        return [int(r) for r in sizes]
+    return (f"{len(sizes)} per-agent counts (/agents/<i> attribute n): {min(sizes)}..{max(sizes)}"
+            f", {sum(sizes)} in all")
+
+
 def _records_list(n_agents: int, records: int | Sequence[int]) -> list[int]:
     """Per-owner record counts from an int (same for all) or a list; DataError if invalid."""
     if n_agents < 1:
@@ -200,7 +216,7 @@ def write_synth(
     params: dict[str, Any] = {
         "generator": generator,
         "n_agents": n_agents,
-        "records": sizes,
+        "records": _records_param(sizes),
         "dim": dim,
         "noise": float(noise),
         "seed": int(seed),
@@ -260,7 +276,8 @@ def synth_online(n_agents: int, records: int | Sequence[int], dim: int, flip: fl
 def _write_online(path, n_agents: int, records, dim: int, noise: float, seed: int,
                   test: int) -> pathlib.Path:
     data = synth_online(n_agents, records, dim, noise, seed, test=test)
-    params = {"n_agents": n_agents, "records": [X.shape[0] for X, _ in data["agents"]],
+    params = {"n_agents": n_agents,
+              "records": _records_param([X.shape[0] for X, _ in data["agents"]]),
               "dim": dim, "flip": float(noise), "seed": int(seed), "test": int(test)}
     source = "mpi_dp.data.synth.synth_online(" + ", ".join(
         f"{k}={v!r}" for k, v in params.items()) + ")"
@@ -273,7 +290,8 @@ def _write_online(path, n_agents: int, records, dim: int, noise: float, seed: in
 def _write_multiclass(path, n_agents: int, records, dim: int, noise: float, seed: int,
                       test: int, classes: int = 4) -> pathlib.Path:
     data = synth_multiclass(n_agents, records, dim, noise, seed, classes=classes, test=test)
-    params = {"n_agents": n_agents, "records": [X.shape[0] for X, _ in data["agents"]],
+    params = {"n_agents": n_agents,
+              "records": _records_param([X.shape[0] for X, _ in data["agents"]]),
               "dim": dim, "noise": float(noise), "seed": int(seed), "classes": int(classes),
               "test": int(test)}
     source = "mpi_dp.data.synth.synth_multiclass(" + ", ".join(
