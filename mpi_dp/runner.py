@@ -46,9 +46,23 @@ def participants(job: Job, owners: Any, n_agents: int) -> int:
     return int(owners)
 
 
-def resolve_configs(job: Job, shard: ShardFile) -> list[Resolved]:
-    """The job's configurations with per-owner eps and n resolved against the shard file."""
-    sizes = shard.sizes()
+def all_sizes(comm: MPI.Comm, shard: ShardFile) -> np.ndarray:
+    """Collective: every agent's record count, each rank reading a block of them (one lookup
+    per agent in the job, not per agent and rank: thousands of agents start in seconds)."""
+    n, size, rank = shard.n_agents, comm.Get_size(), comm.Get_rank()
+    starts = [n * r // size for r in range(size + 1)]
+    mine = collective(comm, lambda: np.ascontiguousarray(
+        shard.sizes(range(starts[rank], starts[rank + 1])), dtype=np.int64))
+    out = np.empty(n, dtype=np.int64)
+    comm.Allgatherv(mine, [out, np.diff(starts), starts[:-1], MPI.INT64_T])
+    return out
+
+
+def resolve_configs(job: Job, shard: ShardFile, sizes: np.ndarray | None = None
+                    ) -> list[Resolved]:
+    """The job's configurations with per-owner eps and n resolved against the shard file
+    (`sizes`: every agent's record count, read from it unless given)."""
+    sizes = shard.sizes() if sizes is None else sizes
     out = []
     for cfg in job.configs():
         N = participants(job, cfg.owners, shard.n_agents)
@@ -126,7 +140,8 @@ def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool, final: P
     rank = comm.Get_rank()
     method = REGISTRY.get(job.algorithm)
     shard = collective(comm, lambda: ShardFile(job["data"]))
-    configs = collective(comm, lambda: resolve_configs(job, shard))
+    sizes = all_sizes(comm, shard)
+    configs = collective(comm, lambda: resolve_configs(job, shard, sizes))
     star = Star(comm, shard.n_agents)
     collective(comm, lambda: shard.check_agents(list(star.local_agents)))
     collective(comm, lambda: shard.check_finite(list(star.local_agents)))
