@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -195,6 +196,12 @@ def test_merge_refuses_what_would_not_be_the_whole_result(tmp_path, small_shards
     err = refused(out, a, b)
     assert "m.h5 exists: merge never replaces a result; pass --overwrite" in err
     assert out.read_bytes() == before
+    left = tmp_path / "m3.h5.partial"
+    shutil.copyfile(a, left)
+    cp = _cli("merge", str(tmp_path / "m3.h5"), str(a), str(b))
+    assert cp.returncode == 2 and "m3.h5.partial is left by a job or merge that stopped before " \
+        "completing" in cp.stderr, cp.stderr
+    assert left.read_bytes() == Path(a).read_bytes()
     cp = _cli("merge", str(out), str(a), str(b), "--overwrite")
     assert cp.returncode == 0, cp.stderr
     assert_equal_results(first, out)  # the resumed part gives what the uninterrupted one does

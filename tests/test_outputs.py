@@ -64,8 +64,8 @@ def test_a_failed_job_leaves_the_previous_result_untouched(tmp_path, small_shard
     assert not lock_path(out).exists()
     # the stopped job's .partial is not replaced silently either
     out.unlink()
-    with pytest.raises(MpiDpError, match=r"b\.h5\.partial is left by a job that stopped before "
-                       r"completing \(status failed, configuration 1/1, record \d+"):
+    with pytest.raises(MpiDpError, match=r"b\.h5\.partial is left by a job or merge that "
+                       r"stopped before completing \(status failed, configuration 1/1, record \d+"):
         run_job(job, progress=False)
 
 
@@ -107,7 +107,7 @@ def test_a_killed_job_is_reported_incomplete_and_its_lock_dies_with_it(tmp_path,
     with open_result(tmp_path / "d.h5") as res:
         assert res.status == "running" and res.configs[0].n_records() >= 3
     cp = _cli("run", str(job), "--set", "T=3", "--quiet")
-    assert cp.returncode == 2 and "left by a job that stopped" in cp.stderr
+    assert cp.returncode == 2 and "left by a job or merge that stopped" in cp.stderr
     assert _cli("run", str(job), "--set", "T=3", "--quiet", "--overwrite").returncode == 0
     assert (tmp_path / "d.h5").exists() and not part.exists()
 

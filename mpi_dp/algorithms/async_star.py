@@ -35,7 +35,7 @@ from ..models import kernels, linear
 from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, laplace_mechanism, tap
 from ..privacy.events import LaplaceEvent
 from ..rng import LEARNER, run_streams, stream
-from .common import Checkpointed, EvalSet, LocalShard, Oracle, Reference, agent_order_sum
+from .common import Checkpointed, EvalSet, LocalShard, Oracle, Reference, agent_order_sum, load_checkpoint
 
 #: decline reasons recorded in schedule/declines
 RETIRED, REFUSED = 1, 2
@@ -475,7 +475,8 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
     oracle = Oracle(star, shards, s.loss, s.lam, s.n_total, s.p, evalset)
     gram = GramEvaluator(star, shards, s.lam, s.n_total, s.p) if s.loss == "squared" else None
     records = _Records(s, ref, gram, recorder)
-    saved = _load_checkpoint(star, recorder, owners, label, progress) if s.mode == "replay" else None
+    saved = (load_checkpoint(star, recorder, owners.values(), label, progress, owners_only=True)
+             if s.mode == "replay" else None)
     trace = Trace(R, s.T) if saved is None else saved["trace"]
     dropped = np.zeros(0)
     if s.mode == "live":
@@ -537,22 +538,6 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
 
 def _owner_states(owners: dict[int, DataOwner]) -> list[tuple[int, dict]]:
     return [(a, o.state()) for a, o in owners.items()]
-
-
-def _load_checkpoint(star: Star, recorder, owners: dict[int, DataOwner], label: str,
-                     progress: bool) -> dict | None:
-    """Collective: restore every hosted owner from the learner's checkpoint (its owners' part,
-    keyed by owner, broadcast); the learner gets the whole saved state (None: start afresh)."""
-    saved = recorder.saved_state() if recorder is not None else None
-    states = star.comm.bcast(None if saved is None else saved["owners"], root=0)
-    if states is None:
-        return None
-    for a, o in owners.items():
-        o.restore(states[a])
-    if progress and star.is_learner:
-        print(f"  [{label}] resumed from its checkpoint at k={saved['k']}", file=sys.stderr,
-              flush=True)
-    return saved
 
 
 def _replay_learner(link: P2PStar, answer, learner: Learner, sched, s: Settings, trace: Trace,

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import math
 import sys
+from collections.abc import Iterable
 
 import numpy as np
 import scipy.sparse as sp
@@ -413,15 +414,20 @@ def save_checkpoint(star: Star, recorder, k: int, T: int, owners: list, **learne
                              "owners": dict(st for part in states for st in part)})
 
 
-def load_checkpoint(star: Star, recorder, owners: list, label: str, progress: bool,
-                    clock: str = "k") -> dict | None:
+def load_checkpoint(star: Star, recorder, owners: Iterable, label: str, progress: bool,
+                    clock: str = "k", owners_only: bool = False) -> dict | None:
     """Collective: the checkpoint a resumed configuration continues from (None: start afresh),
-    with every hosted owner restored; the learner's state is in the returned dict."""
-    saved = star.comm.bcast(recorder.saved_state() if recorder is not None else None, root=0)
-    if saved is not None:
-        for o in owners:
-            o.restore(saved["owners"][o.agent])
-        if progress and star.is_learner:
-            print(f"  [{label}] resumed from its checkpoint at {clock}={saved['k']}",
-                  file=sys.stderr, flush=True)
-    return saved
+    with every hosted owner (objects with `agent` and `restore`) restored; the learner's state
+    is in the dict returned (`owners_only`: only the owners' part is broadcast, and only the
+    learner gets the dict)."""
+    saved = recorder.saved_state() if recorder is not None else None
+    sent = star.comm.bcast(saved if not owners_only or saved is None else
+                           {"owners": saved["owners"], "k": saved["k"]}, root=0)
+    if sent is None:
+        return None
+    for o in owners:
+        o.restore(sent["owners"][o.agent])
+    if progress and star.is_learner:
+        print(f"  [{label}] resumed from its checkpoint at {clock}={sent['k']}",
+              file=sys.stderr, flush=True)
+    return saved if star.is_learner else None if owners_only else sent

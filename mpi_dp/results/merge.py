@@ -34,7 +34,7 @@ import h5py
 import numpy as np
 
 from ..errors import MergeError
-from .output import OutputLock, describe_partial, partial_path, progress_text
+from .output import OutputLock, check_output, describe_partial, partial_path, progress_text
 from .parts import ranges_text, task_glob, task_path
 from .recorder import FORMAT, _without_output
 
@@ -275,13 +275,7 @@ def merge_parts(out: str | Path, specs: Sequence[str] = (), overwrite: bool = Fa
     lock.acquire()
     try:
         partial = partial_path(out)
-        if out.exists() and not overwrite:
-            raise MergeError(f"{out} exists: merge never replaces a result; pass --overwrite to "
-                             "replace it (the old file stays until the merged one is complete) "
-                             "or choose another OUT")
-        if partial.exists() and not overwrite:
-            raise MergeError(f"{partial} exists ({describe_partial(partial)}), left by a job or "
-                             "merge that stopped; pass --overwrite or choose another OUT")
+        check_output(out, overwrite, MergeError, "merge")
         try:
             _write(partial, parts)
             os.replace(partial, out)

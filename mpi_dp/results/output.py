@@ -87,26 +87,29 @@ class OutputLock:
             self._fd = None
 
 
-def check_output(final: str | Path, overwrite: bool) -> None:
-    """Refuse what would lose a result; call while holding the lock, before touching anything."""
+def check_output(final: str | Path, overwrite: bool, error: type[Exception] = JobError,
+                 verb: str = "a run") -> None:
+    """Refuse what would lose a result; call while holding the lock, before touching anything.
+    `error` and `verb` name the refusal for the caller (`mpi-dp run`, `mpi-dp merge`)."""
     final, partial = Path(final), partial_path(final)
     if final.is_dir():
-        raise JobError(f"output {final} is a directory; give a file path (--out x.h5)")
+        raise error(f"output {final} is a directory; give a file path (--out x.h5)")
     if final.exists() and not overwrite:
-        raise JobError(f"{final} exists: a run never replaces a result; pass --overwrite to "
-                       "replace it (the old file stays until the new job completes) or choose "
-                       "another --out")
+        raise error(f"{final} exists: {verb} never replaces a result; pass --overwrite to "
+                    f"replace it (the old file stays until the new one is complete) or choose "
+                    "another output")
     if partial.exists() and not overwrite:
-        raise JobError(f"{partial} is left by a job that stopped before completing "
-                       f"({describe_partial(partial)}); `mpi-dp analyze {partial}` reads what "
-                       "it holds; pass --overwrite to start afresh or choose another --out")
+        raise error(f"{partial} is left by a job or merge that stopped before completing "
+                    f"({describe_partial(partial)}); `mpi-dp analyze {partial}` reads what "
+                    "it holds; pass --overwrite to start afresh or choose another output")
     parent = final.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise JobError(f"cannot create the output directory {parent}: {e.strerror or e}") from None
+        raise error(f"cannot create the output directory {parent}: {e.strerror or e}") from None
     if not os.access(parent, os.W_OK):
-        raise JobError(f"cannot write results in {parent} (permission denied); choose --out")
+        raise error(f"cannot write results in {parent} (permission denied); choose another "
+                    "output")
 
 
 def check_resume(final: str | Path) -> None:
