@@ -257,3 +257,15 @@ def test_agents_differing_below_the_printed_digits_share_a_line(tmp_path: Path) 
     text = _text(write_single(tmp_path / "ulp.h5", led))
     assert "0.2346" in _cells(_line(text, "owners 0-1")) and "0.2351" in _cells(
         _line(text, "owner 2"))
+
+
+def test_scattered_agents_are_counted_not_listed() -> None:
+    """Thousands of agents with equal ledgers but scattered ids (p2p: releases vary by peer)
+    make one short cell: the first ranges, then the count."""
+    from mpi_dp.analysis.privacy_text import MAX_RANGES, _agents
+
+    assert _agents([1]) == "owner 1" and _agents([0, 1, 2, 5]) == "owners 0-2,5"
+    ids = list(range(0, 20000, 2))
+    cell = _agents(ids)
+    assert cell == "owners 0,2,4,6,... (10,000 owners)" and MAX_RANGES == 4
+    assert _agents(list(range(0, 8, 2))) == "owners 0,2,4,6"

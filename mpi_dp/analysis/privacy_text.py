@@ -54,8 +54,16 @@ def _ranges(values: list[int]) -> str:
     return ",".join(parts)
 
 
+#: ranges shown in a ledger line before the rest are counted (thousands of scattered agents)
+MAX_RANGES = 4
+
+
 def _agents(agents: list[int]) -> str:
-    return ("owner " if len(agents) == 1 else "owners ") + _ranges(agents)
+    """'owner 3', 'owners 0-2,5': at most MAX_RANGES ranges, then '... (N owners)'."""
+    parts = _ranges(agents).split(",")
+    if len(parts) > MAX_RANGES:
+        return f"owners {','.join(parts[:MAX_RANGES])},... ({len(agents):,} owners)"
+    return ("owner " if len(agents) == 1 else "owners ") + ",".join(parts)
 
 
 def _plain(value: Any) -> Any:
