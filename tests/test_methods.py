@@ -289,3 +289,26 @@ def test_graph_method_ledgers_carry_every_accountant(tmp_path, algorithm, capsys
         rows["eps_pld"] <= np.minimum(rows["eps_basic"], rows["eps_advanced"]) * (1 + 1e-9))
     assert main(["analyze", str(out)]) == 0
     assert "basic | advanced | PLD" in capsys.readouterr().out
+
+
+def test_per_agent_arrays_longer_than_an_attribute_are_datasets(tmp_path):
+    """Arrays of more than ATTR_ARRAY_MAX values (per-agent eps, n, caps of thousands of agents)
+    are datasets arrays/<name> of the configuration, not attributes (capped at 64 KiB for
+    readers without dense attribute storage), shorter ones stay attributes, and the analysis
+    sees both among the configuration's attributes."""
+    from mpi_dp.analysis.load import Result
+    from mpi_dp.results.recorder import ATTR_ARRAY_MAX
+
+    N = ATTR_ARRAY_MAX + 1
+    data = write_synth(tmp_path / "many.h5", "regression", N, 3, 2, 0.1, 1, public=50)
+    eps = [1.0 + (i % 3) for i in range(N)]
+    out = run_job(write_job(tmp_path / "d.toml", data, eps=eps, T=2, runs=1),
+                  comm=MPI.COMM_SELF, progress=False)
+    with h5py.File(out, "r") as f:
+        assert "eps" not in f.attrs and "n" not in f.attrs
+        np.testing.assert_array_equal(f["arrays/eps"][()], eps)
+        np.testing.assert_array_equal(f["arrays/n"][()], [3] * N)
+        assert f.attrs["run_ids"].tolist() == [0] and "run_ids" not in f["arrays"]
+    with Result(out) as r:
+        c = r.configs[0]
+        assert c.eps.tolist() == eps and c.n.tolist() == [3] * N

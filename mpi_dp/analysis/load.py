@@ -11,6 +11,7 @@ import numpy as np
 
 from mpi_dp.errors import MpiDpError
 from mpi_dp.results.output import partial_path, progress_text, writer_gone
+from mpi_dp.results.recorder import ARRAYS
 
 try:  # Python >= 3.11
     import tomllib as _toml
@@ -62,6 +63,9 @@ class ConfigView:
         self._g = group
         self._path = path
         self.attrs: dict[str, Any] = {k: _attr_value(v) for k, v in group.attrs.items()}
+        arrays = group.get(ARRAYS)  # attributes too long for one (mpi_dp.results.recorder)
+        if isinstance(arrays, h5py.Group):
+            self.attrs.update((k, ds[()]) for k, ds in arrays.items())
         self.index: int = int(self.attrs.get("config_index", index))
         self.eps: np.ndarray = np.atleast_1d(np.asarray(self.attrs.get("eps", []), dtype=float))
         self.n: np.ndarray = np.atleast_1d(np.asarray(self.attrs.get("n", []), dtype=np.int64))

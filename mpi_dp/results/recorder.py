@@ -46,6 +46,15 @@ FORMAT = "mpi_dp.results"
 FORMAT_VERSION = 1
 
 
+#: longest array stored as a configuration attribute; longer ones are datasets `arrays/<name>`
+#: (per-agent values: an attribute is a header message, capped at 64 KiB without the dense
+#: attribute storage that older HDF5 readers lack)
+ATTR_ARRAY_MAX = 1024
+ARRAYS = "arrays"
+ARRAYS_DOC = ("attributes of this group too long for an attribute (arrays of more than "
+              f"{ATTR_ARRAY_MAX} values, e.g. per-agent eps and n): one dataset each, same name")
+
+
 def _attr(v: Any) -> Any:
     if isinstance(v, dict | list | tuple) and not (
         isinstance(v, list | tuple) and v and all(isinstance(x, int | float) for x in v)
@@ -142,8 +151,23 @@ class ConfigRecorder:
             ds.attrs[k] = _attr(v)
 
     def set_attrs(self, **attrs: Any) -> None:
+        """The configuration's attributes; an array longer than ATTR_ARRAY_MAX (per-agent values
+        of thousands of agents) becomes the dataset `arrays/<name>` instead, and readers
+        (mpi_dp.analysis.load) see it among the attributes."""
         for k, v in attrs.items():
-            self.group.attrs[k] = _attr(v)
+            v = _attr(v)
+            if isinstance(v, list | tuple | np.ndarray) and np.size(v) > ATTR_ARRAY_MAX:
+                if k in self.group.attrs:
+                    del self.group.attrs[k]
+                arrays = self.group.require_group(ARRAYS)
+                arrays.attrs["doc"] = ARRAYS_DOC
+                if k in arrays:
+                    del arrays[k]
+                arrays.create_dataset(k, data=np.asarray(v))
+            else:
+                if ARRAYS in self.group and k in self.group[ARRAYS]:
+                    del self.group[ARRAYS][k]
+                self.group.attrs[k] = v
 
 
 def _kill_at() -> tuple[int, int] | None:
