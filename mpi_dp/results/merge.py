@@ -275,7 +275,7 @@ def merge_parts(out: str | Path, specs: Sequence[str] = (), overwrite: bool = Fa
     lock.acquire()
     try:
         partial = partial_path(out)
-        check_output(out, overwrite, MergeError, "merge")
+        check_output(out, overwrite, MergeError, "merge", "OUT")
         try:
             _write(partial, parts)
             os.replace(partial, out)

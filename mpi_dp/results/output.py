@@ -88,20 +88,21 @@ class OutputLock:
 
 
 def check_output(final: str | Path, overwrite: bool, error: type[Exception] = JobError,
-                 verb: str = "a run") -> None:
+                 verb: str = "a run", option: str = "--out") -> None:
     """Refuse what would lose a result; call while holding the lock, before touching anything.
-    `error` and `verb` name the refusal for the caller (`mpi-dp run`, `mpi-dp merge`)."""
+    `error`, `verb` and `option` (where the output is named) fit the refusal to the caller
+    (`mpi-dp run`, `mpi-dp merge`)."""
     final, partial = Path(final), partial_path(final)
     if final.is_dir():
-        raise error(f"output {final} is a directory; give a file path (--out x.h5)")
+        raise error(f"output {final} is a directory; give a file path ({option} x.h5)")
     if final.exists() and not overwrite:
         raise error(f"{final} exists: {verb} never replaces a result; pass --overwrite to "
                     f"replace it (the old file stays until the new one is complete) or choose "
-                    "another output")
+                    f"another {option}")
     if partial.exists() and not overwrite:
         raise error(f"{partial} is left by a job or merge that stopped before completing "
                     f"({describe_partial(partial)}); `mpi-dp analyze {partial}` reads what "
-                    "it holds; pass --overwrite to start afresh or choose another output")
+                    f"it holds; pass --overwrite to start afresh or choose another {option}")
     parent = final.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -109,7 +110,7 @@ def check_output(final: str | Path, overwrite: bool, error: type[Exception] = Jo
         raise error(f"cannot create the output directory {parent}: {e.strerror or e}") from None
     if not os.access(parent, os.W_OK):
         raise error(f"cannot write results in {parent} (permission denied); choose another "
-                    "output")
+                    f"{option}")
 
 
 def check_resume(final: str | Path) -> None:
