@@ -166,6 +166,41 @@ def test_check_agents_inconsistent(shard):
             sf.check_agents([0, 1])
 
 
+@pytest.mark.parametrize("edit, match", [
+    ("csr_x", r"agent 1: X is CSR in a file with storage 'dense'"),
+    ("int_y", r"agent 1: X/y are not float64"),
+    ("x_cols", r"agent 1: X has shape \(12, 2\), expected \(n, 3\)"),
+    ("test_rows", r"agent 1: y_test has shape \(1,\) but X_test has 2 rows"),
+    ("test_missing_y", r"agent 1: dataset y_test missing"),
+])
+def test_check_agents_names_what_the_fast_layout_check_passes_on(tmp_path, edit, match):
+    """check_agents validates the plain dense layout through HDF5's low-level API and hands
+    anything else to the full check, which names the problem."""
+    tests = [None, (np.ones((2, 3)), np.array([1.0, 2.0])), None]
+    path = write_shards(tmp_path / "f.h5", _agents(), test=tests)
+    with h5py.File(path, "a") as f:
+        g = f["agents/1"]
+        if edit == "csr_x":
+            del g["X"]
+            c = g.create_group("X")
+            c.create_dataset("data", data=np.ones(12))
+        elif edit == "int_y":
+            del g["y"]
+            g.create_dataset("y", data=np.zeros(12, dtype=np.int64))
+        elif edit == "x_cols":
+            del g["X"]
+            g.create_dataset("X", data=np.zeros((12, 2)))
+        elif edit == "test_rows":
+            del g["y_test"]
+            g.create_dataset("y_test", data=np.zeros(1))
+        else:
+            del g["y_test"]
+    with ShardFile(path) as sf:
+        sf.check_agents([0, 2])
+        with pytest.raises(ShardError, match=match):
+            sf.check_agents()
+
+
 def test_no_public(tmp_path):
     path = write_shards(tmp_path / "np.h5", _agents())
     with ShardFile(path) as sf:
