@@ -121,7 +121,7 @@ class Ledger:
     def _cached(self, event: Event) -> list:
         """[event, eps, delta, counts entry or None] of the last event charged (repeated charges
         of one event object, an owner answering queries, skip re-deriving its key)."""
-        last = self.__dict__.get("_last")
+        last = self.__dict__.get("_last")  # absent in a ledger pickled by an older version
         if last is None or last[0] is not event:
             last = self._last = [event, event.eps, event.delta, None]
         return last
@@ -146,12 +146,7 @@ class Ledger:
         if ok is not True and not np.all(ok):
             r = np.arange(self.runs)[idx][np.flatnonzero(~np.asarray(ok))[0]]
             raise BudgetExceededError(self._refusal(event, int(r), note))
-        if eps:
-            self._run_eps[idx] += eps
-        if delta:
-            self._run_delta[idx] += delta
-        self.releases[idx] += 1
-        self._count(event, last)[idx] += 1
+        self._record(event, last, idx)
 
     def charge_one(self, event: Event, r: int, note: str = "") -> None:
         """charge(event, [r]) for the one run position r: the same check and the same running
@@ -164,12 +159,17 @@ class Ledger:
                 or (delta and math.isfinite(self.budget_delta)
                     and self._run_delta[r] + delta > self._limit_delta)):
             raise BudgetExceededError(self._refusal(event, r, note))
-        if eps:
-            self._run_eps[r] += eps
-        if delta:
-            self._run_delta[r] += delta
-        self.releases[r] += 1
-        self._count(event, last)[r] += 1
+        self._record(event, last, r)
+
+    def _record(self, event: Event, last: list, idx: np.ndarray | slice | int) -> None:
+        """One release of `event` (its `_cached` entry `last`) at run positions `idx` (or the one
+        position): the running sums of the budget check, the releases and the event's counts."""
+        if last[1]:
+            self._run_eps[idx] += last[1]
+        if last[2]:
+            self._run_delta[idx] += last[2]
+        self.releases[idx] += 1
+        self._count(event, last)[idx] += 1
 
     def _refusal(self, event: Event, r: int, note: str) -> str:
         n = int(self.releases[r])
