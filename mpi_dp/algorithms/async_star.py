@@ -266,10 +266,7 @@ class OwnersAnswer:
 
     def into(self, agent: int, runs: np.ndarray, thetas: np.ndarray, status_out: np.ndarray,
              resp_out: np.ndarray) -> None:
-        owner = self.owners.get(agent)
-        if owner is None:
-            owner = self._owner(agent)  # raises
-        owner.answer_into(runs, thetas, status_out, resp_out)
+        self._owner(agent).answer_into(runs, thetas, status_out, resp_out)
 
 
 def owners_answer(owners: dict[int, DataOwner]) -> OwnersAnswer:

@@ -87,6 +87,21 @@ AnswerFn = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.n
 StateFn = Callable[[], list[tuple[int, Any]]]
 
 
+def _wait(probe: Callable[[], bool], spin_s: float, max_sleep_s: float) -> None:
+    """Until probe() is true: probe, yielding the core between probes (SPIN_YIELD), for
+    `spin_s`, then nap between probes, the naps doubling from FIRST_NAP_S up to `max_sleep_s`."""
+    if probe():
+        return
+    t0 = time.perf_counter()
+    nap = FIRST_NAP_S
+    while not probe():
+        if time.perf_counter() - t0 > spin_s:
+            time.sleep(nap)
+            nap = min(2 * nap, max_sleep_s)
+        elif SPIN_YIELD:
+            os.sched_yield()
+
+
 def wait_message(comm: MPI.Comm, source: int, tag: int, spin_s: float | None = None,
                  status: MPI.Status | None = None, max_sleep_s: float | None = None) -> MPI.Status:
     """Block until a matching message is pending; spin briefly, then sleep (polite under load).
@@ -94,36 +109,16 @@ def wait_message(comm: MPI.Comm, source: int, tag: int, spin_s: float | None = N
     Spins on Iprobe for `spin_s` (SPIN_S), then naps that double from FIRST_NAP_S up to
     `max_sleep_s` (MAX_SLEEP_S). `status`: an MPI.Status to fill (none is allocated)."""
     st = MPI.Status() if status is None else status
-    if comm.Iprobe(source, tag, st):
-        return st
-    spin = SPIN_S if spin_s is None else spin_s
-    cap = MAX_SLEEP_S if max_sleep_s is None else max_sleep_s
-    t0 = time.perf_counter()
-    nap = FIRST_NAP_S
-    while not comm.Iprobe(source, tag, st):
-        if time.perf_counter() - t0 > spin:
-            time.sleep(nap)
-            nap = min(2 * nap, cap)
-        elif SPIN_YIELD:
-            os.sched_yield()
+    _wait(lambda: comm.Iprobe(source, tag, st), SPIN_S if spin_s is None else spin_s,
+          MAX_SLEEP_S if max_sleep_s is None else max_sleep_s)
     return st
 
 
 def wait_request(req: MPI.Request, st: MPI.Status, spin_s: float | None = None,
                  max_sleep_s: float | None = None) -> MPI.Status:
     """wait_message for a posted receive `req` (Test instead of Iprobe); fills `st`."""
-    if req.Test(st):
-        return st
-    spin_s = SPIN_S if spin_s is None else spin_s
-    max_sleep_s = MAX_SLEEP_S if max_sleep_s is None else max_sleep_s
-    t0 = time.perf_counter()
-    nap = FIRST_NAP_S
-    while not req.Test(st):
-        if time.perf_counter() - t0 > spin_s:
-            time.sleep(nap)
-            nap = min(2 * nap, max_sleep_s)
-        elif SPIN_YIELD:
-            os.sched_yield()
+    _wait(lambda: req.Test(st), SPIN_S if spin_s is None else spin_s,
+          MAX_SLEEP_S if max_sleep_s is None else max_sleep_s)
     return st
 
 
@@ -592,14 +587,9 @@ class OwnerClocks:
         self.outstanding.discard(a)
         if status in (DECLINED, LAST_ANSWER):
             self.retired.add(a)
-        if self.restart and self.next_tick[a] <= now:
+        if self.restart and self.next_tick[a] <= now:  # broadcast: restart after service
             self.next_tick[a] = now + self._gap(a)
 
     def served(self, owners: np.ndarray, status: np.ndarray, now: float) -> None:
         for a, s in zip(owners.tolist(), status.tolist(), strict=True):
-            a = int(a)
-            self.outstanding.discard(a)
-            if s in (DECLINED, LAST_ANSWER):
-                self.retired.add(a)
-            if self.restart and self.next_tick[a] <= now:  # broadcast: restart after service
-                self.next_tick[a] = now + self._gap(a)
+            self.served_one(int(a), s, now)
