@@ -216,8 +216,9 @@ class Mailboxes:
         # per local agent, built at its first post: one indexed-block datatype per target rank
         # scattering a staged copy per slot, so a post is one Put per rank, not one per slot
         self._types: list[list[MPI.Datatype] | None] = [None] * (hi - lo)
-        most = max((len(d) for tg in self._targets for _, d in tg), default=0)
-        self._stage = np.zeros((max(1, most), self.width))
+        # per local agent: the most slots it writes on one target rank (the staged copies)
+        self._most = [max((len(d) for _, d in tg), default=0) for tg in self._targets]
+        self._stage = np.zeros((max(1, max(self._most, default=0)), self.width))
         self._rounds = False  # inside rounds(): one shared epoch on every rank, no locks
         self.puts = 0
         self.max_write_epoch_s = 0.0  # longest Lock..Unlock of one target rank in post()
@@ -242,7 +243,7 @@ class Mailboxes:
             types = self._types[k] = [
                 MPI.DOUBLE.Create_indexed_block(self.width, d.tolist()).Commit()
                 for _, d in targets]
-        most = max((len(d) for _, d in targets), default=0)
+        most = self._most[k]
         stage = self._stage
         stage[:most, 0] = stamp
         stage[:most, 1:] = vec.reshape(-1)
