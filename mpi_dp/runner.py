@@ -26,6 +26,7 @@ from .errors import JobError
 from .job import load_job
 from .jobspec import Job, resolve_per_owner
 from .methods import REGISTRY, Context, Method, Outcome, Resolved
+from .methods.base import shard_sizes
 from .privacy import accountants
 from .results import provenance
 from .results.output import OutputLock, check_output, check_resume, partial_path
@@ -44,18 +45,6 @@ def participants(job: Job, owners: Any, n_agents: int) -> int:
         raise JobError(f"job file {job.path}: key '{key}': {owners} owners asked for but the shard "
                        f"file {job['data']} has {n_agents}")
     return int(owners)
-
-
-def all_sizes(comm: MPI.Comm, shard: ShardFile) -> np.ndarray:
-    """Collective: every agent's record count, each rank reading a block of them (one lookup
-    per agent in the job, not per agent and rank: thousands of agents start in seconds)."""
-    n, size, rank = shard.n_agents, comm.Get_size(), comm.Get_rank()
-    starts = [n * r // size for r in range(size + 1)]
-    mine = collective(comm, lambda: np.ascontiguousarray(
-        shard.sizes(range(starts[rank], starts[rank + 1])), dtype=np.int64))
-    out = np.empty(n, dtype=np.int64)
-    comm.Allgatherv(mine, [out, np.diff(starts), starts[:-1], MPI.INT64_T])
-    return out
 
 
 def resolve_configs(job: Job, shard: ShardFile, sizes: np.ndarray | None = None
@@ -140,13 +129,13 @@ def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool, final: P
     rank = comm.Get_rank()
     method = REGISTRY.get(job.algorithm)
     shard = collective(comm, lambda: ShardFile(job["data"]))
-    sizes = all_sizes(comm, shard)
+    sizes = shard_sizes(comm, shard)
     configs = collective(comm, lambda: resolve_configs(job, shard, sizes))
     star = Star(comm, shard.n_agents)
     collective(comm, lambda: shard.check_agents(list(star.local_agents)))
     collective(comm, lambda: shard.check_finite(list(star.local_agents)))
     run_ids = tuple(range(job["first_run"], job["first_run"] + job["runs"]))
-    ctx = Context(job, shard, star, run_ids, progress)
+    ctx = Context(job, shard, star, run_ids, progress, sizes)
     prepared = method.prepare(ctx)
     # every configuration's settings, agreed and checked before the output exists
     settings = [ctx.agree(lambda rc=rc: method.settings(ctx, prepared, rc)) for rc in configs]

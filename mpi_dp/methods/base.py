@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 from ..comm.agree import collective
 from ..comm.star import Star
@@ -41,6 +42,8 @@ class Context:
     star: Star
     run_ids: tuple[int, ...]
     progress: bool = True
+    #: n_i of every agent of `shard` (read once per job: `shard_sizes`)
+    sizes: np.ndarray | None = None
 
     @property
     def comm(self):
@@ -53,6 +56,19 @@ class Context:
     def agree(self, fn):
         """Run fn on every rank; a user error on any rank is raised on all of them."""
         return collective(self.comm, fn)
+
+
+def shard_sizes(comm: Any, shard: ShardFile) -> np.ndarray:
+    """Collective: every agent's record count n_i (int64), each rank reading a block of them
+    (one lookup per agent in the job, not per agent and rank: thousands of agents start in
+    seconds); read errors are raised on every rank."""
+    n, size, rank = shard.n_agents, comm.Get_size(), comm.Get_rank()
+    starts = [n * r // size for r in range(size + 1)]
+    mine = collective(comm, lambda: np.ascontiguousarray(
+        shard.sizes(range(starts[rank], starts[rank + 1])), dtype=np.int64))
+    out = np.empty(n, dtype=np.int64)
+    comm.Allgatherv(mine, [out, np.diff(starts), starts[:-1], MPI.INT64_T])
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,7 +28,7 @@ from ..errors import JobError
 from ..jobspec import Key, err
 from ..models import reference
 from ..privacy import GAUSSIAN_CALIBRATIONS
-from .base import Context, Method, Outcome, Resolved, settings_attrs
+from .base import Context, Method, Outcome, Resolved, settings_attrs, shard_sizes
 
 _NUM = (int, float)
 EVALUATION_ONLY = (
@@ -118,13 +118,9 @@ def owner_groups(n_owners: int, m: int, pool: bool) -> tuple[tuple[int, ...], ..
 
 
 def owner_sizes(ctx: Context) -> np.ndarray:
-    """n_i of every shard owner (int64), each rank reading the attributes of its own block of
-    owners once (collective; errors agreed)."""
-    comm, shard = ctx.comm, ctx.shard
-    st = cg.block_starts(shard.n_agents, comm.Get_size())
-    r = comm.Get_rank()
-    mine = ctx.agree(lambda: shard.sizes(range(int(st[r]), int(st[r + 1]))))
-    return np.concatenate(comm.allgather(mine)).astype(np.int64)
+    """n_i of every shard owner (int64): the runner's (read once per job), else read now
+    (collective)."""
+    return ctx.sizes if ctx.sizes is not None else shard_sizes(ctx.comm, ctx.shard)
 
 
 def group_sizes(sizes: np.ndarray, groups: tuple[tuple[int, ...], ...]) -> list[int]:

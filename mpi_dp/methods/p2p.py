@@ -42,7 +42,7 @@ from ..models import p2p as M
 from ..models import p2p_reference as REF
 from ..privacy import kairouz as K
 from ..rng import stream
-from .base import Context, Method, Outcome, Resolved, settings_attrs
+from .base import Context, Method, Outcome, Resolved, settings_attrs, shard_sizes
 
 _NUM = (int, float)
 EVALUATION_ONLY = (
@@ -229,10 +229,8 @@ class P2P(Method):
         comm = ctx.comm
         W = bcast_csr(comm, on_root(comm, lambda: read_graph(self._open(ctx, path))))
         shard = ctx.agree(lambda: self._open(ctx, path))
-        st = block_starts(W.shape[0], comm.Get_size())
-        r = comm.Get_rank()
-        mine = ctx.agree(lambda: shard.sizes(range(int(st[r]), int(st[r + 1]))))
-        m_all = np.concatenate(comm.allgather(mine)).astype(np.int64)
+        m_all = (ctx.sizes if shard is ctx.shard and ctx.sizes is not None
+                 else shard_sizes(comm, shard))
         return ctx.agree(lambda: self._load(ctx, path, hosted=True, W=W, m_all=m_all,
                                             shard=shard))
 
