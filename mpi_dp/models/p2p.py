@@ -129,16 +129,6 @@ class Graph:
     def laplacian(self) -> sp.csr_matrix:
         return sp.csr_matrix(sp.diags(self.deg) - self.W)
 
-    def lambda2(self) -> float:
-        """Second-smallest Laplacian eigenvalue (connectivity: > 0); sparse (Lanczos) above
-        2000 agents."""
-        if self.n <= 2000:
-            ev = np.linalg.eigvalsh(self.laplacian.toarray())
-            return float(ev[1]) if self.n > 1 else 0.0
-        from mpi_dp.models.spectral import laplacian_lambda2
-
-        return laplacian_lambda2(self.W, method="sparse")
-
     def smooth_term(self, Theta: np.ndarray) -> np.ndarray:
         """1/2 sum_{i<j} W_ij ||Theta_i - Theta_j||^2 for Theta (R, n, p): shape (R,). One
         einsum over every (edge, run, coordinate) up to SMOOTH_BLOCK of them (the bits objective
