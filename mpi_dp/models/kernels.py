@@ -100,14 +100,10 @@ def sq_clipped_grad(X: np.ndarray, y: np.ndarray, thr: np.ndarray, thetas: np.nd
     counts[:] = 0
     if T.shape[0] > 1 and not np.any(T != T[0]):  # as clipped_grad_sum: one model, repeated
         c = np.zeros(1, dtype=np.int64)
-        D = linear._derivative_t("squared", linear._margins_t(X, T[:1]), y)
-        D = linear._clamp(D, thr, c, inplace=True)
-        out[:] = linear._back_t(X, D)
+        out[:] = linear.sq_direct_pass(X, y, T[:1], thr, c)
         counts += c[0]
         return
-    D = linear._derivative_t("squared", linear._margins_t(X, T), y)
-    D = linear._clamp(D, thr, counts, inplace=True)
-    out[:] = linear._back_t(X, D)
+    out[:] = linear.sq_direct_pass(X, y, T, thr, counts)
 
 
 def laplace_answer(grad: np.ndarray, n: int, streams: RunStreams, rows: np.ndarray,

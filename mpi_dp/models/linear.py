@@ -208,9 +208,7 @@ def clipped_grad_sum(
             return 2.0 * (T @ stats.gram - stats.xty), np.zeros(T.shape[0], dtype=np.int64)
         if X.shape[0] * T.shape[0] <= SMALL_PASS_ELEMS:  # one direct pass beats screening
             counts = np.zeros(T.shape[0], dtype=np.int64)
-            D = _derivative_t("squared", _margins_t(X, T), y)
-            D = _clamp(D, _thresholds(xi, stats.row_l1), counts, inplace=True)
-            return _back_t(X, D), counts
+            return sq_direct_pass(X, y, T, _thresholds(xi, stats.row_l1), counts), counts
         center = T.mean(axis=0)
         radius = float(np.sqrt(((T - center) ** 2).sum(axis=1)).max())
         bound = np.abs(np.asarray(X @ center).ravel() - y)
@@ -245,6 +243,15 @@ def _margins_t(X, Theta: np.ndarray) -> np.ndarray:
     if sp.issparse(X):
         return np.ascontiguousarray(np.asarray(X @ Theta.T).T)
     return Theta @ X.T
+
+
+def sq_direct_pass(X, y: np.ndarray, T: np.ndarray, thr: np.ndarray, counts: np.ndarray
+                   ) -> np.ndarray:
+    """Squared loss, one pass over all (record, run) pairs: the sum (R, p) of the L1-clipped
+    per-record gradients at the rows of T; thr = xi / ||x_i||_1 (`_thresholds`); the records
+    clipped are added to counts (R,)."""
+    D = _derivative_t("squared", _margins_t(X, T), y)
+    return _back_t(X, _clamp(D, thr, counts, inplace=True))
 
 
 def _back_t(X, D: np.ndarray) -> np.ndarray:
