@@ -188,10 +188,7 @@ def _cg_scipy(H: sp.csr_matrix, b: np.ndarray, diag: np.ndarray, tol: float) -> 
     """CG with the block-Jacobi preconditioner diag (n, p, p)^-1 to relative residual tol (or
     the rounding floor), restarted from its answer so the recursive residual cannot drift."""
     N = H.shape[0]
-    n, p = diag.shape[:2]
-    binv = np.linalg.inv(diag)
-    M = spla.LinearOperator(
-        (N, N), matvec=lambda r: np.einsum("nij,nj->ni", binv, r.reshape(n, p)).ravel())
+    M = _block_jacobi(diag)
     nb = float(np.linalg.norm(b))
     if nb == 0.0:
         return np.zeros(N)
@@ -379,11 +376,18 @@ def _newton_cg(H: Any, diag: np.ndarray, g: np.ndarray) -> np.ndarray:
     relative residual 1e-13 (a Newton step of the polish; the loop keeps it only if it lowers
     the gradient)."""
     n, p = diag.shape[:2]
-    binv = np.linalg.inv(diag)
-    M = spla.LinearOperator((n * p, n * p), dtype=np.float64,
-                            matvec=lambda r: np.einsum("nij,nj->ni", binv, r.reshape(n, p)).ravel())
-    x, _ = spla.cg(H, g, rtol=1e-13, atol=0.0, maxiter=20 * n * p + 1000, M=M)
+    x, _ = spla.cg(H, g, rtol=1e-13, atol=0.0, maxiter=20 * n * p + 1000, M=_block_jacobi(diag))
     return x
+
+
+def _block_jacobi(diag: np.ndarray) -> spla.LinearOperator:
+    """The block-Jacobi preconditioner: the inverses of the p x p diagonal blocks `diag`
+    (n, p, p), applied agent by agent."""
+    n, p = diag.shape[:2]
+    binv = np.linalg.inv(diag)
+    return spla.LinearOperator((n * p, n * p), dtype=np.float64,
+                               matvec=lambda r: np.einsum("nij,nj->ni", binv,
+                                                          r.reshape(n, p)).ravel())
 
 
 def block_starts(n: int, size: int) -> np.ndarray:
