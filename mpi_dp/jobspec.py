@@ -51,8 +51,10 @@ GENERIC: dict[str, Key] = {
     "first_run": Key((int,), 0, "index of the first run (run r of an R-run job equals the "
                      "1-run job with first_run = r)"),
     "T": Key((int,), None, "horizon (iterations; each method says what it counts)"),
-    "eps": Key(_NUM + (list,), math.inf, "privacy budget of each owner (scalar or one per "
-               "owner; inf: no noise); each method says what it covers"),
+    "eps": Key(_NUM + (list,), math.inf, "each owner's total privacy budget: the eps of the "
+               "(eps, delta)-DP guarantee every owner (peer) gets for its records over a whole "
+               "configuration, composed over every release that depends on them (replace-one "
+               "neighbouring datasets; scalar or one per owner; inf: no noise)"),
     "n": Key((int, str, list), "all", "records each owner uses: 'all', a number or one per owner "
              "(its first n records)"),
     "n_beyond_shard": Key((str,), "error", "when n asks for more records than an owner holds: "
@@ -71,8 +73,14 @@ GENERIC_SECTIONS: dict[str, dict[str, Key]] = {
         "variant": Key((list,), None, "variants of the method side by side"),
     },
     "privacy": {
-        "delta": Key(_NUM, 1e-5, "target delta of the composed totals in privacy/ledger "
-                     "(advanced composition, PLD and RDP accountants)"),
+        "delta": Key(_NUM + (str,), "auto", "each owner's total delta, beside eps ('auto': the "
+                     "largest power of ten <= 1/(10 n_i) for an owner of n_i records; a delta "
+                     ">= 1/n_i is refused)"),
+        "calibration": Key((str,), "pld", "how the per-release noise meets (eps, delta): pld "
+                           "(tight: privacy loss distributions, dp-accounting), basic (even "
+                           "split eps/k of basic composition) or paper (each method's paper "
+                           "rule, bit for bit: see the method's 'paper rule' below)",
+                           ("pld", "basic", "paper")),
     },
 }
 
@@ -134,6 +142,7 @@ class MethodSpec(Protocol):
     key_help: Mapping[str, str]
     sweeps: tuple[str, ...]
     records_optional: bool
+    paper_rule: str
 
     def validate(self, values: dict[str, Any], path: str) -> None: ...
 
@@ -425,6 +434,18 @@ def _check_word_or_positive(word: str) -> Callable[[str, dict, str], None]:
     return check
 
 
+def _check_word_or_range(word: str, lo: float, hi: float, what: str):
+    """A key that is `word` or a number in the open interval (lo, hi)."""
+    def check(path: str, values: dict, key: str) -> None:
+        v = values[key]
+        if isinstance(v, str):
+            if v != word:
+                raise err(path, key, f"{what}, got {v!r}")
+        elif math.isnan(v) or not lo < v < hi:
+            raise err(path, key, what)
+    return check
+
+
 def _check_range(lo: float, hi: float, lo_open: bool, hi_open: bool, what: str):
     def check(path: str, values: dict, key: str) -> None:
         v = values[key]
@@ -447,7 +468,7 @@ CHECKS: dict[str, Callable[[str, dict, str], None]] = {
     "step.L": _check_word_or_positive("public"),
     "step.rho": _check_word_or_positive("auto"),
     "step.alpha": _check_range(0, math.inf, True, True, "must be > 0"),
-    "privacy.delta": _check_range(0, 1, True, True, "must be in (0, 1)"),
+    "privacy.delta": _check_word_or_range("auto", 0, 1, "must be 'auto' or a number in (0, 1)"),
 }
 
 
@@ -614,6 +635,8 @@ def describe_keys(methods: Mapping[str, MethodSpec]) -> str:
     for m in methods.values():
         lines += ["", f"algorithm = \"{m.name}\": {m.summary}",
                   f"  variant: {m.variant_help}"]
+        if getattr(m, "paper_rule", ""):
+            lines.append(f"  paper rule (privacy.calibration = 'paper'): {m.paper_rule}")
         if m.reads:
             lines.append(f"  also reads: {', '.join(m.reads)}")
         for k, h in m.key_help.items():

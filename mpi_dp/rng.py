@@ -29,6 +29,7 @@ PURPOSES: dict[str, int] = {
     "warm_start": 8,  # output perturbation of a private warm start (seed 004)
     "local_dp": 9,  # local DP perturbation of an owner's own records (seed 004 baseline)
     "clock": 10,  # per-agent Poisson clocks of live asynchronous runs
+    "val_score": 11,  # noise of a peer's released validation score (a private selection)
     "test": 99,  # tests only
 }
 

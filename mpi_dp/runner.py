@@ -8,6 +8,7 @@ computation are handled by the CLI, which aborts the whole MPI job.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -27,7 +28,7 @@ from .job import load_job
 from .jobspec import Job, resolve_per_owner
 from .methods import REGISTRY, Context, Method, Outcome, Resolved
 from .methods.base import shard_sizes
-from .privacy import accountants
+from .privacy import accountants, contract
 from .results import provenance
 from .results.output import OutputLock, check_output, check_resume, partial_path
 from .results.parts import BlockSpec, task_path
@@ -137,8 +138,10 @@ def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool, final: P
     run_ids = tuple(range(job["first_run"], job["first_run"] + job["runs"]))
     ctx = Context(job, shard, star, run_ids, progress, sizes)
     prepared = method.prepare(ctx)
-    # every configuration's settings, agreed and checked before the output exists
+    # every configuration's settings and noise calibration, agreed and checked before the
+    # output exists
     settings = [ctx.agree(lambda rc=rc: method.settings(ctx, prepared, rc)) for rc in configs]
+    settings = calibrate(ctx, method, prepared, configs, settings)
 
     hosts = comm.gather(socket.gethostname(), root=0)
     result = collective_open(job if rank == 0 else None, len(configs), comm, hosts, resume,
@@ -183,6 +186,51 @@ def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool, final: P
     return final
 
 
+def calibrate(ctx: Context, method: Method, prepared: Any, configs: list[Resolved],
+              settings: list[Any]) -> list[Any]:
+    """Collective: every configuration's settings with its owners' noise calibrations.
+
+    The owners' release plans (Method.plans) are calibrated under privacy.calibration: each
+    distinct plan is searched once, on rank 0, and broadcast (a search composes privacy loss
+    distributions ~10 times: seconds, not per owner and never per rank). The paper rule records
+    the plans; its method computes the noise its paper's way."""
+    job, comm = ctx.job, ctx.comm
+    rule = job["privacy.calibration"]
+    plans = [ctx.agree(lambda rc=rc, s=s: method.plans(ctx, prepared, rc, s))
+             for rc, s in zip(configs, settings, strict=True)]
+    distinct = list(dict.fromkeys(p for ps in plans if ps for p in ps if p is not None))
+    if rule == "paper":
+        found = {p: contract.paper(p, method.paper_rule_name, math.nan) for p in distinct}
+    else:
+        def search() -> dict | None:
+            if comm.Get_rank() != 0:
+                return None
+            t0 = time.perf_counter()
+            try:
+                out = {p: contract.calibrate(p, rule) for p in distinct}
+            except ValueError as e:
+                raise JobError(f"job file {job.path}: {e}") from None
+            if ctx.progress and distinct:
+                _print_calibrations(out, rule, time.perf_counter() - t0)
+            return out
+        found = comm.bcast(ctx.agree(search), root=0)
+    return [s if ps is None else ctx.agree(
+        lambda rc=rc, s=s, ps=ps: method.calibrated(ctx, prepared, rc, s,
+                                                   [None if p is None else found[p] for p in ps]))
+        for rc, s, ps in zip(configs, settings, plans, strict=True)]
+
+
+def _print_calibrations(found: dict, rule: str, seconds: float) -> None:
+    """One progress line per distinct calibrated plan (what privacy costs, before computing)."""
+    lines = [f"mpi-dp: noise calibrated ({rule}) for {len(found)} distinct release plan(s) in "
+             f"{seconds:.1f} s:"]
+    for cal in list(found.values())[:8]:
+        lines.append(f"  {cal.text()}")
+    if len(found) > 8:
+        lines.append(f"  ... and {len(found) - 8} more (privacy/ledger of each configuration)")
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
 def _block_text(lo: int, hi: int, n: int, task: tuple[int, int] | None) -> str:
     """The progress line of a part: which configurations it holds."""
     which = f"block {task[0]}/{task[1]}: " if task is not None else ""
@@ -209,7 +257,8 @@ def _run_one(method: Method, ctx: Context, prepared: Any, rc: Resolved, s: Any, 
     if rec is not None:
         if outcome is None:
             raise RuntimeError(f"method {method.name!r} returned no outcome on rank 0")
-        write_outcome(rec, outcome, float(ctx.job["privacy.delta"]))
+        d = ctx.job["privacy.delta"]
+        write_outcome(rec, outcome, contract.default_delta(max(rc.n)) if d == "auto" else float(d))
         result.config_done(rc.index)
 
 
@@ -217,10 +266,16 @@ def write_outcome(rec: ConfigRecorder, outcome: Outcome, delta: float) -> None:
     """A configuration's arrays, its agents' ledgers through the accountants, its attributes."""
     for path, data, attrs in outcome.arrays:
         rec.write(path, data, **attrs)
-    rec.write("privacy/ledger", accountants.ledger_rows(outcome.ledgers, delta),
-              guarantee=outcome.guarantee, delta=delta, accountants=accountants.ACCOUNTANTS_TEXT,
-              composition="spent_eps / spent_delta: what each ledger charged against its budget "
-              "(basic composition); eps_*: totals at delta; counts are the largest over runs")
+    rows = accountants.ledger_rows(outcome.ledgers, delta)
+    common = {"delta": float(rows["delta"][0])} if len(rows) and np.all(
+        rows["delta"] == rows["delta"][0]) else {}
+    rec.write("privacy/ledger", rows, guarantee=outcome.guarantee,
+              accountants=accountants.ACCOUNTANTS_TEXT, **common,
+              composition="per owner: target_eps / target_delta, the guarantee it was promised "
+              "(calibration: the rule that set its noise); eps_basic / eps_advanced / eps_pld / "
+              "eps_rdp: the totals of what the guarantee composes (scope) at the owner's delta; "
+              "*_all: every release of the configuration composed plainly; counts are the "
+              "largest over runs")
     rec.set_attrs(**outcome.attrs)
 
 

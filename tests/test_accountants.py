@@ -91,7 +91,8 @@ def test_mixed_mechanisms_compose():
 
 
 def test_ledger_rows():
-    """privacy/ledger: releases and counts are the largest over runs, totals from the worst run."""
+    """privacy/ledger: releases and counts are the largest over runs, totals from the worst run;
+    a ledger without a contract reports its basic budget as target and the job's delta."""
     a = Ledger(0, 2.1, runs=2)
     for _ in range(20):
         a.charge(lap(0.1))
@@ -104,13 +105,17 @@ def test_ledger_rows():
     assert rows.dtype == acc.LEDGER_DTYPE and rows["agent"].tolist() == [0, 1, 2]
     assert rows["mechanism"].tolist() == [b"laplace", b"laplace", b"none"]
     assert rows["releases"].tolist() == [21, 2, 0]
-    np.testing.assert_allclose(rows["spent_eps"], [2.1, 4.0, 0.0])
     np.testing.assert_allclose(rows["eps_basic"], [2.1, 4.0, 0.0])
+    np.testing.assert_allclose(rows["noise_multiplier"][:2], [10.0, 0.5])
+    assert math.isnan(rows["noise_multiplier"][2])
     tot = acc.compose([(lap(0.1), 21)], 1e-5)
     assert rows["eps_pld"][0] == tot.eps_pld and rows["eps_advanced"][0] == tot.eps_advanced
+    np.testing.assert_array_equal(rows["eps_pld_all"], rows["eps_pld"])
     assert rows["data_dependent"].tolist() == [0, 1, 0]
     assert rows["certified"].tolist() == [True, False, True]
-    assert rows["budget_eps"].tolist() == [2.1, math.inf, 5.0] and np.all(rows["delta"] == 1e-5)
+    assert rows["target_eps"].tolist() == [2.1, math.inf, 5.0] and np.all(rows["delta"] == 1e-5)
+    assert rows["calibration"].tolist() == [b"none"] * 3
+    assert rows["scope"].tolist() == [b"configuration"] * 3
 
 
 def test_equal_ledgers_share_one_computation():

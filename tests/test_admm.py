@@ -27,6 +27,9 @@ def problem(I: int, J: int, K: int, P: int, seed: int):
 
 
 def run(method, agents_data, test, K, eps, T, runs=1, **kw):
+    """The paper's algorithm at eps_bar per iteration (no contract calibration); sens_mode
+    local_max (the authors' code) unless given."""
+    kw.setdefault("sens_mode", "local_max")
     J = agents_data[0][0].shape[1]
     s = admm.Settings(method=method, T=T, eps_bar=eps, n=tuple(len(y) for _, y in agents_data),
                       J=J, K=K,
@@ -121,7 +124,7 @@ def test_run_r_equals_single_run_and_gather_equals_reduce(small):
     many, _, _ = run("objt", agents_data, test, 3, 0.5, 30, runs=3)
     J = agents_data[0][0].shape[1]
     s1 = admm.Settings(method="objt", T=30, eps_bar=0.5, n=tuple(len(y) for _, y in agents_data),
-                       J=J, K=3, run_ids=(2,), record_every=30)
+                       J=J, K=3, run_ids=(2,), record_every=30, sens_mode="local_max")
     agents = [admm.Agent(i, X, y, s1) for i, (X, y) in enumerate(agents_data)]
     one = admm.run_config(Star(MPI.COMM_SELF, 4), agents, s1, None, None, progress=False)
     np.testing.assert_allclose(one["models/final"][0], many["models/final"][2], rtol=1e-10,

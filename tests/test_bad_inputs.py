@@ -83,7 +83,12 @@ RUN_CASES = [
     ("negative seed", _job("seed = -1\n"), [], "key 'seed': must be non-negative"),
     ("negative first_run", _job("first_run = -3\n"), [], "key 'first_run': must be non-negative"),
     ("delta outside (0, 1)", _job("[privacy]\ndelta = 2.0\n"), [],
-     "key 'privacy.delta': must be in (0, 1)"),
+     "key 'privacy.delta': must be 'auto' or a number in (0, 1)"),
+    ("delta at or above 1/n_i", _job("[privacy]\ndelta = 0.02\n"), [],
+     "key 'privacy.delta': delta = 0.02 is at or above 1/n_i = 1/60 for owner 0 (n_i = 60 "
+     "records)"),
+    ("unknown calibration rule", _job('[privacy]\ncalibration = "loose"\n'), [],
+     "key 'privacy.calibration': 'loose' is not one of 'pld', 'basic', 'paper'"),
     ("eps list of wrong length", _job().replace("eps = 1.0", "eps = [1.0, 2.0]"), [],
      "key 'eps': 2 values given but the shard file good.h5 has 3 owners"),
     ("n beyond the shard", _job("n = 100000\n"), [],

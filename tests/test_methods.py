@@ -120,7 +120,8 @@ def test_one_default_per_knob():
 
 
 def test_sync_star_ledger(tmp_path, small_shards):
-    out = run_job(write_job(tmp_path / "s.toml", small_shards, eps=[0.5, 2.0, math.inf], T=40),
+    out = run_job(write_job(tmp_path / "s.toml", small_shards, eps=[0.5, 2.0, math.inf], T=40,
+                            privacy={"calibration": "paper", "delta": 1e-5}),
                   comm=MPI.COMM_SELF, progress=False)
     rows, attrs, _ = _ledger(out)
     assert rows["mechanism"].tolist() == [b"laplace"] * 3 and np.all(rows["releases"] == 40)
@@ -137,7 +138,8 @@ def test_sync_star_ledger(tmp_path, small_shards):
 
 def test_async_star_ledger_matches_the_answers(tmp_path, small_shards):
     p = write_job(tmp_path / "a.toml", small_shards, algorithm="async_star", variant="proof",
-                  lam=1e-5, T=120, runs=3, eps=2.0, privacy={"delta": 1e-6},
+                  lam=1e-5, T=120, runs=3, eps=2.0,
+                  privacy={"delta": 1e-6, "calibration": "paper"},
                   **{"async": {"per_owner_cap": [20, 0, 0]}})
     out = run_job(p, comm=MPI.COMM_SELF, progress=False)
     rows, attrs, _ = _ledger(out)
@@ -156,10 +158,11 @@ def test_async_star_ledger_matches_the_answers(tmp_path, small_shards):
 def test_admm_ledger_flags_data_dependent_and_uncertified_noise(tmp_path, multiclass):
     def run(name, variant="objt", **admm_keys):
         p = write_job(tmp_path / f"{name}.toml", multiclass, algorithm="admm", variant=variant,
-                      runs=2, T=15, eps=0.5, record_every=5, admm=admm_keys)
+                      runs=2, T=15, eps=0.5, record_every=5, admm=admm_keys,
+                      privacy={"calibration": "paper"})
         return _ledger(run_job(p, comm=MPI.COMM_SELF, progress=False))
 
-    rows, attrs, _ = run("local")  # default sens_mode local_max reads private data
+    rows, attrs, _ = run("local", sens_mode="local_max")  # reads private data
     assert np.all(rows["releases"] == 15) and np.all(rows["data_dependent"] == 15)
     assert not rows["certified"].any() and "per iteration" in attrs["guarantee"]
     np.testing.assert_allclose(rows["eps_per_release"], 0.5, rtol=1e-9)
@@ -174,13 +177,13 @@ def test_admm_ledger_flags_data_dependent_and_uncertified_noise(tmp_path, multic
 
 def test_outp_ledger_of_a_job(tmp_path, multiclass):
     p = write_job(tmp_path / "o.toml", multiclass, algorithm="admm", variant="outp", runs=2,
-                  T=10, eps=0.5, record_every=5)
+                  T=10, eps=0.5, record_every=5, privacy={"calibration": "paper"})
     rows, _, _ = _ledger(run_job(p, comm=MPI.COMM_SELF, progress=False))
     assert rows["mechanism"].tolist() == [b"gaussian"] * 4
     # classical sigma at eps = 0.5 is conservative: the exact per-release eps is below 0.5
     assert np.all(rows["eps_per_release"] < 0.5) and np.all(rows["eps_per_release"] > 0.3)
     assert np.all(rows["delta_per_release"] == 1e-6)
-    np.testing.assert_allclose(rows["spent_delta"], 10e-6)
+    np.testing.assert_allclose(rows["delta_per_release"] * rows["releases"], 10e-6)
 
 
 # --- admm: a budget that refuses, a Gaussian calibration that holds ------------------------------
@@ -213,12 +216,13 @@ def test_an_admm_run_ends_when_the_budget_is_spent():
     assert out["ended_at"] == 3 and "budget eps=1.6" in out["end_reason"]
     assert out["iterations"].tolist() == [3, 3, 3]
     rows = accountants.ledger_rows(out["ledgers"], 1e-5)
-    assert rows["releases"].tolist() == [3, 3, 3] and np.all(rows["spent_eps"] <= 1.6)
+    assert rows["releases"].tolist() == [3, 3, 3] and np.all(rows["eps_basic"] <= 1.6)
 
 
 def test_admm_budget_in_a_job(tmp_path, multiclass):
     p = write_job(tmp_path / "b.toml", multiclass, algorithm="admm", variant="objp", T=20,
-                  eps=0.25, record_every=4, admm={"budget_eps": 1.0, "sens_mode": "global"})
+                  eps=0.25, record_every=4, admm={"budget_eps": 1.0, "sens_mode": "global"},
+                  privacy={"calibration": "paper"})
     out = run_job(p, comm=MPI.COMM_SELF, progress=False)
     rows, _, gattrs = _ledger(out)
     assert np.all(rows["releases"] == 4) and gattrs["ended_at"] == 4
@@ -231,7 +235,7 @@ def test_a_budget_ending_a_run_is_rank_invariant(tmp_path, multiclass):
     ledgers on 1, 2 and 4 ranks (real mpiexec)."""
     p = write_job(tmp_path / "r.toml", multiclass, algorithm="admm", variant="objt", T=12, runs=2,
                   eps=0.3, record_every=5, sweep={"variant": ["objt", "outp"]},
-                  admm={"budget_eps": 2.0})
+                  admm={"budget_eps": 2.0}, privacy={"calibration": "paper"})
     r = assert_rank_invariant(p, tmp_path)[0]
     assert r["configs/000/metrics/iteration"].tolist() == [0, 5, 6]  # 6 releases of 0.3 fit
     assert np.all(r["configs/000/privacy/ledger"]["releases"] == 6)
@@ -252,7 +256,8 @@ def test_outp_gaussian_calibration_options(tmp_path, multiclass):
     assert paper == pytest.approx(2 * math.sqrt(2 * math.log(1.25 / delta)) / (4.0 * (rho + inv_eta)))
     # a job asking for the classical bound at eps >= 1 stops before anything runs
     p = write_job(tmp_path / "c.toml", multiclass, algorithm="admm", variant="outp",
-                  sweep={"eps": [0.5, 1.0]}, admm={"outp_calibration": "classical"})
+                  sweep={"eps": [0.5, 1.0]}, admm={"outp_calibration": "classical"},
+                  privacy={"calibration": "paper"})
     with pytest.raises(JobError, match="key 'admm.outp_calibration': the classical Gaussian"):
         load_job(p)
     s, agents = _agents(T=3, eps=4.0, budget=math.inf, method="outp")
@@ -265,9 +270,10 @@ def test_outp_gaussian_calibration_options(tmp_path, multiclass):
 @pytest.mark.parametrize("algorithm", ["dola", "p2p"])
 def test_graph_method_ledgers_carry_every_accountant(tmp_path, algorithm, capsys):
     """The graph methods' privacy/ledger has the same accountant columns as the star methods',
-    with totals that agree with the closed forms (basic = sum of the releases' eps; advanced by
-    Dwork-Rothblum-Vadhan for equal releases; PLD between one release and both bounds), and
-    `mpi-dp analyze` prints them."""
+    with totals that agree with the closed forms (the paper rule: eps per release; basic = sum of
+    the releases' eps; advanced by Dwork-Rothblum-Vadhan for equal releases; PLD between one
+    release and both bounds). dola's guarantee composes one release per record (scope record),
+    its *_all columns all of them. `mpi-dp analyze` prints them."""
     from mpi_dp.cli import main
 
     if algorithm == "dola":
@@ -276,19 +282,27 @@ def test_graph_method_ledgers_carry_every_accountant(tmp_path, algorithm, capsys
     else:
         data = write_synth(tmp_path / "p.h5", "p2p", 24, 0, 4, 0.05, 3)
         keys = dict(T=24 * 12, eps=0.5, record_every=96)
-    out = run_job(write_job(tmp_path / "g.toml", data, algorithm=algorithm, runs=2, **keys),
+    out = run_job(write_job(tmp_path / "g.toml", data, algorithm=algorithm, runs=2,
+                            privacy={"calibration": "paper", "delta": 1e-5}, **keys),
                   comm=MPI.COMM_SELF, progress=False)
     rows, attrs, _ = _ledger(out)
     assert len(rows) == (8 if algorithm == "dola" else 24) and attrs["delta"] == 1e-5 and attrs["guarantee"]
     k, e = rows["releases"].astype(float), rows["eps_per_release"]
     assert np.all(k >= 2) and np.all((e > 0) & (e <= 0.5))
-    np.testing.assert_allclose(rows["eps_basic"], k * e, rtol=1e-9)
+    np.testing.assert_allclose(rows["eps_basic_all"], k * e, rtol=1e-9)
     adv = np.sqrt(2 * k * math.log(1e5)) * e + k * e * np.expm1(e)
-    np.testing.assert_allclose(rows["eps_advanced"], adv, rtol=1e-9)
-    assert np.all(rows["eps_pld"] >= e) and np.all(
-        rows["eps_pld"] <= np.minimum(rows["eps_basic"], rows["eps_advanced"]) * (1 + 1e-9))
+    assert np.all(rows["eps_pld_all"] >= e) and np.all(
+        rows["eps_pld_all"] <= np.minimum(rows["eps_basic_all"], adv) * (1 + 1e-9))
+    if algorithm == "dola":  # a single pass: each record is in one release of eps
+        assert np.all(rows["scope"] == b"record")
+        np.testing.assert_allclose(rows["eps_basic"], e, rtol=1e-12)
+        assert np.all(rows["eps_pld"] <= e * (1 + 1e-9))
+    else:
+        np.testing.assert_allclose(rows["eps_advanced"], adv, rtol=1e-9)
+        np.testing.assert_array_equal(rows["eps_pld"], rows["eps_pld_all"])
     assert main(["analyze", str(out)]) == 0
-    assert "basic | advanced | PLD" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "basic | advanced | PLD" in text and "privacy contract" in text
 
 
 def test_per_agent_arrays_longer_than_an_attribute_are_datasets(tmp_path):

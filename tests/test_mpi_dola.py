@@ -33,15 +33,19 @@ def online64(tmp_path_factory):
 
 
 def _job(tmp_path, data, name, **dola_keys):
+    """A dola job under the paper's rule (eps per release), which the simulator reruns from the
+    configuration's attributes alone."""
     return write_job(tmp_path / f"{name}.toml", data, algorithm="dola", T=8, runs=2, eps=0.5,
                      record_every=2, seed=5, sweep={"variant": VARIANTS},
-                     dola={"graph": "medium", **dola_keys})
+                     dola={"graph": "medium", **dola_keys}, privacy={"calibration": "paper"})
 
 
 def _settings_from(attrs) -> dola.Settings:
     """The run's settings, rebuilt from the configuration's attributes alone."""
     kw = {}
     for f in dataclasses.fields(dola.Settings):
+        if f.name == "calibration":  # the paper's rule: no calibration objects
+            continue
         v = attrs[f.name]
         if f.name in ("eps", "run_ids"):
             v = tuple(float(x) if f.name == "eps" else int(x) for x in np.atleast_1d(v))
@@ -161,7 +165,8 @@ def test_rma_without_window_support_is_a_clear_error(monkeypatch):
 
 def test_uncertified_modes_are_flagged(tmp_path, online64):
     job = write_job(tmp_path / "u.toml", online64, algorithm="dola", T=6, variant="gaussian",
-                    eps=0.5, dola={"graph": "ring", "gauss_mode": "paper"})
+                    eps=0.5, dola={"graph": "ring", "gauss_mode": "paper"},
+                    privacy={"calibration": "paper"})
     cp = mpi_run(1, ["run", str(job), "--quiet"])
     assert cp.returncode == 0, cp.stderr
     with h5py.File(tmp_path / "u.h5", "r") as f:

@@ -22,6 +22,7 @@ from mpi_dp.data.synth import write_synth
 from mpi_dp.models import p2p as M
 from mpi_dp.models import p2p_reference as REF
 from mpi_dp.models.reference import petsc_available
+from mpi_dp.privacy import contract
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +70,11 @@ def test_replay_equals_the_serial_simulator_on_any_layout(tmp_path, syn):
     for c, (theta, attrs, sched) in res[1].items():
         eps = float(attrs["eps_bar"])
         cap = None if math.isinf(eps) else (math.ceil(T / P.n),) * P.n
+        cal = () if cap is None else tuple(  # the job's contract: pld, delta 'auto' by m_i
+            contract.calibrate(contract.Plan("laplace", cap[i], eps, contract.default_delta(
+                int(P.m[i]))), "pld") for i in range(P.n))
         s = C.Settings(T=T, T_agent=cap, eps=eps, delta=math.exp(-5), runs=(0, 1), seed=7,
-                       record_every=240)
+                       record_every=240, calibration=cal)
         sim, block, net = C.simulate(P, s, np.zeros((P.n, P.p)))
         assert np.array_equal(theta, sim), c  # bitwise, noise on and off
         for n in (2, 4):

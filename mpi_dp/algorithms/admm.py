@@ -31,14 +31,8 @@ import numpy as np
 from ..comm.star import Star
 from ..errors import NumericalError
 from ..models import multinomial
-from ..privacy import (
-    GaussianEvent,
-    LaplaceEvent,
-    Ledger,
-    gaussian_perturbation,
-    laplace_perturbation,
-    tap,
-)
+from ..privacy import GaussianEvent, LaplaceEvent, Ledger, tap
+from ..privacy.release import OwnerRelease
 from ..rng import run_streams
 from . import admm_steps as steps
 from .common import Checkpointed, agent_order_sum, load_checkpoint, save_checkpoint
@@ -53,7 +47,8 @@ class Settings:
 
     method: str
     T: int  # iterations
-    eps_bar: float  # per-iteration budget of every agent (inf: non-private)
+    eps_bar: float  # per-iteration eps of every agent (inf: non-private): the calibrated one, or
+    # the job's eps itself under the paper's rule
     n: tuple[int, ...]  # records per agent
     J: int
     K: int
@@ -68,7 +63,7 @@ class Settings:
     rho_tc: int = 10000
     prox_scale: float = 1.0  # a
     tr_schedule: str = "const"  # delta^t = a (the released code) | inv_sq (a/(t+1)^2, the prose)
-    sens_mode: str = "local_max"  # local_max | local_max_x2 | global (data-independent)
+    sens_mode: str = "global"  # global (data-independent, certified) | local_max | local_max_x2
     outp_noise_std: str = "sigma"  # sigma (Huang et al.) | sigma_sq (the authors' code)
     outp_calibration: str = "auto"  # privacy.GAUSSIAN_CALIBRATIONS or "paper"
     reg_grad: str = "consistent"  # consistent: 2 (gamma/P) z_p | code: 2 gamma w
@@ -76,6 +71,17 @@ class Settings:
     dp_delta: float = 1e-6
     budget_eps: float = math.inf  # each agent's total eps (basic composition); inf: no cap
     aggregate: str = "gather"  # gather (bitwise rank-invariant) | reduce
+    #: OutP under a calibrated rule: sigma = noise_multiplier x the release's L2 sensitivity
+    #: (NaN: the paper's outp_sigma of (eps_bar, dp_delta))
+    noise_multiplier: float = math.nan
+    #: per agent: its calibration (privacy.contract.Calibration), () before calibration
+    calibration: tuple = ()
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the noise comes from the job's calibration (pld / basic), not the paper's."""
+        return bool(self.calibration) and self.calibration[0] is not None \
+            and self.calibration[0].rule != "paper"
 
     @property
     def P(self) -> int:
@@ -118,7 +124,14 @@ class Agent(Checkpointed):
         self.z = np.zeros(shape)
         self.lam = np.zeros(shape)
         self.gens = run_streams(s.seed, "noise", agent, s.run_ids)
-        self.ledger = Ledger(agent, s.budget_eps, budget_delta=math.inf, runs=s.runs)
+        cal = s.calibration[agent] if s.calibration else None
+        outp_ok = s.outp_noise_std == "sigma" and (s.calibrated or not (
+            s.outp_calibration == "paper" and 1 <= s.eps_bar < math.inf))
+        self.release = OwnerRelease(agent, s.runs, cal,
+                                    budget_eps=math.inf if s.calibrated else s.budget_eps,
+                                    certified=outp_ok if s.method == "outp" else True,
+                                    data_dependent=s.method != "outp" and s.sens_mode != "global",
+                                    mechanism="gaussian" if s.method == "outp" else "laplace")
         # evaluation-only logs of the last iteration, per run
         self.noise_mag = np.zeros(s.runs)
         self.scale = np.zeros(s.runs)
@@ -126,6 +139,14 @@ class Agent(Checkpointed):
 
     #: what a checkpoint holds to continue this agent bit for bit (with its noise position)
     STATE = ("z", "lam", "ledger", "noise_mag", "scale", "z_change")
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.release.ledger
+
+    @ledger.setter
+    def ledger(self, value: Ledger) -> None:  # a checkpoint's ledger
+        self.release.ledger = value
 
     def contribution(self, rho: float) -> np.ndarray:
         """rho z_p - lam_p: what the server sums (R, J, K)."""
@@ -138,19 +159,24 @@ class Agent(Checkpointed):
         if s.method == "outp":
             return self._outp_noise(t, rho)[1]
         scale = 0.0 if math.isinf(s.eps_bar) else 1.0 / s.eps_bar
-        return LaplaceEvent(1.0, scale, data_dependent=s.sens_mode != "global")
+        return self.release.event(1.0, scale)
 
     def _outp_noise(self, t: int, rho: float) -> tuple[float, GaussianEvent]:
         """OutP at iteration t: 1/eta_p^t and the event of the release (L2 sensitivity, the std
-        actually used, dp_delta; uncertified for the sigma^2 quirk or the paper's eps >= 1)."""
+        actually used; uncertified for the sigma^2 quirk or the paper's eps >= 1): sigma is the
+        calibrated multiplier x the sensitivity (stated at the owner's delta), or the paper's
+        (eps_bar, dp_delta) Gaussian."""
         s = self.s
         inv_eta = steps.outp_inv_eta(t, s.prox_scale, self.n, s.eps_bar, s.dp_delta)
-        sigma = steps.outp_sigma(rho, inv_eta, s.eps_bar, s.dp_delta, s.outp_calibration)
-        certified = s.outp_noise_std == "sigma" and not (s.outp_calibration == "paper"
-                                                         and 1 <= s.eps_bar < math.inf)
-        return inv_eta, GaussianEvent(steps.outp_l2_sensitivity(rho, inv_eta),
-                                      steps.outp_noise_std(sigma, s.outp_noise_std), s.dp_delta,
-                                      certified=certified)
+        sens = steps.outp_l2_sensitivity(rho, inv_eta)
+        if s.calibrated:
+            sigma = 0.0 if math.isinf(s.eps_bar) else s.noise_multiplier * sens
+            delta = self.release.calibration.plan.delta
+        else:
+            sigma = steps.outp_sigma(rho, inv_eta, s.eps_bar, s.dp_delta, s.outp_calibration)
+            delta = s.dp_delta
+        return inv_eta, self.release.event(sens, steps.outp_noise_std(sigma, s.outp_noise_std),
+                                           delta=delta)
 
     def step_objective(self, w: np.ndarray, t: int, rho: float) -> None:
         """ObjT / ObjP agent update (lines 2-5 of iteration t) and the dual update."""
@@ -161,8 +187,7 @@ class Agent(Checkpointed):
         sens = np.broadcast_to(np.asarray(steps.sensitivity(terms_max, s.I, s.sens_mode, s.J)),
                                (s.runs,))
         b = np.broadcast_to(np.asarray(steps.laplace_scale(sens, s.eps_bar)), (s.runs,))
-        xi, ev = laplace_perturbation(self.gens, b, s.J * s.K, sens, self.ledger,
-                                      data_dependent=s.sens_mode != "global")
+        xi, ev = self.release.laplace_noise(self.gens, s.J * s.K, sens, scale=b)
         xi = xi.reshape(self.z.shape)
         bound = s.box
         if s.method == "objt":
@@ -174,7 +199,7 @@ class Agent(Checkpointed):
         # the audit sees the perturbed linear term g + xi: z_new (what the server gets) is a
         # function of it and of w, lam, z, which the server already knows
         if tap.enabled():
-            tap.release(self.agent, (g + xi).reshape(s.runs, -1), None, ev)
+            self.release.report((g + xi).reshape(s.runs, -1), None, ev)
         self._finish(z_new, xi, b)
         self.lam = steps.dual_update(self.lam, rho, w, self.z)
 
@@ -185,11 +210,11 @@ class Agent(Checkpointed):
         g = steps.outp_gradient(G, self.n, s.gamma, w)  # local average, regulariser at w^t
         inv_eta, ev = self._outp_noise(t, rho)
         z_new = steps.outp_update(w, self.lam, g, self.z, rho, inv_eta)
-        noise, ev = gaussian_perturbation(self.gens, ev.sigma, s.J * s.K, ev.l2_sensitivity,
-                                          ev.delta, self.ledger, certified=ev.certified)
+        noise, ev = self.release.gaussian_noise(self.gens, s.J * s.K, ev.l2_sensitivity,
+                                                sigma=ev.sigma, delta=ev.delta)
         noise = noise.reshape(self.z.shape)
         released = z_new + noise
-        tap.release(self.agent, released.reshape(s.runs, -1), None, ev)
+        self.release.report(released.reshape(s.runs, -1), None, ev)
         self._finish(released, noise, np.full(s.runs, ev.sigma))
 
     def outp_dual(self, w: np.ndarray, rho: float) -> None:

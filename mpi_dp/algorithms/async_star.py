@@ -2,12 +2,14 @@
 
 Spec: specs/async-star-cost-of-privacy.md. At iteration k the learner serves one owner i_k:
   theta_bar = (theta_L + theta_loc[i]) / 2                                          (6)
-  owner i answers r = Q_i(theta_bar) + Laplace noise, b_i = 2 xi m_i / (n_i eps_i)   (3), (4)
+  owner i answers r = Q_i(theta_bar) + Laplace noise of scale b_i                   (3), (4)
   theta_loc[i] = Pi(theta_bar - a_own (grad g(theta_bar) / (2N) + (n_i/n) r))        (5)
   theta_L      = Pi(theta_bar - a_ctr grad g(theta_bar))                             (7)
 with a_own = N rho / (T^2 lam) and a_ctr = rho / (2 T^2 lam) (proof, default) or
 (N-1) rho / (N T^2 lam) (as printed). m_i = T unless a per-owner cap is set. The owner clips,
 adds i.i.d. noise and charges its ledger before each answer; it declines once its budget is spent.
+b_i = nm_i 2 xi / n_i, nm_i the noise multiplier that makes m_i answers (eps_i, delta_i)-DP by the
+job's calibration (privacy.contract), or the paper's b_i = 2 xi m_i / (n_i eps_i) (rule 'paper').
 
 Modes: `replay` (a seeded schedule; each of the R vectorised runs has its own, and every owner
 serves the batch of runs that picked it in one pass) and `live` (owners' Poisson clocks tick in
@@ -32,8 +34,8 @@ from ..comm.schedule import LoggedSchedule, Scheduler
 from ..comm.star import Star
 from ..errors import JobError, NumericalError
 from ..models import kernels, linear
-from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, laplace_mechanism, tap
-from ..privacy.events import LaplaceEvent
+from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, tap
+from ..privacy.release import OwnerRelease
 from ..rng import LEARNER, run_streams, stream
 from .common import Checkpointed, EvalSet, LocalShard, Oracle, Reference, agent_order_sum, load_checkpoint
 
@@ -74,6 +76,9 @@ class Settings:
     poll_interval_s: float = 5e-4
     noise_shape: str = "iid"
     dp_valid: bool = True
+    #: per participating owner: its noise calibration (privacy.contract.Calibration; rule
+    #: 'paper': b_i = 2 xi m_i / (n_i eps_i)); () before calibration
+    calibration: tuple = ()
 
     @property
     def N(self) -> int:
@@ -96,9 +101,16 @@ class Settings:
         return step_constants(self.N, self.T, self.rho, self.lam, self.central_step)[1]
 
     def lap_scales(self) -> np.ndarray:
-        """b_i = 2 xi m_i / (n_i eps_i) (Theorem 1 with m_i = T); 0 for eps = inf."""
-        return np.array([lap_scale(self.xi, self.caps[i], self.n[i], self.eps[i])
-                         for i in range(self.N)])
+        """b_i of every participating owner (`noise_scale`)."""
+        return np.array([self.noise_scale(i) for i in range(self.N)])
+
+    def noise_scale(self, i: int) -> float:
+        """b_i: the calibrated multiplier x 2 xi / n_i, or the paper's 2 xi m_i / (n_i eps_i)
+        (Theorem 1 with m_i = T; rule 'paper' or no calibration); 0 for eps = inf."""
+        cal = self.calibration[i] if self.calibration else None
+        if cal is None or cal.rule == "paper":
+            return lap_scale(self.xi, self.caps[i], self.n[i], self.eps[i])
+        return cal.scale(l1_sensitivity_mean(self.xi, self.n[i]))
 
 
 def step_constants(N: int, T: int, rho: float, lam: float, central: str) -> tuple[float, float]:
@@ -147,18 +159,22 @@ class DataOwner(Checkpointed):
         self.loss = s.loss
         self.xi = s.xi if s.clip else math.inf
         self.cap = int(cap)
-        self.lap_scale = lap_scale(s.xi, cap, shard.n, eps)
+        self.lap_scale = s.noise_scale(self.agent)
         self.sensitivity = l1_sensitivity_mean(s.xi, shard.n)  # replace-one, clipped to xi
         self.certified = s.dp_valid and s.clip
-        self.ledger = Ledger(self.agent, eps, runs=s.runs)
-        self.noise_gens = run_streams(s.seed, "noise", self.agent, s.run_ids)
         self.scalar_noise = s.noise_shape == "scalar"
+        cal = s.calibration[self.agent] if s.calibration else None
+        paper = cal is None or cal.rule == "paper"  # the paper's basic budget eps_i
+        self.release = OwnerRelease(self.agent, s.runs, cal, budget_eps=eps if paper else math.inf,
+                                    budget_delta=0.0 if paper else math.inf,
+                                    certified=self.certified and not self.scalar_noise,
+                                    clip=self.xi)
+        self.noise_gens = run_streams(s.seed, "noise", self.agent, s.run_ids)
         self.clipped = np.zeros(s.runs)  # records clipped, summed over this owner's answers
         self.p = s.p
         self.n = shard.n
-        # the event of every answer (privacy.laplace_mechanism's, built once)
-        self.event = LaplaceEvent(float(self.sensitivity), float(self.lap_scale),
-                                  certified=self.certified and not self.scalar_noise)
+        # the event of every answer (the release path's, built once)
+        self.event = self.release.event(float(self.sensitivity), float(self.lap_scale))
         X = shard.X
         self._direct = (s.loss == "squared" and not sp.issparse(X) and math.isfinite(self.xi)
                         and 0 < shard.n <= linear.SMALL_PASS_ELEMS and not self.scalar_noise
@@ -217,9 +233,9 @@ class DataOwner(Checkpointed):
             stats = self.shard.squared_stats if self.loss == "squared" else None
             grad_sum, clipped = linear.clipped_grad_sum(self.loss, self.shard.X, self.shard.y,
                                                         thetas, self.xi, stats)
-            out[:], _ = laplace_mechanism(grad_sum / n, self.noise_gens.subset(runs),
-                                          self.lap_scale, self.sensitivity, self.ledger, runs,
-                                          certified=self.certified, scalar=self.scalar_noise)
+            out[:], _ = self.release.laplace(grad_sum / n, self.noise_gens.subset(runs),
+                                             self.sensitivity, runs, scale=self.lap_scale,
+                                             scalar=self.scalar_noise)
             finite = bool(np.all(np.isfinite(out)))
         else:
             work = self._work.get(m)
@@ -227,13 +243,13 @@ class DataOwner(Checkpointed):
                 work = self._work[m] = (np.empty((m, self.p)), np.zeros(m, dtype=np.int64),
                                         np.empty((m, self.p)), np.empty((m, self.p)))
             if one is not None:
-                self.ledger.charge_one(self.event, one)
+                self.release.charge_one(self.event, one)
             else:
-                self.ledger.charge(self.event, runs)
+                self.release.charge(self.event, runs)
             finite = kernels.owner_answer(self._X, self._y, self._thr, thetas, n, self.noise_gens,
                                           runs, self.lap_scale, work, out)
             clipped = work[1]
-            tap.release(self.agent, out, runs, self.event)
+            self.release.report(out, runs, self.event)
         if not finite:
             raise NumericalError(f"owner {self.agent}: non-finite answer (diverging model? lower "
                                  "step.rho or async.gamma)")
@@ -241,6 +257,15 @@ class DataOwner(Checkpointed):
             self.clipped[one] += clipped[0]
         else:
             self.clipped[runs] += clipped
+
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.release.ledger
+
+    @ledger.setter
+    def ledger(self, value: Ledger) -> None:  # a checkpoint's ledger
+        self.release.ledger = value
 
 
 class OwnersAnswer:

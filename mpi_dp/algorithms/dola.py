@@ -34,7 +34,8 @@ import scipy.sparse as sp
 
 from .. import rng
 from ..comm import topology as tp
-from ..privacy import GaussianEvent, LaplaceEvent, Ledger, gaussian_sigma, tap
+from ..privacy import Ledger, gaussian_sigma
+from ..privacy.release import BlockRelease, OwnerRelease
 
 VARIANTS = ("laplace", "gaussian", "sparse", "minibatch")
 GAUSS_MODES = ("per_record", "total_T", "paper")
@@ -75,10 +76,19 @@ class Settings:
     seed: int = 0
     run_ids: tuple[int, ...] = (0,)
     record_every: int = 1
+    #: per agent: its noise calibration (privacy.contract.Calibration of a per-record plan;
+    #: rule 'paper': eps is per release, the Gaussian from gauss_mode); () before calibration
+    calibration: tuple = ()
 
     @property
     def runs(self) -> int:
         return len(self.run_ids)
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the noise comes from the job's calibration (pld / basic), not the paper's."""
+        return bool(self.calibration) and self.calibration[0] is not None \
+            and self.calibration[0].rule != "paper"
 
     @property
     def L(self) -> float:
@@ -91,7 +101,7 @@ class Settings:
     @property
     def certified(self) -> bool:
         """False where the release is not shown to have the stated guarantee."""
-        if self.variant == "gaussian" and self.gauss_mode == "paper":
+        if self.variant == "gaussian" and self.gauss_mode == "paper" and not self.calibrated:
             return False
         return not (self.variant == "minibatch" and self.reg_point == "clean")
 
@@ -405,7 +415,11 @@ class Block:
         self.noise = Noise(self.agents, s.run_ids, s.seed, n,
                            "normal" if s.variant == "gaussian" else "laplace", rounds=s.T)
         self.eps = np.array([s.eps[a] for a in self.agents], dtype=np.float64)
-        self.ledgers = [Ledger(int(a), math.inf, math.inf, runs=R) for a in self.agents]
+        # every agent's release path: its calibration (a per-record plan) and ledger
+        self.release = BlockRelease([OwnerRelease(
+            int(a), R, s.calibration[a] if s.calibration else None, certified=s.certified,
+            mechanism="gaussian" if s.variant == "gaussian" else "laplace")
+            for a in self.agents])
         self.w_star = w_star
         # cumulative per agent and run: own loss, reference-node loss, comparator loss, mistakes
         self.cum = np.zeros((4, k, R))
@@ -449,12 +463,21 @@ class Block:
         for i, a in enumerate(self.agents.tolist()):
             self.W[i], self.Hsum[i], self.cum[:, i] = st[a]["W"], st[a]["Hsum"], st[a]["cum"]
             self.noise_l1[i], self.last_active_deg[i] = st[a]["noise_l1"], st[a]["deg"]
-            self.last_a_self[i], self.ledgers[i] = st[a]["a_self"], st[a]["ledger"]
+            self.last_a_self[i] = st[a]["a_self"]
+            self.release.owners[i].ledger = st[a]["ledger"]
         self.noise.seek([st[a]["noise"] for a in self.agents.tolist()], self.s.T - t)
         self.stream.seek(t)
         self.activation.last, self.activation.t = edge_last[self._edge_idx].copy(), t
         self.t = t
         return t
+
+    @property
+    def ledgers(self) -> list[Ledger]:
+        return self.release.ledgers
+
+    def record_pass(self, t: int) -> int:
+        """The pass over the agents' records that round t reads (a single pass: 0)."""
+        return 0
 
     # -- pieces of a round --
     def mix(self, a_self: np.ndarray, a_nbr: np.ndarray) -> np.ndarray:
@@ -530,24 +553,20 @@ class Block:
             if s.lam:
                 G += s.lam * B
             delta2 = 2.0 * s.L_data / s.h
-            J = np.array([gauss_std(s.gauss_mode, delta2, e, s.delta, s.T, alpha=alpha, n=n,
-                                    L=s.L, calibration=s.gauss_calibration) for e in self.eps])
-            events: dict[float, GaussianEvent] = {}
-            charged = []
-            for i, led in enumerate(self.ledgers):
-                ev = events.get(J[i])
-                if ev is None:
-                    ev = events[J[i]] = GaussianEvent(delta2, float(J[i]), s.delta,
-                                                      certified=s.gauss_mode != "paper")
-                led.charge(ev)
-                charged.append(ev)
+            if s.calibrated:  # each agent's calibrated multiplier x the gradient's sensitivity
+                J, charged = self.release.charge(delta2, record_pass=self.record_pass(t))
+            else:  # the paper's rules (gauss_mode), stated at dola.delta
+                paper = [gauss_std(s.gauss_mode, delta2, e, s.delta, s.T, alpha=alpha, n=n,
+                                   L=s.L, calibration=s.gauss_calibration) for e in self.eps]
+                J, charged = self.release.charge(delta2, paper, record_pass=self.record_pass(t),
+                                                 delta=s.delta)
             Z = self.noise.next() if np.any(J > 0) else None
             if Z is not None:
                 G = G + J[:, None, None] * Z
                 self.noise_l1 = alpha * J[:, None] * np.abs(Z).sum(axis=2)
             self.W = project_ball(B - alpha * G, s.radius)
             self.Pub[: self.k] = self.W
-            self._tap(charged)
+            self.release.report(self.Pub[: self.k], charged)
             if self.on_release is not None:
                 self.on_release(t, self.agents, self.Pub[: self.k].copy())
         deg_active = np.zeros(self.k)
@@ -556,17 +575,11 @@ class Block:
         self.t = t1
 
     def _release_laplace(self, S: float, V: np.ndarray, t: int) -> None:
-        """Charge every hosted agent's ledger, then release V + Lap(S / eps_i)^n."""
-        s = self.s
-        mu = np.where(np.isinf(self.eps), 0.0, S / self.eps)
-        events: dict[float, LaplaceEvent] = {}
-        charged = []
-        for i, led in enumerate(self.ledgers):
-            ev = events.get(mu[i])
-            if ev is None:
-                ev = events[mu[i]] = LaplaceEvent(S, float(mu[i]), certified=s.certified)
-            led.charge(ev)
-            charged.append(ev)
+        """Charge every hosted agent's ledger, then release V + Lap(mu_i)^n: mu_i the agent's
+        calibrated multiplier x S, or the paper's S / eps_i (eps per release)."""
+        paper = None if self.s.calibrated else np.where(np.isinf(self.eps), 0.0, S / self.eps)
+        mu, charged = self.release.charge(S, None if paper is None else paper.tolist(),
+                                          record_pass=self.record_pass(t))
         if np.any(mu > 0):
             Z = self.noise.next()
             noise = mu[:, None, None] * Z
@@ -574,16 +587,9 @@ class Block:
             self.Pub[: self.k] = V + noise
         else:
             self.Pub[: self.k] = V
-        self._tap(charged)
+        self.release.report(self.Pub[: self.k], charged)
         if self.on_release is not None:
             self.on_release(t, self.agents, self.Pub[: self.k].copy())
-
-    def _tap(self, events: list) -> None:
-        """Report every hosted agent's release (R, n) to the audit tap (no-op outside audits)."""
-        if not tap.enabled():
-            return
-        for i, a in enumerate(self.agents.tolist()):
-            tap.release(a, self.Pub[i], None, events[i])
 
 
 # -- metrics and the round loop ------------------------------------------------------------------

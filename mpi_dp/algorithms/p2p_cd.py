@@ -9,8 +9,11 @@ Algorithm 1 / 2 of agent i, on each tick of its clock (eq. 4; private: eq. 6):
     broadcast Theta_i to N_i                                          (|N_i| vectors)
 
 and stops after T_i wake-ups. The agent's state is the noisy iterate; it keeps no clean copy.
-The per-release budgets e_k come from Algorithm 3 (privacy.kairouz). Models carry a runs axis
-(R, p): runs differ only in their noise (the schedule is the job's).
+The per-release budgets e_k are equal, calibrated so that the T_i releases (and a private warm
+start, and the other candidates of a private selection) meet the peer's (eps, delta)
+(privacy.contract), or come from the paper's Algorithm 3 (privacy.kairouz, rule 'paper'). Every
+release goes through the peer's release path (privacy.release). Models carry a runs axis (R, p):
+runs differ only in their noise (the schedule is the job's).
 
 Execution: `simulate` runs the global schedule tick by tick in one process (the reference);
 `replay` runs the same schedule cut into conflict-free rounds on any `Net` (comm.rma mailboxes
@@ -30,8 +33,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..models import p2p as M
-from ..privacy import LaplaceEvent, Ledger, PureEvent, tap
+from ..privacy import Ledger, PureEvent
 from ..privacy import kairouz as K
+from ..privacy.release import OwnerRelease
 from ..rng import run_streams, stream
 
 MODES = ("sound", "faithful")
@@ -57,6 +61,14 @@ class Settings:
     runs: tuple[int, ...] = (0,)
     seed: int = 0
     record_every: int = 0  # ticks between records (0: only the end)
+    #: per agent: its calibration (privacy.contract.Calibration; rule 'paper': Algorithm 3's
+    #: budgets at delta_bar); () before calibration
+    calibration: tuple = ()
+    #: a private selection (p2p.select): the validation score each agent releases at the end
+    #: (0: none), the calibrated releases and the fixed ones its other candidates make
+    score_releases: int = 0
+    other_releases: int = 0
+    other_fixed: tuple = ()
 
     @property
     def R(self) -> int:
@@ -73,6 +85,12 @@ class Settings:
     @property
     def certified(self) -> bool:
         return self.mode == "sound" or not self.private
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the budgets come from the job's calibration (pld / basic), not Algorithm 3."""
+        return bool(self.calibration) and self.calibration[0] is not None \
+            and self.calibration[0].rule != "paper"
 
 
 def global_schedule(seed: int, n: int, T: int) -> np.ndarray:
@@ -172,6 +190,9 @@ def agent_budgets(s: Settings, problem: M.Problem, schedule: np.ndarray) -> list
     replayed schedule; with a cap T_i the split is over T_i (what the agent plans for)."""
     n = problem.n
     plan = np.asarray(s.T_agent) if s.T_agent is not None else wakeups(schedule, n, None)
+    if s.calibrated:  # every release at the calibrated eps
+        return [np.full(int(plan[i]), s.calibration[i].eps_release if s.private else math.inf)
+                for i in range(n)]
     kappa = problem.kappa if s.allocation.startswith("prop2") else None
     return K.agent_budgets(s.allocation, s.eps, s.delta, schedule[effective_ticks(
         schedule, n, s.T_agent)], n, plan, kappa)
@@ -245,8 +266,26 @@ class Block:
         self.xnorm = {int(i): np.abs(problem.X[int(i)]).sum(axis=1) for i in self.agents
                       if problem.X[int(i)] is not None}
         self.clipped = {int(i): np.zeros(R) for i in self.agents}
-        self.ledgers = {int(i): Ledger(int(i), math.inf, math.inf, runs=R) for i in self.agents}
+        self.release = {int(i): self._release_path(int(i)) for i in self.agents}
         self._nbuf = np.empty((0, R * p))
+
+    def _release_path(self, i: int) -> OwnerRelease:
+        """Agent i's release path: its calibration, and its share of a selection's plan."""
+        s = self.s
+        cal = s.calibration[i] if s.calibration else None
+        allowance, context = None, ()
+        if cal is not None and cal.rule != "paper" and s.private:
+            cap = int(s.T_agent[i]) if s.T_agent is not None else len(self.budgets[i])
+            allowance = cap + s.score_releases
+            unit = cal.unit_event()
+            context = tuple(x for x in ((unit, s.other_releases),
+                                        *((ev, 1) for ev in s.other_fixed)) if x[1])
+        return OwnerRelease(i, s.R, cal, allowance=allowance, context=context,
+                            certified=s.certified, clip=s.L0 if s.mode == "sound" else math.inf)
+
+    @property
+    def ledgers(self) -> dict[int, Ledger]:
+        return {i: r.ledger for i, r in self.release.items()}
 
     def nbr_buffer(self, i: int) -> np.ndarray:
         """Scratch (|N_i|, R p) for mailbox reads: rows of one buffer shared by the hosted agents
@@ -268,10 +307,10 @@ class Block:
         ev = None
         if s.private:
             sc = self.scales[i][k]
+            rel = self.release[i]
+            ev = rel.charge(rel.event(2.0 * s.L0 / int(P.m[i]), sc))
             g = g + sc * self.noise[i][:, k, :]
             self.clipped[i] += frac
-            ev = LaplaceEvent(2.0 * s.L0 / int(P.m[i]), sc, certified=s.certified)
-            self.ledgers[i].charge(ev)
         nb = nbr_models.reshape(-1, s.R, P.p)
         w = P.graph.weights(i) / P.deg[i]
         mixed = (w[:, None, None] * nb).sum(axis=0)  # fixed order, no BLAS: bitwise everywhere
@@ -281,8 +320,18 @@ class Block:
         self.k[i] = k + 1
         # the audit sees the mechanism's output: the broadcast is (1 - a) theta_i + a (mixed -
         # mu c_i g) with theta_i and the neighbours' models already public, a function of g
-        tap.release(i, g, None, ev)
+        self.release[i].report(g, None, ev)
         return new
+
+    def release_score(self, i: int, score: np.ndarray, sensitivity: float) -> np.ndarray:
+        """Agent i's validation score (R,) of a private selection, released with Laplace noise
+        of the calibrated multiplier x `sensitivity` (charged first; stream 'val_score')."""
+        if not self.s.private:
+            return np.asarray(score, dtype=np.float64)
+        gens = run_streams(self.s.seed, "val_score", i, self.s.runs)
+        out, _ = self.release[i].laplace(np.asarray(score, dtype=np.float64).reshape(-1, 1),
+                                         gens, sensitivity)
+        return out[:, 0]
 
     def done(self, i: int) -> bool:
         cap = self.s.T_agent
@@ -295,14 +344,14 @@ class Block:
         """What `wake` changes, per hosted agent by id (a checkpoint; the noise is drawn up front
         and read at index k, so k is also its stream position)."""
         return {i: {"theta": self.theta[i], "k": self.k[i], "clipped": self.clipped[i],
-                    "ledger": self.ledgers[i]} for i in self.agents.tolist()}
+                    "ledger": self.release[i].ledger} for i in self.agents.tolist()}
 
     def restore(self, states: dict[int, dict[str, Any]]) -> None:
         """Continue the hosted agents from `state()` of any layout (keyed by agent id)."""
         for i in self.agents.tolist():
             st = states[i]
             self.theta[i], self.k[i] = np.array(st["theta"], dtype=np.float64), int(st["k"])
-            self.clipped[i], self.ledgers[i] = np.array(st["clipped"]), st["ledger"]
+            self.clipped[i], self.release[i].ledger = np.array(st["clipped"]), st["ledger"]
 
 
 # -- drivers --------------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """Synchronous DP (sub)gradient descent on a star: Algorithms 1 and 2 of [SYNC] (seed 001).
 
 Spec: specs/sync-dp-gradient-value-of-collaboration.md. The learner on rank 0 broadcasts theta_{k-1};
-every data owner answers with its clipped mean gradient plus Laplace noise of scale
-b_i = 2 xi T / (n_i eps_i), charging the release (eps_i / T) to its own ledger first; the learner
-takes a projected step
+every data owner answers with its clipped mean gradient (L1 sensitivity 2 xi / n_i) plus Laplace
+noise, charging the release to its own ledger first: of scale b_i = nm_i 2 xi / n_i, the noise
+multiplier nm_i that makes its T answers (eps_i, delta_i)-DP by the job's calibration
+(privacy.contract), or the paper's b_i = 2 xi T / (n_i eps_i) (eps_i / T per answer, the basic
+split of Theorem 1) with privacy.calibration = 'paper'; the learner takes a projected step
 (Alg. 1: mu_k = rho/(k T^2); Alg. 2: mu_k = rho/(T sqrt(k)) with polynomial-decay averaging).
 All R Monte-Carlo runs advance together along a leading axis.
 """
@@ -20,7 +22,8 @@ import numpy as np
 from ..comm.star import Star
 from ..errors import BudgetExceededError, JobError, NumericalError
 from ..models import linear
-from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, laplace_mechanism, tap
+from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, tap
+from ..privacy.release import OwnerRelease
 from ..rng import run_streams
 from .common import (
     Checkpointed,
@@ -58,6 +61,9 @@ class Settings:
     n: tuple[int, ...]  # per owner
     p: int  # number of features
     schedule: str = "decreasing"  # or "constant" (eps = inf only)
+    #: per owner: its noise calibration (privacy.contract.Calibration; rule 'paper': the paper's
+    #: b_i = 2 xi T / (n_i eps_i)); () before calibration
+    calibration: tuple = ()
 
     @property
     def runs(self) -> int:
@@ -74,6 +80,14 @@ class Settings:
         if self.variant == "alg1":
             return self.rho / (k * self.T**2)
         return self.rho / (self.T * math.sqrt(k))
+
+    def noise_scale(self, i: int) -> float:
+        """b_i of owner i: the calibrated multiplier x 2 xi / n_i, or the paper's
+        2 xi T / (n_i eps_i) (rule 'paper' or no calibration); 0 for eps = inf."""
+        cal = self.calibration[i] if self.calibration else None
+        if cal is None or cal.rule == "paper":
+            return lap_scale(self.xi, self.T, self.n[i], self.eps[i])
+        return cal.scale(l1_sensitivity_mean(self.xi, self.n[i]))
 
 
 def default_rho(variant: str, alpha: float, L: float, T: int) -> float:
@@ -97,10 +111,13 @@ class DataOwner(Checkpointed):
         self.T = s.T
         self.loss = s.loss
         self.xi = s.xi if s.clip else math.inf
-        self.lap_scale = lap_scale(s.xi, s.T, shard.n, eps)
+        self.lap_scale = s.noise_scale(self.agent)
         self.sensitivity = l1_sensitivity_mean(s.xi, shard.n)  # replace-one, clipped to xi
-        self.certified = s.clip
-        self.ledger = Ledger(self.agent, eps, runs=s.runs)
+        cal = s.calibration[self.agent] if s.calibration else None
+        paper = cal is None or cal.rule == "paper"  # the paper's basic budget eps_i
+        self.release = OwnerRelease(self.agent, s.runs, cal, budget_eps=eps if paper else math.inf,
+                                    budget_delta=0.0 if paper else math.inf, certified=s.clip,
+                                    clip=self.xi)
         self.noise_gens = run_streams(s.seed, "noise", self.agent, s.run_ids)
         self.answered = 0
         self.last_clipped = np.zeros(s.runs)
@@ -114,14 +131,22 @@ class DataOwner(Checkpointed):
         grad_sum, clipped = linear.clipped_grad_sum(self.loss, self.shard.X, self.shard.y, theta,
                                                     self.xi, stats)
         q = grad_sum / self.shard.n
-        response, _ = laplace_mechanism(q, self.noise_gens, self.lap_scale, self.sensitivity,
-                                        self.ledger, certified=self.certified)
+        response, _ = self.release.laplace(q, self.noise_gens, self.sensitivity,
+                                           scale=self.lap_scale)
         self.answered += 1
         self.last_clipped = clipped.astype(np.float64)
         if not np.all(np.isfinite(response)):
             raise NumericalError(f"owner {self.agent}: non-finite answer at query "
                                  f"{self.answered} (diverging model? lower step.alpha)")
         return response
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.release.ledger
+
+    @ledger.setter
+    def ledger(self, value: Ledger) -> None:  # a checkpoint's ledger
+        self.release.ledger = value
 
 
 def _progress(label: str, k: int, T: int, psi: np.ndarray | None, t0: float) -> None:

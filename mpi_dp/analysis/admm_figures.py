@@ -71,8 +71,18 @@ def _method_rank(key: str) -> tuple[int, str]:
     return (METHOD_ORDER.index(key), "") if key in METHOD_ORDER else (len(METHOD_ORDER), key)
 
 
+def calibrated(c: ConfigView) -> bool:
+    """Whether the configuration's eps is each agent's total (a calibrated rule), not the paper's
+    per-iteration eps_bar."""
+    return str(c.attrs.get("calibration", "paper")) in ("pld", "basic")
+
+
 def eps_bar(c: ConfigView) -> float:
-    """Per-iteration eps_bar (attribute, else the common per-agent eps; NaN when unknown)."""
+    """The eps a configuration is compared at: the job's eps, i.e. each agent's total under a
+    calibrated rule (its per-iteration eps_bar is an attribute), the per-iteration eps_bar under
+    the paper's (attribute, else the common per-agent eps); NaN when unknown."""
+    if calibrated(c) and c.eps.size and np.all(c.eps == c.eps[0]):
+        return float(c.eps[0])
     if "eps_bar" in c.attrs:
         return float(c.attrs["eps_bar"])
     if c.eps.size and np.all(c.eps == c.eps[0]):
@@ -147,7 +157,8 @@ def admm_table(result: Result) -> list[dict[str, Any]]:
     mean / p5 / p95: mean and 5th / 95th percentiles (numpy linear interpolation) over the finite runs
     of the test error at the last record; consensus, noise_mag: their means over runs at the last
     record (None when the metric is absent, NaN when nothing is recorded yet); t: last iteration
-    (-1 before the first record); eps_total_basic: the recorded attribute (None if absent).
+    (-1 before the first record); eps_total_basic: each agent's total (the largest): the ledger's
+    PLD total under a calibrated rule, the recorded basic total under the paper's (None if absent).
     """
     _check(result)
     rows: list[dict[str, Any]] = []
@@ -156,7 +167,7 @@ def admm_table(result: Result) -> list[dict[str, Any]]:
         mean = p5 = p95 = nan
         if _has(c, ERROR):
             mean, p5, p95 = _finite_stats(c.final(ERROR))
-        total = c.attrs.get("eps_total_basic")
+        total = _pld_total(c) if calibrated(c) else c.attrs.get("eps_total_basic")
         rows.append(
             {
                 "index": c.index,
@@ -178,6 +189,17 @@ def admm_table(result: Result) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _pld_total(c: ConfigView) -> float | None:
+    """The largest tight (PLD) total over agents from the ledger (None without one)."""
+    try:
+        led = c.ledger()
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+    if led is None or not len(led) or "eps_pld" not in (led.dtype.names or ()):
+        return None
+    return float(np.max(led["eps_pld"]))
 
 
 def _groups(result: Result) -> dict[float, dict[str, list[ConfigView]]]:
@@ -283,6 +305,8 @@ def admm_table_text(result: Result) -> str:
     if any(r["train_error"] is not None or r["majority_error"] is not None for r in rows):
         headers[-1:-1] = ["train_err", "majority", "W=0", "flag"]
         keys[-1:-1] = ["train_error", "majority_error", "zero_error", "flag"]
+    if any(calibrated(c) for c in result.configs):
+        headers[2] = "eps (total)"  # each agent's total over T iterations, not eps_bar
     cells = [[_fmt(r[k]) for k in keys] for r in order]
     left = {1, len(keys) - 1} | ({len(keys) - 2} if "flag" in keys else set())
     parts = [head, ""] + aligned(headers, cells, left=left) + _utility_notes(result, rows)

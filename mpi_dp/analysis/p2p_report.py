@@ -78,10 +78,25 @@ def p2p_rows(result: Result) -> list[dict[str, Any]]:
             "test_metric_trivial": a.get("test_metric_trivial", math.nan),
             "vectors_sent": a.get("vectors_sent", math.nan),
             "eps_theorem1_max": a.get("eps_theorem1_max", math.nan),
-            "eps_total_max": a.get("eps_total_max", math.nan),
+            "eps_total_max": _eps_total(c),
+            "val_metric": a.get("val_metric", math.nan),
             "certified": a.get("certified", True), "seconds": a.get("seconds", math.nan),
         })
     return rows
+
+
+def _eps_total(c: ConfigView) -> float:
+    """The largest total eps over peers: the ledger's tight (PLD) total of what each peer's
+    guarantee composes under a calibrated rule, the Theorem-1 total under the paper's."""
+    if str(c.attrs.get("calibration", "paper")) not in ("pld", "basic"):
+        return float(c.attrs.get("eps_total_max", math.nan))
+    try:
+        led = c.ledger()
+    except (OSError, KeyError, TypeError, ValueError):
+        led = None
+    if led is None or not len(led) or "eps_pld" not in (led.dtype.names or ()):
+        return math.nan
+    return float(np.max(led["eps_pld"]))
 
 
 def _flag(c: ConfigView, value: float) -> str:
@@ -114,7 +129,7 @@ def p2p_text(result: Result) -> str:
                      f"{a.get('test_metric_trivial', math.nan):.4f}",
                      f"{a.get('vectors_sent', math.nan):,.0f}" if isinstance(
                          a.get("vectors_sent"), int | float) else "",
-                     f"{a.get('eps_total_max', math.nan):.4g}", f"{a.get('seconds', 0):.1f}"])
+                     f"{_eps_total(c):.4g}", f"{a.get('seconds', 0):.1f}"])
     lines += aligned(head, body, {0, 1})
     t1 = table1(result)
     if t1:
@@ -125,11 +140,13 @@ def p2p_text(result: Result) -> str:
 def table1_values(result: Result) -> dict[str, tuple[float, int, str]]:
     """Column -> (mean per-user test RMSE over the splits, number of splits, what was chosen).
 
-    Per (eps, shard) the configuration of best validation RMSE (p2p.validation > 0) is chosen,
+    Per (eps, shard) the configuration of best validation score (val_metric, lower is better:
+    with p2p.select the peers' privately released scores, charged to their ledgers) is chosen,
     never by test RMSE; without a validation metric every configuration must be alone in its
-    (eps, shard) cell."""
+    (eps, shard) cell. 'per-user mean' is the trivial predictor (each user's training mean)."""
     cells: dict[tuple[str, str], list[ConfigView]] = {}
     local: dict[str, float] = {}
+    trivial: dict[str, float] = {}
     for c in result.configs:
         a = c.attrs
         if not _lower_is_better(c) or a.get("method_variant") != "cd":
@@ -138,6 +155,7 @@ def table1_values(result: Result) -> dict[str, tuple[float, int, str]]:
         name = "non-private CD" if math.isinf(e) else f"eps {e:g}"
         cells.setdefault((name, str(a.get("shard", ""))), []).append(c)
         local[str(a.get("shard", ""))] = float(a.get("test_metric_local", math.nan))
+        trivial[str(a.get("shard", ""))] = float(a.get("test_metric_trivial", math.nan))
     if not cells:
         return {}
     cols: dict[str, list[float]] = {}
@@ -151,9 +169,13 @@ def table1_values(result: Result) -> dict[str, tuple[float, int, str]]:
         best = cs[int(np.argmin(val))] if len(cs) > 1 else cs[0]
         cols.setdefault(name, []).append(float(np.nanmean(_final(best, "test_metric"))))
         if len(cs) > 1:
+            charged = name == "non-private CD" or all(c.attrs.get("select") for c in cs)
             chosen.setdefault(name, []).append(
-                f"T_i={best.attrs.get('T_agent', '?')}, mu={best.attrs.get('mu', '?')}")
-    out = {"purely local": (float(np.mean(list(local.values()))), len(local), "")}
+                f"T_i={best.attrs.get('T_agent', '?')}, mu={best.attrs.get('mu', '?')}"
+                + ("" if charged else " (NOT private: an uncharged validation score; set "
+                   "p2p.select)"))
+    out = {"purely local": (float(np.mean(list(local.values()))), len(local), ""),
+           "per-user mean": (float(np.mean(list(trivial.values()))), len(trivial), "")}
     for k, v in cols.items():
         picks = sorted(set(chosen.get(k, [])))
         out[k] = (float(np.mean(v)), len(v), "; ".join(picks))
@@ -168,9 +190,12 @@ def table1(result: Result) -> list[str]:
              f"(acceptance: ordering local > 0.1 > 0.5 > 1 > non-private, each within "
              f"{TABLE1_TOL})"]
     body = []
-    for k in PAPER_TABLE1:
+    for k in (*PAPER_TABLE1, "per-user mean"):
         if k in vals:
             v, ns, how = vals[k]
+            if k not in PAPER_TABLE1:  # the trivial predictor: no paper value
+                body.append([k, f"{v:.4f}", str(ns), "-", "-", "-", "(trivial baseline)"])
+                continue
             ok = abs(v - PAPER_TABLE1[k]) <= TABLE1_TOL
             body.append([k, f"{v:.4f}", str(ns), f"{PAPER_TABLE1[k]:.4f}",
                          f"{v - PAPER_TABLE1[k]:+.4f}", "ok" if ok else "OUTSIDE", how])

@@ -1,12 +1,16 @@
 """The privacy ledger of a result file as text (what `mpi-dp analyze` prints for every method).
 
 Each configuration group holds a per-agent ledger at `G/privacy/ledger`, one row per agent. Current
-files record the mechanism, the releases, the per-release eps / delta, the budget, what was charged
-against it (basic composition) and the total eps at the job's delta by four accountants: basic,
-advanced (Dwork-Rothblum-Vadhan), PLD (dp-accounting) and RDP, plus whether the noise calibration
-read private data and whether every mechanism is DP as calibrated. Older files record only the
-budget, the basic spend and the releases; they are shown as they are. Agents whose rows are
-identical (apart from the agent index) share one line: `owners 0-2`, `owners 0,2`, `owner 1`.
+files record each owner's contract (its target eps and delta, the calibration rule that set its
+noise and what its guarantee composes: the configuration, a record or a selection), the
+mechanism, the releases, the per-release eps and noise multiplier, and the totals of that scope at
+the owner's delta by four accountants: basic, advanced (Dwork-Rothblum-Vadhan), PLD
+(dp-accounting) and RDP, plus the plain composition of every release (*_all), whether the noise
+calibration read private data and whether every mechanism is DP as calibrated. The text opens with
+one line per configuration: the target, the rule and the achieved tight total (met or not).
+Files from before the contract record a budget and its basic spend; they are shown as they are.
+Agents whose rows are identical (apart from the agent index) share one line: `owners 0-2`,
+`owners 0,2`, `owner 1`.
 """
 
 from __future__ import annotations
@@ -168,6 +172,8 @@ def _columns(configs: list[_Config], deltas: set[float]) -> list[tuple[str, Any]
         cols.append(("releases", lambda r: str(int(r["releases"])) if "releases" in r else "-"))
     if "eps_per_release" in fields:
         cols.append(("eps/release", lambda r: _num(r.get("eps_per_release"))))
+    if "noise_multiplier" in fields:
+        cols.append(("noise/sens", lambda r: _num(r.get("noise_multiplier"))))
     if _any_positive(configs, "delta_per_release"):
         cols.append(("delta/release", lambda r: _num(r.get("delta_per_release"))))
     if "budget_eps" in fields:
@@ -178,6 +184,8 @@ def _columns(configs: list[_Config], deltas: set[float]) -> list[tuple[str, Any]
     if has_totals:
         cols += [(h, (lambda r, f=f: _num(_basic(r) if f == "eps_basic" else r.get(f))))
                  for h, f in TOTALS]
+        if any(_differs(r) for c in configs for _, r in c.groups):
+            cols.append(("PLD all", lambda r: _num(r.get("eps_pld_all"))))
         if len(deltas) > 1:
             cols.append(("delta", lambda r: _num(r.get("delta"))))
     elif "spent_eps" in fields:
@@ -185,6 +193,60 @@ def _columns(configs: list[_Config], deltas: set[float]) -> list[tuple[str, Any]
         if _any_positive(configs, "spent_delta"):
             cols.append(("spent delta (basic)", lambda r: _num(r.get("spent_delta"))))
     return cols
+
+
+def _differs(row: dict[str, Any]) -> bool:
+    """Whether the plain composition of all releases differs from the scope's total."""
+    a, b = row.get("eps_pld_all"), row.get("eps_pld")
+    return a is not None and b is not None and _num(a) != _num(b)
+
+
+#: relative slack of "target met" (the calibration meets the target to 1e-6 at worst)
+MET_RTOL = 1e-6
+
+
+def _text(v: Any) -> str:
+    return str(v) if v is not None else "-"
+
+
+def contract_lines(configs: list[_Config]) -> list[str]:
+    """One line per configuration with a contract: each owner's target, the rule and scope, and
+    the achieved totals (the largest over owners): met when every owner's PLD total is at most
+    its target."""
+    out = []
+    for c in configs:
+        rows = [r for _, r in c.groups]
+        if not rows or "target_eps" not in rows[0]:
+            continue
+        targets = sorted({float(r["target_eps"]) for r in rows})
+        deltas = sorted({float(r["target_delta"]) for r in rows})
+        rules = sorted({_text(r.get("calibration")) for r in rows})
+        scopes = sorted({_text(r.get("scope")) for r in rows})
+        pld = max(float(r["eps_pld"]) for r in rows)
+        rdp = max(float(r["eps_rdp"]) for r in rows)
+        basic = max(float(r["eps_basic"]) for r in rows)
+        tgt = _num(targets[0]) if len(targets) == 1 else f"{_num(targets[0])}..{_num(targets[-1])}"
+        dl = _num(deltas[0]) if len(deltas) == 1 else f"{_num(deltas[0])}..{_num(deltas[-1])}"
+        if all(math.isinf(t) for t in targets):
+            verdict = "no privacy (eps = inf)"
+        else:
+            met = all(float(r["eps_pld"]) <= float(r["target_eps"]) * (1 + MET_RTOL)
+                      for r in rows)
+            verdict = "met" if met else "NOT met"
+            if not met and any(x.startswith("paper:") for x in rules):
+                verdict += " (the paper's rule reads eps in its own unit)"
+            if not all(bool(r.get("certified", True)) for r in rows):
+                verdict += "; NOT certified"
+        extra = ""
+        if any(_differs(r) for r in rows):
+            extra = f"; all releases composed: PLD {_num(max(float(r['eps_pld_all']) for r in rows))}"
+        out.append(f"  #{c.index} {c.label}: target eps={tgt}, delta={dl} per owner and "
+                   f"{'/'.join(scopes)}, calibration {', '.join(rules)}; achieved PLD "
+                   f"{pld:.6g} (RDP {_num(rdp)}, basic {_num(basic)}){extra}: {verdict}")
+    if out:
+        out.insert(0, "privacy contract (per configuration; achieved: the largest total over "
+                      "owners, at each owner's delta):")
+    return out
 
 
 def _notes(configs: list[_Config], attr: str, name: str, skip_if: str | None = None) -> list[str]:
@@ -264,7 +326,8 @@ def ledger_text(result: Result) -> str:
     lines = iter(aligned(headers, table, {k for k, h in enumerate(headers) if h in _LEFT},
                          rule=False))
     width0 = max([len(headers[0])] + [len(r[0]) for r in table])
-    out = [head, next(lines)]
+    summary = contract_lines(configs)
+    out = [*summary, *([""] if summary else []), head, next(lines)]
     for r in rows:
         if isinstance(r, tuple):
             index, problem, label = r

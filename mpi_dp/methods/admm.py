@@ -19,8 +19,17 @@ from ..comm.star import Star
 from ..data import ShardFile
 from ..errors import JobError
 from ..jobspec import Key, err
-from ..privacy import GAUSSIAN_CALIBRATIONS
-from .base import Context, Method, Outcome, Resolved, default_of, settings_attrs
+from ..privacy import GAUSSIAN_CALIBRATIONS, contract
+from .base import (
+    Context,
+    Method,
+    Outcome,
+    Resolved,
+    calibration_attrs,
+    default_of,
+    owner_plans,
+    settings_attrs,
+)
 
 _S = admm.Settings
 _NUM = (int, float)
@@ -56,10 +65,11 @@ SECTION = {
     "tr_schedule": Key((str,), _d("tr_schedule"), "ObjT trust radius: const (delta = a, the "
                        "released code) or inv_sq (a/(t+1)^2, the paper's prose)",
                        ("const", "inv_sq")),
-    "sens_mode": Key((str,), _d("sens_mode"), "l1 sensitivity: local_max (the code: max over the "
-                     "agent's records at z_p / I; reads private data to set the noise, recorded "
-                     "as a data-dependent calibration), local_max_x2 (replace-one) or global "
-                     "(4 J / I: strict, data-independent)", ("local_max", "local_max_x2", "global")),
+    "sens_mode": Key((str,), _d("sens_mode"), "l1 sensitivity: global (4 J / I: data-"
+                     "independent, certified; the default), local_max (the authors' code: max "
+                     "over the agent's records at z_p / I; reads private data to set the noise, "
+                     "recorded as a data-dependent calibration) or local_max_x2 (replace-one)",
+                     ("global", "local_max", "local_max_x2")),
     "outp_noise_std": Key((str,), _d("outp_noise_std"), "OutP noise std: sigma (Huang et al., "
                           "the fair baseline) or sigma_sq (the authors' code; less noise than "
                           "calibrated: recorded uncertified)", ("sigma", "sigma_sq")),
@@ -73,10 +83,13 @@ SECTION = {
                     "(2 gamma/P z_p) or code (2 gamma w)", ("consistent", "code")),
     "w_bound": Key(_NUM, _d("w_bound"), "box W = [-B, B]^(J x K) (inf: unconstrained, the final "
                    "code; 1.0: the April 2021 code)"),
-    "dp_delta": Key(_NUM, _d("dp_delta"), "delta of OutP's (eps, delta)-DP per iteration"),
-    "budget_eps": Key(_NUM, _d("budget_eps"), "each agent's total budget over all iterations "
-                      "(basic composition): a release beyond it is refused and the run ends "
-                      "there (inf: no cap, the paper's per-iteration guarantee)"),
+    "dp_delta": Key(_NUM, _d("dp_delta"), "OutP's per-iteration delta: of the paper rule's "
+                    "(eps_bar, dp_delta) Gaussian, and of Huang et al.'s step schedule 1/eta^t "
+                    "(under a calibrated rule: at the per-iteration eps of the calibrated sigma)"),
+    "budget_eps": Key(_NUM, _d("budget_eps"), "privacy.calibration = 'paper' only: each agent's "
+                      "total over all iterations by basic composition: a release beyond it is "
+                      "refused and the run ends there (inf: no cap, the paper's per-iteration "
+                      "guarantee); a calibrated rule is limited by its plan instead"),
 }
 
 
@@ -130,8 +143,12 @@ class Admm(Method):
     legacy_keys = {"admm.method": "variant", "sweep.method": "sweep.variant"}
     variant_aliases = {"iadmm": None}
     label_variant = True
-    key_help = {"T": "iterations", "eps": "eps_bar: every agent's budget PER ITERATION (one "
-                "value for all agents); totals over the iterations are in privacy/ledger"}
+    key_help = {"T": "iterations (one release per agent and iteration)",
+                "eps": "every agent's total over its T releases (one value for all agents; "
+                "the per-iteration eps_bar is calibrated from it: attribute eps_bar)"}
+    paper_rule = ("eps is eps_bar, every agent's budget PER ITERATION (the paper's statement; "
+                  "its T releases compose to far more: see privacy/ledger)")
+    paper_rule_name = "per_iteration"
     default_metric = "test_error"
 
     def validate(self, values: dict[str, Any], path: str) -> None:
@@ -150,7 +167,21 @@ class Admm(Method):
                 raise err(path, key, "must be > 0")
         if not 0 < values["admm.dp_delta"] < 1:
             raise err(path, "admm.dp_delta", "must be in (0, 1)")
-        if values["admm.outp_calibration"] == "classical":
+        if math.isfinite(values["admm.budget_eps"]) and values["privacy.calibration"] != "paper":
+            raise err(path, "admm.budget_eps", "caps the paper rule's per-iteration releases by "
+                      "basic composition; under privacy.calibration = "
+                      f"'{values['privacy.calibration']}' eps is already each agent's total "
+                      "(remove budget_eps, or set privacy.calibration = 'paper')")
+        if values["privacy.calibration"] != "paper" and values["admm.outp_noise_std"] != "sigma":
+            raise err(path, "admm.outp_noise_std", "'sigma_sq' (the authors' code) adds less "
+                      "noise than the calibration: every agent would refuse its first release; "
+                      "only with privacy.calibration = 'paper' (recorded uncertified)")
+        if values["privacy.calibration"] != "paper" and values["admm.outp_calibration"] != "auto":
+            raise err(path, "admm.outp_calibration", "is OutP's Gaussian calibration under the "
+                      "paper's rule (privacy.calibration = 'paper'); a calibrated rule sets "
+                      "OutP's noise from each agent's (eps, delta): remove it")
+        if values["admm.outp_calibration"] == "classical" and \
+                values["privacy.calibration"] == "paper":
             variants = values["sweep.variant"] or [values["variant"]]
             budgets = values["sweep.eps"] or [values["eps"]]
             flat = [e for b in budgets for e in (b if isinstance(b, list) else [b])]
@@ -200,13 +231,41 @@ class Admm(Method):
             budget_eps=float(job["admm.budget_eps"]), seed=job["seed"], run_ids=ctx.run_ids,
             record_every=job["record_every"], aggregate=job["comm.aggregate"])
 
+    def plans(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S) -> list[contract.Plan]:
+        """T releases per agent (one per iteration), at one delta for every agent (the smallest
+        of theirs: the rho schedule (21) and OutP's steps read one per-iteration eps)."""
+        mech = "gaussian" if s.method == "outp" else "laplace"
+        plans = owner_plans(ctx, rc, rc.n, mech, s.T)
+        delta = min(p.delta for p in plans)
+        return [dataclasses.replace(p, delta=delta) for p in plans]
+
+    def calibrated(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S, cals: list) -> _S:
+        cal = cals[0]
+        if cal.rule == "paper":
+            return dataclasses.replace(s, calibration=tuple(cals))
+        nm = cal.noise_multiplier
+        if math.isinf(s.eps_bar) or nm == 0:
+            eps_bar = math.inf
+        elif s.method == "outp":  # the per-iteration eps whose classical sigma is the calibrated
+            eps_bar = math.sqrt(2 * math.log(1.25 / s.dp_delta)) / nm
+        else:
+            eps_bar = 1.0 / nm
+        return dataclasses.replace(s, eps_bar=eps_bar, noise_multiplier=nm,
+                                   calibration=tuple(cals))
+
     def record_attrs(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S) -> dict[str, Any]:
-        return {**settings_attrs(s), "n_test": 0 if prep.test is None else len(prep.test[1]),
+        if s.calibrated:
+            what = (f"each agent's T = {s.T} releases are (eps, delta)-DP in total (eps the "
+                    "job's, delta the ledger's), calibrated by "
+                    f"{s.calibration[0].rule}; eps_bar is the per-iteration eps it gives")
+        else:
+            what = ("(eps_bar, delta)-DP per iteration (Gaussian)" if s.method == "outp"
+                    else "eps_bar-DP per iteration (Laplace objective perturbation)")
+        return {**settings_attrs(s), **calibration_attrs(list(s.calibration)),
+                "n_test": 0 if prep.test is None else len(prep.test[1]),
                 "eval_set": _eval_set_text(ctx.shard, prep.test), "prediction": PREDICTION_RULE,
                 "dp_strict": s.sens_mode == "global" or s.method == "outp",
-                "privacy": ("(eps_bar, delta)-DP per iteration (Gaussian)" if s.method == "outp"
-                            else "eps_bar-DP per iteration (Laplace objective perturbation)"),
-                "evaluation_only": EVALUATION_ONLY}
+                "privacy": what, "evaluation_only": EVALUATION_ONLY}
 
     def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S, recorder: Any,
                    label: str) -> Outcome | None:
@@ -216,10 +275,18 @@ class Admm(Method):
                               progress=ctx.progress)
         if out is None:
             return None
-        res = Outcome(out["ledgers"], guarantee=(
-            "per iteration: each released z_p is eps_bar-DP (ObjT/ObjP, Laplace) or (eps_bar, "
-            "dp_delta)-DP (OutP, Gaussian) for agent p's data, the paper's statement; it composes "
-            "nothing across iterations, the totals here compose all of an agent's releases"))
+        if s.calibrated:
+            guarantee = (f"each agent's T releases of z_p (ObjT/ObjP: Laplace objective "
+                         "perturbation; OutP: Gaussian output perturbation) together are (eps, "
+                         "delta)-DP for its records (replace-one), the noise calibrated by "
+                         f"{s.calibration[0].rule} ({contract.RULE_TEXT[s.calibration[0].rule]}); "
+                         "eps_pld is the tight total")
+        else:
+            guarantee = ("the paper's rule: per iteration, each released z_p is eps_bar-DP "
+                         "(ObjT/ObjP, Laplace) or (eps_bar, dp_delta)-DP (OutP, Gaussian) for "
+                         "agent p's data; it composes nothing across iterations, the totals here "
+                         "compose all of an agent's releases")
+        res = Outcome(out["ledgers"], guarantee=guarantee)
         res.add("models/final", out["models/final"])
         for name, value in out["baselines"].items():
             res.add(f"reference/{name}", value, evaluation_only=True, what=BASELINE_WHAT[name])

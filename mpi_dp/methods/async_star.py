@@ -18,7 +18,16 @@ from ..algorithms import async_star
 from ..comm.p2p_star import P2PStar
 from ..errors import JobError
 from ..jobspec import Job, Key, err, resolve_per_owner
-from .base import Context, Outcome, Resolved, default_of, settings_attrs
+from ..privacy import contract
+from .base import (
+    Context,
+    Outcome,
+    Resolved,
+    calibration_attrs,
+    default_of,
+    owner_plans,
+    settings_attrs,
+)
 from .star_common import (
     STAR_READS,
     StarMethod,
@@ -26,6 +35,8 @@ from .star_common import (
     add_utility_reference,
     agreed_public_constants,
     evaluation_set,
+    lap_scale_formula,
+    star_guarantee,
     utility_attrs,
 )
 
@@ -134,8 +145,12 @@ class AsyncStar(StarMethod):
                     "authors' code; default) or printed ((N-1) rho/(N T^2 lam))")
     reads = STAR_READS + ("owners", "sweep.owners")
     sections = {"async": SECTION}
-    key_help = {"T": "learner updates over all owners", "eps": "each owner's total budget for "
-                "its m_i answers (b_i = 2 xi m_i / (n_i eps_i))"}
+    key_help = {"T": "learner updates over all owners", "eps": "each owner's total for its at "
+                "most m_i answers (async.per_owner_cap, T by default); its Laplace scale is "
+                "b_i = nm_i 2 xi / n_i with nm_i from privacy.calibration"}
+    paper_rule = ("eps_i split evenly over the m_i answers an owner may give (basic "
+                  "composition, Theorem 1): b_i = 2 xi m_i / (n_i eps_i)")
+    paper_rule_name = "basic_split"
 
     def validate(self, values: dict[str, Any], path: str) -> None:
         rates = values["async.rates"]
@@ -175,9 +190,16 @@ class AsyncStar(StarMethod):
         async_star.check_settings(s, ctx.job.path, ctx.comm.Get_size())
         return s
 
+    def plans(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S) -> list[contract.Plan]:
+        return owner_plans(ctx, rc, rc.n, "laplace", s.caps)
+
+    def calibrated(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S, cals: list) -> _S:
+        return dataclasses.replace(s, calibration=tuple(cals))
+
     def record_attrs(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S) -> dict[str, Any]:
         job = ctx.job
-        return {**settings_attrs(s), "owners": s.N, "L": prep.public.L, "a_own": s.a_own,
+        return {**settings_attrs(s), **calibration_attrs(list(s.calibration)), "owners": s.N,
+                "L": prep.public.L, "a_own": s.a_own,
                 "a_ctr": s.a_ctr, "lap_scale": s.lap_scales(), "preset": job["async.preset"],
                 "scheduler": "logged" if job["async.schedule_from"] else s.scheduler,
                 "schedule_from": job["async.schedule_from"],
@@ -211,9 +233,8 @@ def _outcome(out: dict, ref, s: _S) -> Outcome:
     N = s.N
     tr: async_star.Trace = out["trace"]
     res = Outcome(out["ledgers"], guarantee=(
-        "each owner's m_i answers together are eps_i-DP (basic composition of m_i releases of "
-        "eps_i / m_i, Laplace, replace-one sensitivity 2 xi / n_i); an owner answers at most m_i "
-        "times" + ("" if s.dp_valid else "; preset paper_code: NOT DP (dp_valid = false)")))
+        star_guarantee(s.calibration, "at most m_i answers")
+        + ("" if s.dp_valid else "; preset paper_code: NOT DP (dp_valid = false)")))
     res.add("models/final", out["models/final"])
     res.add("models/local", out["models/local"])
     res.add("schedule/owner", tr.owner, what="i_k (0-based owner) of iteration k = 1..T; -1 "
@@ -237,13 +258,14 @@ def _outcome(out: dict, ref, s: _S) -> Outcome:
     res.add("reference/psi_isolated", out["psi_isolated"], evaluation_only=True)
     add_utility_reference(res, ref)
     res.add("privacy/answered", out["answered"])
-    res.add("privacy/spent_eps", out["spent_eps"], composition="basic (sequential): the owner's "
-            "ledger, per run and owner (inf: eps = inf, no noise)")
+    res.add("privacy/spent_eps", out["spent_eps"], composition="basic (sequential) sum of the "
+            "per-release eps each owner spent, per run and owner (inf: eps = inf, no noise); the "
+            "owner's guarantee is privacy/ledger's eps_pld (the tight total of the same releases)")
     res.add("privacy/clip_fraction", out["clip_fraction"], evaluation_only=True,
             what="mean share of an owner's records clipped per answer")
     res.add("privacy/lap_scale", s.lap_scales(),
-            formula="b_i = 2 xi m_i / (n_i eps_i), m_i = answers allowed (T by default)"
-            + ("" if s.noise_shape == "iid" else "; scalar noise: NOT DP"))
+            formula=lap_scale_formula(s.calibration, "m_i") + ", m_i = answers allowed (T by "
+            "default)" + ("" if s.noise_shape == "iid" else "; scalar noise: NOT DP"))
     return res
 
 

@@ -6,8 +6,12 @@ The runner calls, for a job of the method:
 
     prepare(ctx)                                  once, collective (public constants, test sets...)
     header(ctx, prepared)                         progress line on rank 0
-    per configuration:
+    per configuration, before the output exists:
         settings(ctx, prepared, rc)               resolved knobs; errors agreed by every rank
+        plans(ctx, prepared, rc, s)               each owner's release plan (privacy.contract)
+        calibrated(ctx, prepared, rc, s, cals)    the settings with the owners' calibrations
+                                                  (searched once per distinct plan on rank 0)
+    per configuration:
         record_attrs(ctx, prepared, rc, s)        attributes of the configuration's HDF5 group
         run_config(ctx, prepared, rc, s, rec, label) -> Outcome on rank 0 (None elsewhere)
 
@@ -29,8 +33,9 @@ from mpi4py import MPI
 from ..comm.agree import collective
 from ..comm.star import Star
 from ..data import ShardFile
+from ..errors import JobError
 from ..jobspec import Config, Job, Key
-from ..privacy import Ledger
+from ..privacy import Ledger, contract
 
 
 @dataclasses.dataclass
@@ -115,6 +120,37 @@ class Outcome:
         self.arrays.append((path, data, attrs))
 
 
+def owner_plans(ctx: Context, rc: Resolved, n_records: Any, mechanism: str,
+                releases: int | Any, *, fixed: tuple = (), scope: str = "configuration"
+                ) -> list[contract.Plan]:
+    """The participating owners' plans: owner i releases `releases` (or releases[i]) times by
+    `mechanism` (plus the `fixed` releases), at its eps (the configuration's) and its delta
+    (privacy.delta; 'auto' by its n_records[i]). A delta at or above 1/n_i is refused (JobError
+    naming the owner and n_i)."""
+    job = ctx.job
+    out = []
+    for i, eps in enumerate(rc.eps):
+        n = int(n_records[i])
+        try:
+            delta = contract.resolve_delta(job["privacy.delta"], n, i)
+        except ValueError as e:
+            raise JobError(f"job file {job.path}: {e}") from None
+        k = int(releases if isinstance(releases, int | np.integer) else releases[i])
+        out.append(contract.Plan(mechanism, k, float(eps), delta, tuple(fixed), scope))
+    return out
+
+
+def calibration_attrs(cals: list[contract.Calibration | None]) -> dict[str, Any]:
+    """The configuration's calibration as group attributes: the rule and one line per distinct
+    calibration (owners with equal plans share one)."""
+    live = [c for c in cals if c is not None]
+    if not live:
+        return {}
+    texts = list(dict.fromkeys(c.text() for c in live))
+    return {"calibration": live[0].name, "calibration_rule": contract.RULE_TEXT[live[0].rule],
+            "calibrations": "\n".join(texts)}
+
+
 def settings_attrs(settings: Any) -> dict[str, Any]:
     """Settings (a dataclass or a mapping) as HDF5 attributes: its field names, tuples and lists
     as arrays (one source of names: the attributes are called what the algorithm calls its knobs)."""
@@ -122,8 +158,11 @@ def settings_attrs(settings: Any) -> dict[str, Any]:
     items = (settings.items() if isinstance(settings, Mapping) else
              ((f.name, getattr(settings, f.name)) for f in dataclasses.fields(settings)))
     for name, v in items:
-        if v is None:
+        if v is None or name == "calibration":  # calibrations: calibration_attrs
             continue
+        if isinstance(v, tuple | list) and not all(isinstance(x, int | float | np.number)
+                                                   for x in v):
+            continue  # objects (events...): described elsewhere
         if isinstance(v, tuple | list):
             a = np.asarray(v)
             v = a.astype(np.int64 if len(v) and a.dtype.kind in "biu" else np.float64)
@@ -169,6 +208,10 @@ class Method:
     sweeps: tuple[str, ...] = ()
     #: `record_every = 0` is allowed: no evaluation-only records, the method's cost alone
     records_optional: bool = False
+    #: the paper's own calibration (privacy.calibration = 'paper'): what eps means there, and
+    #: its short name (the ledger's calibration column: 'paper:<name>')
+    paper_rule: str = ""
+    paper_rule_name: str = ""
 
     # -- job ---------------------------------------------------------------------------------
     def validate(self, values: dict[str, Any], path: str) -> None:
@@ -185,6 +228,17 @@ class Method:
 
     def settings(self, ctx: Context, prepared: Any, rc: Resolved) -> Any:
         raise NotImplementedError
+
+    def plans(self, ctx: Context, prepared: Any, rc: Resolved, s: Any
+              ) -> list[contract.Plan | None] | None:
+        """Each participating owner's release plan, in owner order (`owner_plans` builds them);
+        None: the configuration releases nothing private (a non-private baseline)."""
+        return None
+
+    def calibrated(self, ctx: Context, prepared: Any, rc: Resolved, s: Any,
+                   cals: list[contract.Calibration | None]) -> Any:
+        """The settings `s` with the owners' calibrations (what `plans` asked for, in order)."""
+        return s
 
     def record_attrs(self, ctx: Context, prepared: Any, rc: Resolved, s: Any) -> dict[str, Any]:
         """Attributes of the configuration's group (default: the settings' fields)."""

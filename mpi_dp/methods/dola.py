@@ -27,8 +27,17 @@ from ..data import ShardFile
 from ..errors import JobError
 from ..jobspec import Key, err
 from ..models import reference
-from ..privacy import GAUSSIAN_CALIBRATIONS
-from .base import Context, Method, Outcome, Resolved, settings_attrs, shard_sizes
+from ..privacy import GAUSSIAN_CALIBRATIONS, contract
+from .base import (
+    Context,
+    Method,
+    Outcome,
+    Resolved,
+    calibration_attrs,
+    owner_plans,
+    settings_attrs,
+    shard_sizes,
+)
 
 _NUM = (int, float)
 EVALUATION_ONLY = (
@@ -65,13 +74,15 @@ SECTION = {
     "sens_mode": Key((str,), "sound", "Laplace sensitivity 2 alpha sqrt(n) L / h with L = L_data "
                      "(sound) or L_data + lam r (paper; both valid, sound is tighter)",
                      dola.SENS_MODES),
-    "gauss_mode": Key((str,), "per_record", "Alg. 2 noise: per_record (Delta sqrt(2 ln(1.25/"
-                      "delta))/eps, the per-record guarantee of a single pass), total_T (all T "
-                      "releases via zCDP), paper (J^2 = 4 alpha^2 n L^2 T ln(T/delta) ln(1/delta)"
-                      "/eps^2: uncertified)", dola.GAUSS_MODES),
-    "gauss_calibration": Key((str,), "auto", "per_record calibration: auto (classical below "
-                             "eps 1, analytic from 1), classical, analytic", GAUSSIAN_CALIBRATIONS),
-    "delta": Key(_NUM, 1e-4, "delta of each Alg. 2 release"),
+    "gauss_mode": Key((str,), "per_record", "privacy.calibration = 'paper' only: Alg. 2 noise: "
+                      "per_record (Delta sqrt(2 ln(1.25/delta))/eps, the per-record guarantee of "
+                      "a single pass), total_T (all T releases via zCDP), paper (J^2 = 4 alpha^2 "
+                      "n L^2 T ln(T/delta) ln(1/delta)/eps^2: uncertified)", dola.GAUSS_MODES),
+    "gauss_calibration": Key((str,), "auto", "privacy.calibration = 'paper' only: per_record "
+                             "calibration: auto (classical below eps 1, analytic from 1), "
+                             "classical, analytic", GAUSSIAN_CALIBRATIONS),
+    "delta": Key(_NUM, 1e-4, "privacy.calibration = 'paper' only: delta of each Alg. 2 release "
+                 "(a calibrated rule uses the owner's privacy.delta)"),
     "rho": Key(_NUM, 0.0, "lasso weight of the sparse variant (threshold alpha_t rho)"),
     "reg_point": Key((str,), "mixed", "minibatch regulariser at the mixed point b_t (sound) or at "
                      "the clean w_t (the paper: breaks invariant P, recorded uncertified)",
@@ -236,12 +247,17 @@ class Dola(Method):
     sections = {"dola": SECTION}
     label_variant = True
     key_help = {"T": "rounds (each agent consumes h records per round, one pass at most)",
-                "eps": "each agent's eps PER RELEASE (one release per round); a single pass "
-                "gives every record this guarantee (invariant P), the totals over T releases "
-                "are in privacy/ledger", "n": "'all' (dola streams from the start of each shard)",
+                "eps": "each agent's total for every one of its records: a single pass puts "
+                "each record in one release and later releases are post-processing (invariant "
+                "P, spec §4), so each release is calibrated to (eps, delta) per record; the "
+                "plain composition of all T releases is in privacy/ledger's *_all columns",
+                "n": "'all' (dola streams from the start of each shard)",
                 "record_every": "rounds between records"}
     default_metric = "regret"
     sweeps = ("dola.rho", "dola.graph")
+    paper_rule = ("eps is the eps of each release (one per round; Alg. 2: with dola.delta, by "
+                  "gauss_mode), which a single pass gives every record")
+    paper_rule_name = "per_release"
 
     def validate(self, values: dict[str, Any], path: str) -> None:
         if not 0 < values["dola.p_act"] <= 1:
@@ -268,6 +284,13 @@ class Dola(Method):
         if values["n"] != "all" or values["sweep.n"]:
             raise err(path, "n", "dola streams each agent's records from the start; leave n = "
                       "'all' and bound the rounds with T")
+        if values["privacy.calibration"] != "paper":
+            for key, default in (("dola.gauss_mode", "per_record"),
+                                 ("dola.gauss_calibration", "auto"), ("dola.delta", 1e-4)):
+                if values[key] != default:
+                    raise err(path, key, "is an option of the paper's rule (privacy.calibration "
+                              f"= 'paper'); under '{values['privacy.calibration']}' the noise is "
+                              "calibrated to each record's (eps, privacy.delta): remove it")
 
     def prepare(self, ctx: Context) -> Prepared:
         shard = ctx.shard
@@ -381,12 +404,23 @@ class Dola(Method):
             window=j["dola.window"], weights=j["dola.weights"], ref_agent=j["dola.ref_agent"],
             exact_regret=j["dola.regret"] == "exact" and w_star is not None, seed=j["seed"],
             run_ids=ctx.run_ids, record_every=j["record_every"])
-        if variant == "gaussian":
+        if variant == "gaussian" and j["privacy.calibration"] == "paper":
             for e in set(rc.eps):  # calibration errors (e.g. classical at eps >= 1) before running
                 dola.gauss_std(algo.gauss_mode, 2 * algo.L_data / h, e, algo.delta, T,
                                alpha=dola.step_size(1, algo), n=algo.n_features, L=algo.L,
                                calibration=algo.gauss_calibration)
         return DolaSettings(algo, graph, groups, n_used, j["T"], w_star, how)
+
+    def plans(self, ctx: Context, prep: Prepared, rc: Resolved, s: DolaSettings
+              ) -> list[contract.Plan]:
+        """Per agent, the releases one record is in: one (a single pass; invariant P makes the
+        later ones post-processing), over the records it consumes."""
+        mech = "gaussian" if s.algo.variant == "gaussian" else "laplace"
+        return owner_plans(ctx, rc, s.n_used, mech, 1, scope="record")
+
+    def calibrated(self, ctx: Context, prep: Prepared, rc: Resolved, s: DolaSettings,
+                   cals: list) -> DolaSettings:
+        return dataclasses.replace(s, algo=dataclasses.replace(s.algo, calibration=tuple(cals)))
 
     def record_attrs(self, ctx: Context, prep: Prepared, rc: Resolved, s: DolaSettings
                      ) -> dict[str, Any]:
@@ -394,7 +428,8 @@ class Dola(Method):
         rows = tp.MixingRows(s.graph, np.arange(0), s.graph.edges, a.weights)
         mix = tp.mixing_constants(a.m, rows.eta, a.window)
         # n: the records each agent consumes (T h; with pool_owners they span several owners)
-        return {**settings_attrs(a), "label": rc.config.label(rc.eps, list(s.n_used)),
+        return {**settings_attrs(a), **calibration_attrs(list(a.calibration)),
+                "label": rc.config.label(rc.eps, list(s.n_used)),
                 "n": np.array(s.n_used, dtype=np.int64), "owners_per_agent": len(s.groups[0]),
                 "T_requested": s.T_requested, "comparator": s.comparator,
                 "graph": s.graph.describe(), **{f"mix_{k}": v for k, v in mix.items()},
@@ -458,24 +493,44 @@ class Dola(Method):
         out.add("graph/edges", s.graph.edges.astype(np.int64))
         if s.graph.positions is not None:
             out.add("graph/positions", s.graph.positions)
-        eps_rel = max(a.eps)
+        eps_rel, delta_rec = self._per_release(a)
         out.attrs.update(
             eps_per_release=eps_rel,
             eps_per_record=eps_rel if a.certified and a.invariant_P else math.nan,
-            delta_per_record=a.delta if a.variant == "gaussian" else 0.0,
+            delta_per_record=delta_rec,
             exchange_seconds=float(max(e[0] for e in exch)), exchanges=int(max(e[1] for e in exch)),
             seconds=round(time.perf_counter() - t0, 3))
         return out
 
     @staticmethod
+    def _per_release(a: dola.Settings) -> tuple[float, float]:
+        """(eps, delta) of one release (the largest over agents): the job's eps under the paper
+        rule, else what the calibrated noise gives at the agent's delta."""
+        if not a.calibrated:
+            return max(a.eps), (a.delta if a.variant == "gaussian" else 0.0)
+        eps = max(c.eps_release for c in a.calibration)
+        delta = max(c.plan.delta for c in a.calibration) if a.variant == "gaussian" else 0.0
+        return eps, delta
+
+    @staticmethod
     def _guarantee(a: dola.Settings) -> str:
+        cert = "" if a.certified else " UNCERTIFIED mode (see the settings): not DP as stated;"
+        if a.calibrated:
+            rule = a.calibration[0].rule
+            mech = "Gaussian noise in the step" if a.variant == "gaussian" else "Laplace"
+            return (f"each agent's records are (eps, delta)-DP each (replace-one):{cert} a single "
+                    "pass puts every record in exactly one release and, by invariant P, later "
+                    "releases are post-processing of released vectors and other records, so one "
+                    f"release ({mech}, calibrated by {rule}) is what a record's guarantee "
+                    "composes (scope record); the *_all columns compose all T releases "
+                    "(valid, very loose for a single pass)")
         per = (f"(eps, {a.delta:g})-DP (Gaussian, {a.gauss_mode})" if a.variant == "gaussian"
                else "eps-DP (Laplace)")
-        cert = "" if a.certified else " UNCERTIFIED mode (see the settings): not DP as stated;"
-        return (f"per release: {per} for the record(s) of that round;{cert} single pass + "
-                "invariant P: every record is in exactly one release, so each record gets the "
-                "per-release guarantee (attrs eps_per_record); the totals below compose all T "
-                "releases of an agent (valid, very loose for a single pass)")
+        return (f"the paper's rule: per release {per} for the record(s) of that round;{cert} "
+                "single pass + invariant P: every record is in exactly one release, so each "
+                "record gets the per-release guarantee (attrs eps_per_record, the totals of "
+                "scope record); the *_all columns compose all T releases of an agent (valid, "
+                "very loose for a single pass)")
 
     def analyze(self, result: Any, metric: str | None = None) -> str:
         from ..analysis import dola_report

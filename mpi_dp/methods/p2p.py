@@ -40,9 +40,19 @@ from ..errors import DataError, JobError
 from ..jobspec import Key, err
 from ..models import p2p as M
 from ..models import p2p_reference as REF
+from ..privacy import contract
 from ..privacy import kairouz as K
 from ..rng import stream
-from .base import Context, Method, Outcome, Resolved, settings_attrs, shard_sizes
+from .base import (
+    Context,
+    Method,
+    Outcome,
+    Resolved,
+    calibration_attrs,
+    owner_plans,
+    settings_attrs,
+    shard_sizes,
+)
 
 _NUM = (int, float)
 EVALUATION_ONLY = (
@@ -66,10 +76,12 @@ SECTION = {
                     "1); checked against the data before the run"),
     "T_agent": Key((int, str), "auto", "T_i, wake-ups of each peer: 'auto' = ceil(T / n) when "
                    "private (the paper's T/n) and no cap at eps = inf; a number caps every peer"),
-    "allocation": Key((str,), "equal", "budget split over a peer's T_i wake-ups (Algorithm 3): "
-                      "equal (Theorem-1 composition, bisection), simple (eps/T_i), prop2_paper, "
+    "allocation": Key((str,), "equal", "budget split over a peer's T_i wake-ups: equal (every "
+                      "release alike; the paper rule: Theorem-1 composition, bisection); with "
+                      "privacy.calibration = 'paper' also simple (eps/T_i), prop2_paper, "
                       "prop2_corrected (Proposition 2, replay only)", K.ALLOCATIONS),
-    "delta_bar": Key(_NUM, math.exp(-5), "delta_bar of Theorem 1 (the paper: e^-5)"),
+    "delta_bar": Key(_NUM, math.exp(-5), "privacy.calibration = 'paper' only: delta_bar of "
+                     "Theorem 1 (the paper: e^-5; refused at or above 1/m_i)"),
     "mode": Key((str,), "sound", "sound: clip per-example gradients to L1 norm <= clip (L0 = "
                 "clip); faithful: L0 = 1 and no clipping (the paper: not DP unless ||x||_1 <= 1, "
                 "recorded uncertified)", C.MODES),
@@ -93,8 +105,17 @@ SECTION = {
     "admm_inner": Key((int,), 10, "K, gradient steps per ADMM activation"),
     "local_dp_bound": Key(_NUM, 1.0, "local_dp: features clipped to [-B, B]"),
     "validation": Key(_NUM, 0.0, "share of every peer's training records held out (seeded) "
-                      "for tuning: the val_metric record; analyze picks, per eps, the "
-                      "configuration of best validation metric for the Table 1 analogue"),
+                      "for tuning (p2p.select)"),
+    "select": Key((str,), "", "a private selection: the configurations that differ only in "
+                  "this swept key (T_agent) are candidates; each peer releases its noised "
+                  "validation score (attribute val_metric) at the end of every candidate, and "
+                  "every candidate's releases count towards the peer's (eps, delta) (the noise "
+                  "of all candidates is calibrated together); analyze picks the best score",
+                  ("", "T_agent")),
+    "val_clip": Key(_NUM + (str,), "auto", "the validation score's public bound: a regression "
+                    "score is the mean squared error with every error clipped to +-val_clip "
+                    "(its sensitivity val_clip^2 / m_val); 'auto': 1 for a binary shard (the "
+                    "error rate, sensitivity 1 / m_val), required for regression"),
     "shard": Key((str,), "", "shard file of this configuration (default: the job's shard); "
                  "sweep it ([sweep] shard = [...]) to average over random splits (Table 1's "
                  "five) or to compare dimensions (Fig. 2c)"),
@@ -157,12 +178,17 @@ class P2P(Method):
     sections = {"p2p": SECTION}
     label_variant = True
     key_help = {"T": "global ticks of the merged Poisson clock (one peer wakes per tick); admm: "
-                "edge activations", "eps": "eps_bar of every peer over all its wake-ups "
-                "(Theorem 1 at p2p.delta_bar); inf = non-private",
+                "edge activations", "eps": "every peer's total over all its releases (its T_i "
+                "wake-ups, a private warm start, the candidates of a private selection); inf = "
+                "non-private",
                 "n": "'all' (every peer uses all its records)",
                 "record_every": "ticks between records of Q and the test metric"}
     default_metric = "test_metric"
     sweeps = ("p2p.shard", "p2p.T_agent", "p2p.init", "p2p.mu")
+    paper_rule = ("eps is eps_bar of Theorem 1 (Kairouz et al.) at p2p.delta_bar over a peer's "
+                  "T_i wake-ups, split by p2p.allocation (Algorithm 3); a private warm start "
+                  "adds eps_ws")
+    paper_rule_name = "theorem1"
 
     def validate(self, values: dict[str, Any], path: str) -> None:
         if not values["p2p.mu"] > 0:
@@ -200,6 +226,28 @@ class P2P(Method):
         if values["p2p.clock"] == "live" and values["p2p.allocation"].startswith("prop2"):
             raise err(path, "p2p.allocation", "Proposition 2 needs the schedule in advance: "
                       "only with clock = 'replay'")
+        if values["p2p.allocation"] != "equal" and values["privacy.calibration"] != "paper":
+            raise err(path, "p2p.allocation", f"{values['p2p.allocation']!r} is a split of the "
+                      "paper's rule: set privacy.calibration = 'paper' (a calibrated rule "
+                      "releases every wake-up alike: 'equal')")
+        if values["privacy.calibration"] != "paper" and values["p2p.delta_bar"] != math.exp(-5):
+            raise err(path, "p2p.delta_bar", "is Theorem 1's delta of the paper's rule "
+                      "(privacy.calibration = 'paper'); a calibrated rule uses privacy.delta: "
+                      "remove it")
+        vc = values["p2p.val_clip"]
+        if (isinstance(vc, str) and vc != "auto") or (not isinstance(vc, str) and not vc > 0):
+            raise err(path, "p2p.val_clip", "must be 'auto' or a positive number")
+        if values["p2p.select"]:
+            key = values["p2p.select"]
+            if not values.get(f"sweep.{key}") or len(values[f"sweep.{key}"]) < 2:
+                raise err(path, "p2p.select", f"selects among the values of sweep.{key}: give "
+                          "at least two")
+            if not values["p2p.validation"] > 0:
+                raise err(path, "p2p.select", "a selection scores the candidates on held-out "
+                          "records: set p2p.validation > 0 (e.g. 0.2)")
+            if values["p2p.clock"] != "replay":
+                raise err(path, "p2p.select", "a private selection runs its candidates in "
+                          "replay (the plan needs every candidate's T_i)")
 
     # -- preparation ---------------------------------------------------------------------
     def prepare(self, ctx: Context) -> Prepared:
@@ -353,12 +401,73 @@ class P2P(Method):
         return P2PSettings(algo, path, loss, mu, tuple(float(v) for v in lam),
                            j["p2p.smoothness"], j["p2p.clock"], rc.variant)
 
+    def _cap(self, ctx: Context, value: Any, n: int) -> int:
+        """T_i of a T_agent value ('auto': ceil(T / n))."""
+        return math.ceil(ctx.job["T"] / n) if value == "auto" else int(value)
+
+    def plans(self, ctx: Context, prep: Prepared, rc: Resolved, s: P2PSettings
+              ) -> list[contract.Plan] | None:
+        """cd: each peer's T_i wake-ups (Laplace) and its private warm start (fixed), over its
+        records (training and validation); with a private selection, every candidate's
+        wake-ups, warm start and validation score. local_dp: each record perturbed once (its
+        split is fixed: see `calibrated`). admm: non-private."""
+        if s.variant == "admm":
+            return None
+        j, a = ctx.job, s.algo
+        d = prep.data[s.path]
+        m_all = d.m_all
+        if s.variant == "local_dp" or not a.private:
+            return owner_plans(ctx, rc, m_all, "laplace", 0)
+        ws = (C.warm_start_event(a.eps_ws),) if a.init == "private_ws" else ()
+        cap = int(a.T_agent[0])
+        if j["privacy.calibration"] == "paper":
+            if a.delta > 0 and a.delta * int(m_all.min()) >= 1:
+                i = int(np.argmin(m_all))
+                raise JobError(f"job file {j.path}: key 'p2p.delta_bar': {a.delta:g} is at or "
+                               f"above 1/m_i for peer {i} (m_i = {int(m_all[i])} records); use "
+                               f"a delta_bar < 1/{int(m_all.max())}")
+            if j["p2p.select"]:
+                raise JobError(f"job file {j.path}: key 'p2p.select': a private selection "
+                               "composes its candidates under the contract: set "
+                               "privacy.calibration = 'pld' or 'basic'")
+            return owner_plans(ctx, rc, m_all, "laplace", cap, fixed=ws)
+        if not j["p2p.select"]:
+            return owner_plans(ctx, rc, m_all, "laplace", cap, fixed=ws)
+        self._val_clip(ctx, d)  # a regression score needs its bound: refused before running
+        caps = self._candidates(ctx, d)
+        return owner_plans(ctx, rc, m_all, "laplace", sum(caps) + len(caps),
+                           fixed=ws * len(caps), scope="selection")
+
+    def _candidates(self, ctx: Context, d: Data) -> list[int]:
+        """T_i of every candidate of the selection (p2p.select = 'T_agent')."""
+        n = d.W.shape[0]
+        return [self._cap(ctx, v, n) for v in ctx.job["sweep.T_agent"]]
+
+    def calibrated(self, ctx: Context, prep: Prepared, rc: Resolved, s: P2PSettings,
+                   cals: list) -> P2PSettings:
+        a = s.algo
+        if s.variant == "local_dp":  # each record in one release of eps_x + eps_y = eps
+            cals = [dataclasses.replace(c, rule="basic") for c in cals]
+            return dataclasses.replace(s, algo=dataclasses.replace(a, calibration=tuple(cals)))
+        extra: dict[str, Any] = {}
+        if ctx.job["p2p.select"] and a.private and cals[0].rule != "paper":
+            caps = self._candidates(ctx, prep.data[s.path])
+            ws = (C.warm_start_event(a.eps_ws),) if a.init == "private_ws" else ()
+            extra = {"score_releases": 1,
+                     "other_releases": sum(caps) + len(caps) - int(a.T_agent[0]) - 1,
+                     "other_fixed": ws * (len(caps) - 1)}
+        return dataclasses.replace(s, algo=dataclasses.replace(a, calibration=tuple(cals),
+                                                               **extra))
+
     def record_attrs(self, ctx: Context, prep: Prepared, rc: Resolved, s: P2PSettings
                      ) -> dict[str, Any]:
         d = prep.data[s.path]
         a = s.algo
         out = {k: v for k, v in settings_attrs(a).items()
-               if k not in ("lam_ws", "T_agent", "runs", "eps")}
+               if k not in ("lam_ws", "T_agent", "runs", "eps", "other_fixed")}
+        out.update(calibration_attrs(list(a.calibration)))
+        if ctx.job["p2p.select"]:
+            out["select"] = ctx.job["p2p.select"]
         out["eps_bar"] = a.eps
         out["run_ids"] = np.asarray(a.runs, dtype=np.int64)
         if a.T_agent is not None:
@@ -445,6 +554,18 @@ class P2P(Method):
         ref = ctx.comm.bcast(self._reference(ctx, s, d, None, P, "none"), root=0)
         prep.refs[key] = ref
         return ref
+
+    @staticmethod
+    def _val_clip(ctx: Context, d: Data) -> float:
+        """The validation score's public bound (p2p.val_clip; 'auto': 1, binary shards only)."""
+        vc = ctx.job["p2p.val_clip"]
+        if vc != "auto":
+            return float(vc)
+        if d.task != "binary":
+            raise JobError(f"job file {ctx.job.path}: key 'p2p.val_clip': a regression score "
+                           "needs a public bound on the prediction error (e.g. the rating "
+                           "range): set p2p.val_clip")
+        return 1.0
 
     @staticmethod
     def _solver(ctx: Context, s: P2PSettings) -> str:
@@ -548,7 +669,7 @@ class P2P(Method):
         block = C.Block(P, agents, a, budgets, theta0)
         if a.init == "private_ws":
             for i in agents.tolist():
-                block.ledgers[i].charge(C.warm_start_event(a.eps_ws))
+                block.release[i].charge(C.warm_start_event(a.eps_ws))
         ev = Evaluator(comm, P, d, agents, ref, a.R)
         keep = C.effective_ticks(schedule, P.n, a.T_agent)
         replay = s.clock == "replay"
@@ -621,11 +742,11 @@ class P2P(Method):
         puts = comm.reduce(boxes.puts, root=0)
         logs = comm.gather(log, root=0)
         rep = comm.gather(C.theorem1_report(block, a), root=0)
-        ledgers = comm.gather([block.ledgers[int(i)] for i in agents], root=0)
         complete = ref.pop("_complete", None)
         if complete is not None:  # the local models, evaluation-only, after the rounds
             ref.update(complete())
-        final = ev.final(block)
+        final = ev.final(block, self._val_clip(ctx, d) if a.score_releases else None)
+        ledgers = comm.gather([block.ledgers[int(i)] for i in agents], root=0)
         boxes.free()
         if rank != 0:
             return None
@@ -651,12 +772,17 @@ class P2P(Method):
             per[i] = (i, r["wakeups"], r["sum_e"], r["eps_theorem1"], ws,
                       r["eps_theorem1"] + ws, a.delta if a.private else 0.0, r["clip_fraction"])
         out.add("privacy/theorem1", per, what="per peer: wake-ups, sum of its per-release eps, "
-                "the Theorem-1 composition at delta_bar (the guarantee), the warm start's eps "
-                "and the total by sequential composition")
+                "the Theorem-1 composition (Kairouz et al.) at delta_bar of what it released "
+                "(the paper's guarantee; under a calibrated rule only a comparison: the "
+                "guarantee is privacy/ledger's), the warm start's eps and the total by "
+                "sequential composition")
         if a.private:  # the per-release eps of an equal split (the others vary by release)
-            out.attrs["eps_step"] = (K.equal_split(a.eps, int(a.T_agent[0]), a.delta)
-                                     if a.allocation == "equal" and a.T_agent is not None
-                                     else math.nan)
+            if a.calibrated:
+                out.attrs["eps_step"] = max(c.eps_release for c in a.calibration)
+            else:
+                out.attrs["eps_step"] = (K.equal_split(a.eps, int(a.T_agent[0]), a.delta)
+                                         if a.allocation == "equal" and a.T_agent is not None
+                                         else math.nan)
         if s.clock == "replay":
             out.add("schedule/agent", schedule[keep].astype(np.int64),
                     what="the replayed schedule's kept ticks (agent per wake-up)")
@@ -683,7 +809,19 @@ class P2P(Method):
             return "non-private (eps = inf): the models are broadcast without noise"
         cert = "" if a.certified else (" UNCERTIFIED (faithful mode: L0 = 1 without clipping, "
                                        "not DP unless every ||x||_1 <= 1);")
-        return (f"every wake-up releases the peer's model with Laplace noise on its clipped "
+        if a.calibrated:
+            rule = a.calibration[0].rule
+            sel = ("; a private selection: every candidate's wake-ups, warm start and noised "
+                   "validation score count (scope selection: the totals include the other "
+                   "candidates' planned releases; *_all: this configuration's alone)"
+                   if a.score_releases else "")
+            ws = "; plus the warm start (L2 Laplace, eps_ws)" if a.init == "private_ws" else ""
+            return (f"every peer is (eps, delta)-DP for its records (replace-one) over all its "
+                    f"releases:{cert} each wake-up broadcasts its model with Laplace noise on "
+                    f"its clipped gradient (sensitivity 2 L0 / m_i), the noise calibrated by "
+                    f"{rule} ({contract.RULE_TEXT[rule]}){ws}{sel}")
+        return (f"the paper's rule: every wake-up releases the peer's model with Laplace noise "
+                f"on its clipped "
                 f"gradient: (e_k, 0)-DP per release;{cert} a peer's releases compose by "
                 f"Theorem 1 (Kairouz et al.) to eps_bar at delta_bar = {a.delta:.4g} "
                 "(privacy/theorem1); the accountants below compose the same releases "
@@ -750,18 +888,18 @@ class P2P(Method):
         Bx = float(ctx.job["p2p.local_dp_bound"])
         eps = float(rc.eps[0])
         models, ledgers = {}, []
-        from ..privacy import Ledger
+        from ..privacy.release import OwnerRelease
         for i in agents.tolist():
-            led = Ledger(i, math.inf, math.inf, runs=a.R)
+            rel = OwnerRelease(i, a.R, a.calibration[i] if a.calibration else None)
             th = np.empty((a.R, P.p))
             for k, r in enumerate(a.runs):
                 Xp, yp, events = B.local_dp_data(d.X[i], d.y[i], eps, Bx, a.seed, i, r)
                 th[k] = REF.local_model(P.loss, Xp, yp, float(P.lam[i]))
-                if k == 0:
+                if k == 0:  # each record is released once: one release of each per owner
                     for e in events:
-                        led.charge(e)
+                        rel.charge(e)
             models[i] = th
-            ledgers.append(led)
+            ledgers.append(rel.ledger)
         ev = Evaluator(comm, P, d, agents, ref, a.R)
         block = type("B", (), {"theta": models, "agents": agents})()
         vals = ev.record(block)
@@ -833,9 +971,7 @@ class Evaluator:
         for i in self.agents.tolist():
             th = theta[i].reshape(self.R, P.p)
             lo = M.local_obj(P.loss, self.d.X[i], self.d.y[i], float(P.lam[i]), th)
-            val = (self._metric(i, th, self.d.Xv[i], self.d.yv[i]) if self.d.Xv is not None
-                   else np.full(self.R, np.nan))
-            out[i] = (th, lo, self._metric(i, th), val)
+            out[i] = (th, lo, self._metric(i, th))
         return out
 
     def _assemble(self, parts: list[dict[int, tuple]]) -> tuple[np.ndarray, np.ndarray,
@@ -844,11 +980,39 @@ class Evaluator:
         theta = np.empty((self.R, P.n, P.p))
         lo = np.empty((P.n, self.R))
         met = np.empty((P.n, self.R))
-        self._val = np.empty((P.n, self.R))
         for part in parts:
-            for i, (th, l_i, mt, v) in part.items():
-                theta[:, i, :], lo[i], met[i], self._val[i] = th, l_i, mt, v
+            for i, (th, l_i, mt) in part.items():
+                theta[:, i, :], lo[i], met[i] = th, l_i, mt
         return theta, lo, met
+
+    def val_score(self, i: int, th: np.ndarray, clip: float) -> tuple[np.ndarray, float]:
+        """Peer i's validation score of its models th (R, p) and the score's sensitivity to one
+        validation record (replace-one): the error rate (binary, 1 / m_val) or the mean squared
+        error with errors clipped to +-clip (regression, clip^2 / m_val). Lower is better."""
+        X, y = self.d.Xv[i], self.d.yv[i]
+        z = X @ th.T
+        if self.d.task == "binary":
+            return np.mean(np.where(z >= 0, 1.0, -1.0) != y[:, None], axis=0), 1.0 / len(y)
+        return (np.mean(np.clip(z - y[:, None], -clip, clip) ** 2, axis=0),
+                clip * clip / len(y))
+
+    def _val(self, block: Any, release_clip: float | None) -> float:
+        """val_metric: the mean over peers of their validation scores of the final models,
+        each released by its peer with calibrated Laplace noise (`release_clip`: a private
+        selection; its score is the clipped one) or, without a selection, computed
+        evaluation-only (clip inf: the plain MSE / error rate)."""
+        clip = math.inf if release_clip is None else release_clip
+        mine = {}
+        for i in self.agents.tolist():
+            if self.d.Xv[i] is None or not len(self.d.yv[i]):
+                continue
+            score, sens = self.val_score(i, block.theta[i].reshape(self.R, self.P.p), clip)
+            mine[i] = score if release_clip is None else block.release_score(i, score, sens)
+        parts = self.comm.gather(mine, root=0)
+        if parts is None:
+            return math.nan
+        scores = [v for part in parts for _, v in sorted(part.items())]
+        return float(np.mean(np.mean(scores, axis=0))) if scores else math.nan
 
     def _Q(self, theta: np.ndarray, lo: np.ndarray) -> np.ndarray:
         P = self.P
@@ -866,11 +1030,12 @@ class Evaluator:
                                 "test_metric_max": np.nanmax(met, axis=0)}
         if "Q_star" in self.ref:
             vals["gap"] = Q - self.ref["Q_star"]
-        if self.d.Xv is not None:
-            vals["val_metric"] = np.nanmean(self._val, axis=0)
         return vals
 
-    def final(self, block: Any) -> dict[str, Any] | None:
+    def final(self, block: Any, release_clip: float | None = None) -> dict[str, Any] | None:
+        """The final models' metrics on rank 0; with validation records also val_metric
+        (`_val`: released privately when `release_clip` is given)."""
+        val = self._val(block, release_clip) if self.d.Xv is not None else None
         parts = self.comm.gather(self._mine(block.theta), root=0)
         loc = self.comm.gather({i: (self._metric(i, self.ref["theta_loc"][i][None])[0],
                                     self._trivial(i)) for i in self.agents.tolist()}, root=0)
@@ -883,8 +1048,8 @@ class Evaluator:
                 ml[i], mt[i] = a, b
         out = {"theta": theta, "metric": met.T, "metric_local": ml, "metric_trivial": mt,
                "metric_name": self.metric_name, "trivial_name": self.trivial_name}
-        if self.d.Xv is not None:
-            out["val_metric"] = float(np.nanmean(self._val))
+        if val is not None:
+            out["val_metric"] = val
         return out
 
     def metrics_all(self, full: Data, theta: np.ndarray) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from ..data import ShardFile
 from ..errors import JobError
 from ..jobspec import Job
 from ..models import linear, reference
+from ..privacy import contract
 from .base import Context, Method, Outcome
 
 #: Hinge records whose public-optimum margin y x.theta is within this of 1 count as on the kink.
@@ -160,6 +161,28 @@ def add_utility_reference(out: Outcome, ref: Reference) -> None:
     """reference/<name> of the trivial baselines and theta*'s utility (evaluation-only)."""
     for name, value in ref.utility.items():
         out.add(f"reference/{name}", value, evaluation_only=True, what=utility_what(name))
+
+
+def star_guarantee(cals: tuple, answers: str) -> str:
+    """The guarantee text of a star method's ledger: what each owner's answers compose to."""
+    rules = {c.rule for c in cals if c is not None}
+    if rules <= {"paper"}:
+        return (f"each owner's {answers} together are eps_i-DP (the paper's rule: basic "
+                f"composition of the {answers} at eps_i / m_i each, Laplace, replace-one "
+                "sensitivity 2 xi / n_i); the totals below compose them by each accountant")
+    rule = next(iter(rules))
+    return (f"each owner's {answers} together are (eps_i, delta_i)-DP for its records "
+            f"(replace-one): Laplace, sensitivity 2 xi / n_i, noise multiplier calibrated by "
+            f"{rule} ({contract.RULE_TEXT[rule]}); eps_pld is the tight total, eps_rdp a "
+            "cross-check, eps_basic the plain sum of the per-release eps")
+
+
+def lap_scale_formula(cals: tuple, m: str) -> str:
+    """privacy/lap_scale's formula attribute."""
+    if all(c is None or c.rule == "paper" for c in cals):
+        return f"b_i = 2 xi {m} / (n_i eps_i) (the paper's basic split), i.i.d. per coordinate"
+    return ("b_i = nm_i 2 xi / n_i, nm_i the calibrated noise multiplier of owner i "
+            "(privacy/ledger noise_multiplier), i.i.d. per coordinate")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 
 from ..algorithms import sync_star
 from ..jobspec import Key, err
-from ..privacy import lap_scale
-from .base import Context, Outcome, Resolved, settings_attrs
+from ..privacy import contract
+from .base import Context, Outcome, Resolved, calibration_attrs, owner_plans, settings_attrs
 from .star_common import (
     STAR_READS,
     StarMethod,
     add_utility_reference,
     agreed_public_constants,
     evaluation_set,
+    lap_scale_formula,
+    star_guarantee,
     utility_attrs,
 )
 from .star_common import StarPrepared as Prepared
@@ -41,8 +44,12 @@ class SyncStar(StarMethod):
             "eta": Key((int, float), 3.0, "polynomial-decay parameter (0: uniform running mean)"),
         },
     }
-    key_help = {"T": "queries each owner answers", "eps": "each owner's total budget for its T "
-                "answers (b_i = 2 xi T / (n_i eps_i), eps_i / T per answer)"}
+    key_help = {"T": "queries each owner answers (T releases per owner)",
+                "eps": "each owner's total for its T answers; its Laplace scale is "
+                "b_i = nm_i 2 xi / n_i with nm_i from privacy.calibration"}
+    paper_rule = ("eps_i split evenly over the T answers (basic composition, Theorem 1): "
+                  "b_i = 2 xi T / (n_i eps_i), a pure eps_i-DP total")
+    paper_rule_name = "basic_split"
 
     def validate(self, values: dict[str, Any], path: str) -> None:
         if values["average.eta"] < 0:
@@ -74,9 +81,18 @@ class SyncStar(StarMethod):
         sync_star.check_settings(s, job.path)
         return s
 
+    def plans(self, ctx: Context, prep: Prepared, rc: Resolved, s: sync_star.Settings
+              ) -> list[contract.Plan]:
+        return owner_plans(ctx, rc, rc.n, "laplace", s.T)
+
+    def calibrated(self, ctx: Context, prep: Prepared, rc: Resolved, s: sync_star.Settings,
+                   cals: list) -> sync_star.Settings:
+        return dataclasses.replace(s, calibration=tuple(cals))
+
     def record_attrs(self, ctx: Context, prep: Prepared, rc: Resolved,
                      s: sync_star.Settings) -> dict[str, Any]:
-        return {**settings_attrs(s), "public_clip_fraction": prep.public.public_clip_fraction,
+        return {**settings_attrs(s), **calibration_attrs(list(s.calibration)),
+                "public_clip_fraction": prep.public.public_clip_fraction,
                 "step_rule": ("mu_k = rho/(k T^2)" if s.variant == "alg1"
                               else "mu_k = rho/(T sqrt(k))"),
                 **utility_attrs(s.loss, prep.evalset), "evaluation_only": EVALUATION_ONLY}
@@ -89,9 +105,7 @@ class SyncStar(StarMethod):
                                      progress=ctx.progress, evalset=prep.evalset)
         if final is None:
             return None
-        out = Outcome(final["ledgers"], guarantee=(
-            "each owner's T answers together are eps_i-DP (basic composition of T releases of "
-            "eps_i / T, Laplace, replace-one sensitivity 2 xi / n_i); the totals compose them"))
+        out = Outcome(final["ledgers"], guarantee=star_guarantee(s.calibration, "T answers"))
         out.add("models/final", final["models/final"])
         out.add("models/final_iterate", final["models/final_iterate"])
         out.add("reference/theta_star", ref.theta_star, evaluation_only=True, solver=ref.solver)
@@ -99,9 +113,8 @@ class SyncStar(StarMethod):
         out.add("reference/theta_isolated", ref.theta_isolated, evaluation_only=True)
         out.add("reference/psi_isolated", ref.psi_isolated, evaluation_only=True)
         add_utility_reference(out, ref)
-        out.add("privacy/lap_scale", np.array([lap_scale(s.xi, s.T, n[i], s.eps[i])
-                                               for i in range(len(n))]),
-                formula="b_i = 2 xi T / (n_i eps_i), i.i.d. per coordinate")
+        out.add("privacy/lap_scale", np.array([s.noise_scale(i) for i in range(len(n))]),
+                formula=lap_scale_formula(s.calibration, "T"))
         return out
 
 

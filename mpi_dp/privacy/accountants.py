@@ -35,22 +35,30 @@ ACCOUNTANTS_TEXT = ("basic: sum of per-release eps (and delta); advanced: Dwork-
                     "delta' = delta - sum of per-release delta; pld: privacy loss distributions "
                     "(dp-accounting, pessimistic); rdp: Renyi DP (dp-accounting), a cross-check")
 
-#: One row per agent of `G/privacy/ledger`.
+#: One row per agent of `G/privacy/ledger`, the same columns for every method: the owner's
+#: target (eps, delta) and calibration rule, the per-release noise, and the totals of what the
+#: contract composes (`scope`) by each accountant at the target delta; `*_all` compose every
+#: release of the configuration plainly (equal to the totals unless the scope is a record, or a
+#: selection whose other candidates ran in other configurations).
 LEDGER_DTYPE = np.dtype([
     ("agent", "i8"),
-    ("mechanism", "S16"),
+    ("mechanism", "S32"),
     ("releases", "i8"),
     ("eps_per_release", "f8"),
     ("delta_per_release", "f8"),
-    ("budget_eps", "f8"),
-    ("budget_delta", "f8"),
-    ("spent_eps", "f8"),
-    ("spent_delta", "f8"),
+    ("noise_multiplier", "f8"),
+    ("target_eps", "f8"),
+    ("target_delta", "f8"),
+    ("calibration", "S32"),
+    ("scope", "S16"),
     ("eps_basic", "f8"),
     ("eps_advanced", "f8"),
     ("eps_pld", "f8"),
     ("eps_rdp", "f8"),
     ("delta", "f8"),
+    ("eps_basic_all", "f8"),
+    ("eps_pld_all", "f8"),
+    ("eps_rdp_all", "f8"),
     ("data_dependent", "i8"),
     ("certified", "?"),
 ])
@@ -99,35 +107,38 @@ def _trivial(pairs: Sequence[tuple[Event, int]]) -> float | None:
     return None
 
 
+def _pld_of(ev: Event, count: int, grid: float):
+    """dp-accounting's (pessimistic) PLD of `count` releases of `ev`, public API only: a
+    Laplace or Gaussian mechanism of sensitivity 1 and noise multiplier scale / sensitivity, or
+    the worst case of any (eps, 0)-DP mechanism for a pure release of no named noise."""
+    from dp_accounting.pld import common
+    from dp_accounting.pld import privacy_loss_distribution as pldm
+
+    if isinstance(ev, LaplaceEvent):
+        return pldm.from_laplace_mechanism(ev.scale / ev.l1_sensitivity,
+                                           value_discretization_interval=grid
+                                           ).self_compose(int(count))
+    if isinstance(ev, GaussianEvent):  # k Gaussians compose to one of noise z / sqrt(k)
+        return pldm.from_gaussian_mechanism(ev.noise_multiplier / math.sqrt(count),
+                                            value_discretization_interval=grid)
+    return pldm.from_privacy_parameters(common.DifferentialPrivacyParameters(ev.eps, 0.0),
+                                        value_discretization_interval=grid
+                                        ).self_compose(int(count))
+
+
 def pld(pairs: Sequence[tuple[Event, int]], delta: float) -> float:
-    """Tight eps at `delta` from privacy loss distributions (dp-accounting)."""
+    """Tight eps at `delta` from privacy loss distributions (dp-accounting's public PLD API:
+    pessimistic discretisation, so an upper bound)."""
     fixed = _trivial(pairs)
     if fixed is not None:
         return fixed
-    from dp_accounting import NeighboringRelation
-    from dp_accounting.pld import pld_privacy_accountant
-
-    smallest = min(ev.eps for ev, c in pairs if c > 0 and ev.eps > 0)
-    acc = pld_privacy_accountant.PLDAccountant(
-        NeighboringRelation.ADD_OR_REMOVE_ONE,
-        value_discretization_interval=max(PLD_MIN_INTERVAL, smallest / 200))
-    pure = []
-    for ev, c in pairs:
-        if c > 0 and isinstance(ev, PureEvent):
-            pure.append((ev, c))
-        elif c > 0:
-            acc.compose(ev.to_dp_event(), int(c))
-    if pure:  # pure releases of no named noise: the worst-case PLD of (eps, 0)-DP
-        from dp_accounting.pld import common
-        from dp_accounting.pld import privacy_loss_distribution as pldm
-
-        grid = acc._value_discretization_interval
-        for ev, c in pure:
-            one = pldm.from_privacy_parameters(
-                common.DifferentialPrivacyParameters(ev.eps, 0.0),
-                value_discretization_interval=grid)
-            acc._pld = acc._pld.compose(one.self_compose(int(c)))
-    return float(acc.get_epsilon(delta))
+    live = [(ev, c) for ev, c in pairs if c > 0 and ev.eps > 0]
+    grid = max(PLD_MIN_INTERVAL, min(ev.eps for ev, _ in live) / 200)
+    total = None
+    for ev, c in live:
+        one = _pld_of(ev, c, grid)
+        total = one if total is None else total.compose(one)
+    return float(total.get_epsilon_for_delta(delta))
 
 
 def rdp(pairs: Sequence[tuple[Event, int]], delta: float) -> float:
@@ -186,24 +197,37 @@ def compose(pairs: Sequence[tuple[Event, int]], delta: float) -> Totals:
     return hit
 
 
+def _noise_multiplier(pairs: Sequence[tuple[Event, int]]) -> float:
+    """Noise scale / sensitivity of the least noisy Laplace or Gaussian release (NaN: none)."""
+    nms = [1.0 / ev.eps if isinstance(ev, LaplaceEvent) else ev.noise_multiplier
+           for ev, _ in pairs if isinstance(ev, LaplaceEvent | GaussianEvent) and ev.eps > 0]
+    return min(nms) if nms else math.nan
+
+
 def ledger_rows(ledgers: Iterable[Ledger], delta: float) -> np.ndarray:
     """`privacy/ledger`: one LEDGER_DTYPE row per ledger (agent order as given).
 
-    Counts are the largest over runs (an upper bound for every run); spent_eps / spent_delta are
-    what the ledger charged against its budget, the largest over runs.
+    Counts are the largest over runs (an upper bound for every run). A ledger with a target
+    (privacy.contract) is composed at its target delta over its scope; one without (a method
+    that states no contract) at `delta`, with target_eps its basic budget.
     """
     rows = []
     for led in ledgers:
         pairs = led.worst_counts()
-        tot = compose(pairs, delta)
+        target = led.target
+        d = float(target.plan.delta) if target is not None else float(delta)
+        tot = compose(led.scope_pairs(), d)
+        every = tot if led.scope == "configuration" else compose(pairs, d)
         mech = "+".join(sorted({ev.mechanism for ev, _ in pairs})) or "none"
         rows.append((
             led.agent, mech.encode(), int(led.releases.max()),
             max((ev.eps for ev, _ in pairs), default=0.0),
             max((ev.delta for ev, _ in pairs), default=0.0),
-            led.budget_eps, led.budget_delta,
-            float(led.spent_eps.max()), float(led.spent_delta.max()),
+            _noise_multiplier(pairs),
+            float(target.plan.eps) if target is not None else led.budget_eps,
+            d, (target.name if target is not None else "none").encode(), led.scope.encode(),
             tot.eps_basic, tot.eps_advanced, tot.eps_pld, tot.eps_rdp, tot.delta,
+            every.eps_basic, every.eps_pld, every.eps_rdp,
             sum(c for ev, c in pairs if ev.data_dependent),
             all(ev.certified and not ev.data_dependent for ev, _ in pairs),
         ))

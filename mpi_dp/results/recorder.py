@@ -19,9 +19,13 @@ Schema (format "mpi_dp.results", version 1) -- a contract analysis code relies o
                           baselines majority_label, *_error_majority, *_error_zero,
                           *_error_star, train_mse_zero|mean|star (all evaluation-only)
   G attrs (also)          eval_set, prediction (classification), config_complete (resume)
-  G/privacy/ledger        per-agent ledger (privacy.accountants.LEDGER_DTYPE: mechanism, releases,
-                          per-release eps, budget, spend, totals by the basic, advanced, PLD and
-                          RDP accountants at attrs `delta`; attrs `guarantee`), every method
+  G/privacy/ledger        per-agent ledger, every method (privacy.accountants.LEDGER_DTYPE: the
+                          owner's target eps / delta, calibration rule and scope, mechanism,
+                          releases, per-release eps and noise multiplier, the scope's totals by
+                          the basic, advanced, PLD and RDP accountants at the owner's delta and
+                          the plain composition of all releases; attrs `guarantee`)
+  G attrs (also)          calibration, calibration_rule, calibrations (one line per distinct
+                          calibrated plan: rule, releases, noise, planned totals)
 Metrics are appended and flushed record by record, so a run killed after k iterations leaves a
 readable file holding those k records (status stays 'running' or becomes 'interrupted'). A job
 writes PATH.partial and renames it to PATH when complete (mpi_dp.results.output).
