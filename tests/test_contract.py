@@ -141,6 +141,8 @@ def test_a_calibrated_plan_limits_the_ledger():
 
 
 def test_a_selection_s_other_candidates_count_towards_the_owner_s_total():
+    """All candidates of a selection (here 4 + 6 releases) calibrated together: a candidate's
+    ledger allows its own share and composes it with the others' planned releases."""
     cal = contract.calibrate(contract.Plan("laplace", 10, 1.0, 1e-5, scope="selection"), "pld")
     led = Ledger(0, runs=1, target=cal, allowance=4, context=[(cal.unit_event(), 6)])
     ev = cal.event(0.1)
@@ -187,3 +189,34 @@ def test_ledger_rows_report_target_rule_scope_and_totals():
     assert rows["eps_pld"][1] < 0.7  # the even split leaves a third of the budget unused
     assert rows["eps_basic"][1] == pytest.approx(1.0)
     np.testing.assert_array_equal(rows["eps_pld_all"], rows["eps_pld"])
+
+
+def _row(target: float, pld: float, rule: bytes = b"pld", every: float | None = None) -> dict:
+    return {"target_eps": target, "target_delta": 1e-5, "calibration": rule.decode(),
+            "scope": "configuration", "eps_pld": pld, "eps_rdp": pld * 1.1,
+            "eps_basic": pld * 3, "eps_pld_all": pld if every is None else every,
+            "certified": True}
+
+
+class _Cfg:
+    def __init__(self, index: int, rows: list[dict]) -> None:
+        self.index, self.label, self.groups = index, f"config {index}", [([0], r) for r in rows]
+
+
+def test_analyze_says_per_configuration_whether_the_target_was_met():
+    from mpi_dp.analysis.privacy_text import CONTRACT_LINES_MAX, contract_lines
+
+    lines = contract_lines([_Cfg(0, [_row(1.0, 0.99999)]),
+                            _Cfg(1, [_row(1.0, 12.5, b"paper:per_iteration")]),
+                            _Cfg(2, [_row(1.0, 0.99, every=40.0)]),
+                            _Cfg(3, [_row(math.inf, math.inf)])])
+    assert lines[1].startswith("  #0 config 0: target eps=1, delta=1e-05") and \
+        lines[1].endswith(": met")
+    assert "NOT met (the paper's rule reads eps in its own unit)" in lines[2]
+    assert "all releases composed: PLD 40" in lines[3] and lines[3].endswith(": met")
+    assert lines[4].endswith("no privacy (eps = inf)")
+    # many configurations: alike ones share a line, the largest totals shown
+    many = [_Cfg(i, [_row(1.0, 0.9 + i / 1000)]) for i in range(CONTRACT_LINES_MAX + 1)]
+    grouped = contract_lines(many)
+    assert len(grouped) == 2 and "#0-12 (13 configurations)" in grouped[1]
+    assert "achieved PLD 0.912" in grouped[1] and grouped[1].endswith(": met")

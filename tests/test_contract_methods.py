@@ -177,3 +177,32 @@ def test_bad_contracts_are_refused_before_any_output(tmp_path, data, keys, messa
     assert cp.returncode == 2, cp.stderr
     assert message in cp.stderr and cp.stderr.count("error") <= 2, cp.stderr
     assert not out.exists() and not Path(str(out) + ".partial").exists()
+
+
+def test_a_private_selection_charges_every_candidate(tmp_path, data):
+    """p2p.select = 'T_agent': all candidates are calibrated together to every peer's (eps,
+    delta); a candidate's ledger holds its own wake-ups and its noised validation score, and
+    composes them with the other candidates' planned releases to at most the peer's eps (scope
+    selection); the score each peer released is what analyze selects on."""
+    out = _run(tmp_path, "sel", "p2p", data, eps=1.0, T=16 * 30, record_every=240,
+               p2p={"validation": 0.25, "select": "T_agent"}, sweep={"T_agent": [2, 6]},
+               privacy={"delta": 1e-4})
+    with h5py.File(out, "r") as f:
+        groups = [f["configs"][k] for k in sorted(f["configs"])]
+        for g, cap in zip(groups, (2, 6), strict=True):
+            led = g["privacy/ledger"][()]
+            assert np.all(led["scope"] == b"selection") and g.attrs["select"] == "T_agent"
+            assert np.all(led["eps_pld"] <= 1.0 + 1e-6) and np.all(led["eps_pld"] >= 0.8)
+            assert np.all(led["eps_pld_all"] < led["eps_pld"])  # its own share alone
+            assert np.all(led["releases"] <= cap + 1) and np.any(led["releases"] == cap + 1)
+            assert math.isfinite(g.attrs["val_metric"])
+        assert "per selection" in groups[0].attrs["calibrations"]
+    # a selection needs held-out records, and the paper's rule cannot charge one
+    for keys, message in ((dict(p2p={"select": "T_agent"}), "set p2p.validation > 0"),
+                          (dict(p2p={"select": "T_agent", "validation": 0.2},
+                                privacy={"calibration": "paper"}),
+                           "a private selection composes its candidates under the contract")):
+        job = write_job(tmp_path / "nosel.toml", data["p2p"], algorithm="p2p", eps=1.0, T=64,
+                        sweep={"T_agent": [2, 6]}, **keys)
+        cp = mpi_run(1, ["run", str(job), "--out", str(tmp_path / "nosel.h5"), "--quiet"])
+        assert cp.returncode == 2 and message in cp.stderr, cp.stderr

@@ -209,10 +209,40 @@ def _text(v: Any) -> str:
     return str(v) if v is not None else "-"
 
 
+#: more configurations than this: one contract line per group of alike configurations
+CONTRACT_LINES_MAX = 12
+
+
 def contract_lines(configs: list[_Config]) -> list[str]:
     """One line per configuration with a contract: each owner's target, the rule and scope, and
     the achieved totals (the largest over owners): met when every owner's PLD total is at most
-    its target."""
+    its target. Beyond CONTRACT_LINES_MAX configurations, configurations of equal target, rule,
+    scope and verdict share a line (their indices, the largest totals)."""
+    lines = _contract_entries(configs)
+    if len(lines) > CONTRACT_LINES_MAX:
+        groups: dict[tuple, list[tuple]] = {}
+        for e in lines:
+            groups.setdefault(e[2], []).append(e)
+        lines = [(sorted(i for i, *_ in es), "", key, max(e[3] for e in es),
+                  max(e[4] for e in es), max(e[5] for e in es), max(e[6] for e in es))
+                 for key, es in groups.items()]
+    out = []
+    for idx, label, (tgt, dl, scopes, rules, verdict), pld, rdp, basic, every in lines:
+        which = (f"#{idx} {label}" if isinstance(idx, int) else
+                 f"#{_ranges(idx)} ({len(idx)} configurations)")
+        extra = f"; all releases composed: PLD {_num(every)}" if every > pld * (1 + 1e-9) else ""
+        out.append(f"  {which}: target eps={tgt}, delta={dl} per owner and {scopes}, "
+                   f"calibration {rules}; achieved PLD {pld:.6g} (RDP {_num(rdp)}, basic "
+                   f"{_num(basic)}){extra}: {verdict}")
+    if out:
+        out.insert(0, "privacy contract (per configuration; achieved: the largest total over "
+                      "owners, at each owner's delta):")
+    return out
+
+
+def _contract_entries(configs: list[_Config]) -> list[tuple]:
+    """(index, label, (target, delta, scopes, rules, verdict), PLD, RDP, basic, PLD of all
+    releases) of every configuration with a contract."""
     out = []
     for c in configs:
         rows = [r for _, r in c.groups]
@@ -237,15 +267,9 @@ def contract_lines(configs: list[_Config]) -> list[str]:
                 verdict += " (the paper's rule reads eps in its own unit)"
             if not all(bool(r.get("certified", True)) for r in rows):
                 verdict += "; NOT certified"
-        extra = ""
-        if any(_differs(r) for r in rows):
-            extra = f"; all releases composed: PLD {_num(max(float(r['eps_pld_all']) for r in rows))}"
-        out.append(f"  #{c.index} {c.label}: target eps={tgt}, delta={dl} per owner and "
-                   f"{'/'.join(scopes)}, calibration {', '.join(rules)}; achieved PLD "
-                   f"{pld:.6g} (RDP {_num(rdp)}, basic {_num(basic)}){extra}: {verdict}")
-    if out:
-        out.insert(0, "privacy contract (per configuration; achieved: the largest total over "
-                      "owners, at each owner's delta):")
+        every = max(float(r.get("eps_pld_all", r["eps_pld"])) for r in rows)
+        out.append((c.index, c.label, (tgt, dl, "/".join(scopes), ", ".join(rules), verdict),
+                    pld, rdp, basic, every))
     return out
 
 

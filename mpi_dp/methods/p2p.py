@@ -109,8 +109,8 @@ SECTION = {
     "select": Key((str,), "", "a private selection: the configurations that differ only in "
                   "this swept key (T_agent) are candidates; each peer releases its noised "
                   "validation score (attribute val_metric) at the end of every candidate, and "
-                  "every candidate's releases count towards the peer's (eps, delta) (the noise "
-                  "of all candidates is calibrated together); analyze picks the best score",
+                  "every candidate's releases are calibrated together to the peer's (eps, "
+                  "delta) (one per-release noise for all); analyze picks the best score",
                   ("", "T_agent")),
     "val_clip": Key(_NUM + (str,), "auto", "the validation score's public bound: a regression "
                     "score is the mean squared error with every error clipped to +-val_clip "
@@ -434,7 +434,7 @@ class P2P(Method):
         if not j["p2p.select"]:
             return owner_plans(ctx, rc, m_all, "laplace", cap, fixed=ws)
         self._val_clip(ctx, d)  # a regression score needs its bound: refused before running
-        caps = self._candidates(ctx, d)
+        caps = self._candidates(ctx, d)  # all candidates' releases, calibrated together
         return owner_plans(ctx, rc, m_all, "laplace", sum(caps) + len(caps),
                            fixed=ws * len(caps), scope="selection")
 
@@ -535,8 +535,8 @@ class P2P(Method):
                 ref.update(theta_star=th, Q_star=float(q),
                            solver=f"PETSc KSP distributed over {comm.Get_size()} rank(s)")
             if late:
-                ref["_complete"] = lambda: self._complete_reference(ctx, prep, key, s, d, P,
-                                                                    solver)
+                ref["_complete"] = lambda base=ref: self._complete_reference(ctx, prep, key, s, d,
+                                                                             P, base)
             else:
                 prep.refs[key] = ref
         else:
@@ -548,11 +548,12 @@ class P2P(Method):
         return self._run_cd(ctx, prep, s, d, P, ref, recorder, label, t0)
 
     def _complete_reference(self, ctx: Context, prep: Prepared, key: tuple, s: P2PSettings,
-                            d: Data, P: M.Problem, solver: str) -> dict[str, Any]:
+                            d: Data, P: M.Problem, base: dict[str, Any]) -> dict[str, Any]:
         """Collective: the reference of a run that did not need the local models before its
-        rounds, completed with them (and kept for the job's later configurations)."""
+        rounds (`base`: what it had, e.g. a distributed Theta* and Q*), completed with them and
+        kept, whole, for the job's later configurations."""
         ref = ctx.comm.bcast(self._reference(ctx, s, d, None, P, "none"), root=0)
-        prep.refs[key] = ref
+        prep.refs[key] = {**{k: v for k, v in base.items() if k != "_complete"}, **ref}
         return ref
 
     @staticmethod
@@ -812,9 +813,9 @@ class P2P(Method):
         if a.calibrated:
             rule = a.calibration[0].rule
             sel = ("; a private selection: every candidate's wake-ups, warm start and noised "
-                   "validation score count (scope selection: the totals include the other "
-                   "candidates' planned releases; *_all: this configuration's alone)"
-                   if a.score_releases else "")
+                   "validation score are calibrated together to the peer's (eps, delta) "
+                   "(scope selection: the totals include the other candidates' planned "
+                   "releases; *_all: this configuration's alone)" if a.score_releases else "")
             ws = "; plus the warm start (L2 Laplace, eps_ws)" if a.init == "private_ws" else ""
             return (f"every peer is (eps, delta)-DP for its records (replace-one) over all its "
                     f"releases:{cert} each wake-up broadcasts its model with Laplace noise on "
@@ -846,6 +847,8 @@ class P2P(Method):
                          test_metric=float(np.nanmean(final["metric"])),
                          test_metric_local=float(np.nanmean(final["metric_local"])),
                          test_metric_trivial=float(np.nanmean(final["metric_trivial"])),
+                         test_metric_star=float(np.nanmean(final["metric_star"]))
+                         if "metric_star" in final else math.nan,
                          Q_star=ref.get("Q_star", math.nan), Q_loc=ref["Q_loc"],
                          Q_zero=ref["Q_zero"], val_metric=final.get("val_metric", math.nan))
 
@@ -1037,17 +1040,24 @@ class Evaluator:
         (`_val`: released privately when `release_clip` is given)."""
         val = self._val(block, release_clip) if self.d.Xv is not None else None
         parts = self.comm.gather(self._mine(block.theta), root=0)
+        star = self.ref.get("theta_star")  # the non-private optimum Theta* (evaluation-only)
+        star = None if star is None else np.asarray(star).reshape(self.P.n, self.P.p)
         loc = self.comm.gather({i: (self._metric(i, self.ref["theta_loc"][i][None])[0],
-                                    self._trivial(i)) for i in self.agents.tolist()}, root=0)
+                                    self._trivial(i),
+                                    math.nan if star is None else
+                                    self._metric(i, star[i][None])[0])
+                                for i in self.agents.tolist()}, root=0)
         if parts is None:
             return None
         theta, _, met = self._assemble(parts)
-        ml, mt = np.empty(self.P.n), np.empty(self.P.n)
+        ml, mt, ms = np.empty(self.P.n), np.empty(self.P.n), np.empty(self.P.n)
         for part in loc:
-            for i, (a, b) in part.items():
-                ml[i], mt[i] = a, b
+            for i, (a, b, c) in part.items():
+                ml[i], mt[i], ms[i] = a, b, c
         out = {"theta": theta, "metric": met.T, "metric_local": ml, "metric_trivial": mt,
                "metric_name": self.metric_name, "trivial_name": self.trivial_name}
+        if star is not None:
+            out["metric_star"] = ms
         if val is not None:
             out["val_metric"] = val
         return out

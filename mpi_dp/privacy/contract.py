@@ -154,8 +154,9 @@ class Calibration:
     def text(self) -> str:
         """One line for the output: rule, per-release noise and what the plan composes to."""
         p = self.plan
-        if self.noise_multiplier == 0 and p.releases:
-            return f"{self.name}: no noise (eps = inf)"
+        if self.noise_multiplier == 0:
+            why = "eps = inf" if math.isinf(p.eps) else "no calibrated release"
+            return f"{self.name}: no noise ({why}) per {p.scope}"
         per = (f"Laplace, scale/sensitivity {self.noise_multiplier:.6g} (eps {self.eps_release:.6g}"
                " per release)" if p.mechanism == "laplace" else
                f"Gaussian, sigma/sensitivity {self.noise_multiplier:.6g}")
