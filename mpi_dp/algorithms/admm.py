@@ -31,11 +31,11 @@ import numpy as np
 from ..comm.star import Star
 from ..errors import NumericalError
 from ..models import multinomial
-from ..privacy import GaussianEvent, LaplaceEvent, Ledger, tap
+from ..privacy import GaussianEvent, LaplaceEvent, tap
 from ..privacy.release import OwnerRelease
 from ..rng import run_streams
 from . import admm_steps as steps
-from .common import Checkpointed, agent_order_sum, load_checkpoint, save_checkpoint
+from .common import Checkpointed, ReleasePath, agent_order_sum, load_checkpoint, save_checkpoint
 
 METHODS = ("objt", "objp", "outp")
 
@@ -106,7 +106,7 @@ class Settings:
                                  self.eps_bar, static=self.rho_static)
 
 
-class Agent(Checkpointed):
+class Agent(Checkpointed, ReleasePath):
     """Agent p: holds its records, its local model z_p and dual lam_p for every run; draws its own
     noise, charges its own ledger before every release and releases only the perturbed z_p
     (ObjT/ObjP) or z~_p (OutP). A release past its budget is refused (BudgetExceededError)."""
@@ -139,14 +139,6 @@ class Agent(Checkpointed):
 
     #: what a checkpoint holds to continue this agent bit for bit (with its noise position)
     STATE = ("z", "lam", "ledger", "noise_mag", "scale", "z_change")
-
-    @property
-    def ledger(self) -> Ledger:
-        return self.release.ledger
-
-    @ledger.setter
-    def ledger(self, value: Ledger) -> None:  # a checkpoint's ledger
-        self.release.ledger = value
 
     def contribution(self, rho: float) -> np.ndarray:
         """rho z_p - lam_p: what the server sums (R, J, K)."""

@@ -34,10 +34,19 @@ from ..comm.schedule import LoggedSchedule, Scheduler
 from ..comm.star import Star
 from ..errors import JobError, NumericalError
 from ..models import kernels, linear
-from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, tap
+from ..privacy import l1_sensitivity_mean, lap_scale, tap
 from ..privacy.release import OwnerRelease
 from ..rng import LEARNER, run_streams, stream
-from .common import Checkpointed, EvalSet, LocalShard, Oracle, Reference, agent_order_sum, load_checkpoint
+from .common import (
+    Checkpointed,
+    EvalSet,
+    LocalShard,
+    Oracle,
+    Reference,
+    ReleasePath,
+    agent_order_sum,
+    load_checkpoint,
+)
 
 #: decline reasons recorded in schedule/declines
 RETIRED, REFUSED = 1, 2
@@ -136,7 +145,7 @@ def initial_models(s: Settings) -> np.ndarray:
     return np.full((s.runs, s.p), s.theta0)
 
 
-class DataOwner(Checkpointed):
+class DataOwner(Checkpointed, ReleasePath):
     """Owner i: clips, adds i.i.d. Laplace noise, charges its per-run ledger, declines when spent.
 
     `answer` is the only way anything about its records leaves it; the clean gradient, the noise
@@ -258,14 +267,6 @@ class DataOwner(Checkpointed):
         else:
             self.clipped[runs] += clipped
 
-
-    @property
-    def ledger(self) -> Ledger:
-        return self.release.ledger
-
-    @ledger.setter
-    def ledger(self, value: Ledger) -> None:  # a checkpoint's ledger
-        self.release.ledger = value
 
 
 class OwnersAnswer:

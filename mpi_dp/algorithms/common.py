@@ -19,7 +19,8 @@ import scipy.sparse as sp
 from ..comm.star import Star
 from ..errors import JobError
 from ..models import linear, reference
-from ..privacy import tap
+from ..privacy import Ledger, tap
+from ..privacy.release import OwnerRelease
 
 #: losses whose models are binary classifiers (labels in {-1, +1}): they get error rates
 CLASSIFICATION_LOSSES = ("hinge", "logistic")
@@ -386,6 +387,21 @@ def cached_reference(cache: dict, star: Star, shards: list[LocalShard], loss: st
 
 
 # -- checkpoints inside a configuration (resume) -------------------------------------------------
+class ReleasePath:
+    """An owner whose ledger lives in its release path (`release`, privacy.release): `ledger`
+    reads it, and sets it (a checkpoint's ledger on resume)."""
+
+    release: OwnerRelease
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.release.ledger
+
+    @ledger.setter
+    def ledger(self, value: Ledger) -> None:
+        self.release.ledger = value
+
+
 class Checkpointed:
     """An owner whose `state()` (the attributes named in STATE and its noise streams' position,
     attribute NOISE) lets a resumed configuration continue it bit for bit."""

@@ -22,7 +22,7 @@ import numpy as np
 from ..comm.star import Star
 from ..errors import BudgetExceededError, JobError, NumericalError
 from ..models import linear
-from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, tap
+from ..privacy import l1_sensitivity_mean, lap_scale, tap
 from ..privacy.release import OwnerRelease
 from ..rng import run_streams
 from .common import (
@@ -31,6 +31,7 @@ from .common import (
     LocalShard,
     Oracle,
     Reference,
+    ReleasePath,
     agent_order_sum,
     load_checkpoint,
     save_checkpoint,
@@ -95,7 +96,7 @@ def default_rho(variant: str, alpha: float, L: float, T: int) -> float:
     return alpha * T**2 / L if variant == "alg1" else alpha * T / L
 
 
-class DataOwner(Checkpointed):
+class DataOwner(Checkpointed, ReleasePath):
     """Owner i: holds its records, clips, adds i.i.d. Laplace noise and charges its own ledger.
 
     Nothing un-noised leaves it through `answer`; `loss_sums` (in the Oracle) is evaluation-only.
@@ -139,14 +140,6 @@ class DataOwner(Checkpointed):
             raise NumericalError(f"owner {self.agent}: non-finite answer at query "
                                  f"{self.answered} (diverging model? lower step.alpha)")
         return response
-
-    @property
-    def ledger(self) -> Ledger:
-        return self.release.ledger
-
-    @ledger.setter
-    def ledger(self, value: Ledger) -> None:  # a checkpoint's ledger
-        self.release.ledger = value
 
 
 def _progress(label: str, k: int, T: int, psi: np.ndarray | None, t0: float) -> None:

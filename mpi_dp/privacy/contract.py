@@ -154,6 +154,10 @@ class Calibration:
     def text(self) -> str:
         """One line for the output: rule, per-release noise and what the plan composes to."""
         p = self.plan
+        if self.rule == "paper" and not self.noise_multiplier >= 0:  # set by the method
+            return (f"{self.name}: the paper's own noise for eps={p.eps:g} in the paper's unit "
+                    f"({p.releases} release(s) per {p.scope}; what they compose to: "
+                    "privacy/ledger)")
         if self.noise_multiplier == 0:
             why = "eps = inf" if math.isinf(p.eps) else "no calibrated release"
             return f"{self.name}: no noise ({why}) per {p.scope}"
