@@ -29,12 +29,13 @@ Typical session:
   mpiexec -n 4 mpi-dp run jobs/demo.toml --set data=data/x.h5
   mpi-dp analyze results/demo.h5
   mpi-dp plot results/demo.h5
+  mpi-dp compare results/demo.h5 results/sync_fig3_eps.h5   # files of any method, one table
   mpiexec -n 4 mpi-dp run jobs/demo.toml --overwrite     # replace results/demo.h5
   mpiexec -n 4 mpi-dp run jobs/demo.toml --resume        # continue a killed run
   mpi-dp merge results/demo.h5     # combine results/demo.task*.h5 of slurm/sweep.sbatch
   mpiexec -n 4 mpi-dp audit jobs/audit_sync_star.toml    # measure eps empirically
-  mpi-dp forecast fit results/async_fig4.h5
-  mpi-dp forecast predict --fit results/async_fig4.forecast.json --n 10000 --eps 1 --owners 8
+  mpi-dp forecast fit results/async_fig45_grid.h5
+  mpi-dp forecast predict --fit results/async_fig45_grid.forecast.json --n 10000 --eps 1 --owners 8
 """
 
 RUN_EPILOG = """\
@@ -44,7 +45,7 @@ The job file is TOML. Keys (per-owner keys take a scalar or one value per owner)
 Examples:
   mpiexec -n 4 mpi-dp run jobs/demo.toml
   mpiexec -n 4 python -m mpi_dp run jobs/demo.toml --set runs=5 --set 'sweep.eps=[1, 10]'
-  mpi-dp run jobs/demo.toml --set step.alpha=0.5 --out /tmp/a.h5      (one rank works too)
+  mpi-dp run jobs/demo.toml --set step.alpha=0.5 --out /tmp/a.h5      # one rank works too
 
 Rank 0 is the learner; owners are split in blocks over the other ranks. Results are bitwise
 identical for any number of ranks. The result file is written as the run goes: if the run is
@@ -161,6 +162,17 @@ def _method_of(res):
     return REGISTRY.get(res.algorithm)
 
 
+def owners_text(res, k: int = 20) -> str:
+    """'owners by race: 0 = "Black", 1 = "White", ...' for a shard partitioned by a key column."""
+    named = res.owner_names()
+    if named is None:
+        return ""
+    key, values = named
+    shown = ", ".join(f"{i} = {v!r}" for i, v in enumerate(values[:k]))
+    more = f", ... ({len(values)} owners)" if len(values) > k else ""
+    return f"owners by {key or 'key'}: {shown}{more}"
+
+
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from .analysis import audit_report, load, privacy_text, table
 
@@ -172,6 +184,9 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         note = _completeness_note(res)
         with _incomplete_guard(res, note):
             print(method.analyze(res, args.metric))
+            owners = owners_text(res)
+            if owners:
+                print(f"\n{owners}")
             print()
             print(privacy_text.ledger_text(res))
             if args.csv:
@@ -220,6 +235,15 @@ def _cmd_plot(args: argparse.Namespace) -> int:
             paths = _method_of(res).figures(res, prefix, args.metric)
     for p in paths:
         print(p)
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from .analysis.compare import run_compare
+
+    text, figure = run_compare(args.results, args.out, args.metric)
+    print(text)
+    print(f"\nfigure: {figure}")
     return 0
 
 
@@ -307,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the job on two neighbouring datasets D and D' (one record of one owner "
         "differs) with R runs each, through the same code as `mpi-dp run`, record what leaves "
         "that owner, and bound eps from below: eps_lower = ln((1 - delta - FNR) / FPR) with "
-        "Clopper-Pearson 95 %% bounds of the best threshold test (chosen on half the runs, "
+        "Clopper-Pearson 95 % bounds of the best threshold test (chosen on half the runs, "
         "evaluated on the other half). Verdict: consistent (eps_lower <= the claim: the smaller "
         "of the owner's ledger eps and the job's eps) or VIOLATION. The job must have one "
         "configuration. Launch under MPI like run: mpiexec -n P mpi-dp audit JOB.toml",
@@ -384,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plot", help="PNG figures of a result file",
                         description="Draw the method's figures: for the star methods the metric vs "
-                        "iteration (median and 25-75 %% band, log scale) and, for sweeps, final "
+                        "iteration (median and 25-75 % band, log scale) and, for sweeps, final "
                         "E[metric] vs eps and vs n (log-log, fitted slopes) and the collaboration "
                         "map over owner 1's (n, eps) (async_star adds the schedule, the fitted "
                         "bound and the facility figures); admm: test error and noise vs "
@@ -394,6 +418,46 @@ def build_parser() -> argparse.ArgumentParser:
                     help="file name prefix of the PNGs (default: the result path without .h5)")
     pl.add_argument("--metric", default=None, help="metric to plot (default: the method's)")
     pl.set_defaults(func=_cmd_plot)
+
+    cmp = sub.add_parser(
+        "compare", help="one table and one figure across result files of any method",
+        description="Put result files of any method (sync_star, async_star, admm, dola, p2p) side "
+        "by side: one row per file and configuration, and one figure of the metric against eps.\n"
+        "\nColumns:\n"
+        "  file, #     the file (its letter, listed above the table) and the configuration index\n"
+        "  method      the algorithm; variant: the configuration's distinguishing keys (method\n"
+        "              variant / loss / calibration rule, and the swept keys other than eps)\n"
+        "  eps, delta  the owners' guarantee from the privacy ledger: the largest total over\n"
+        "              owners of what each owner's guarantee composes, by the PLD accountant, at\n"
+        "              the owner's delta; scope: configuration, record (dola: the per-record\n"
+        "              total) or selection (p2p.select); inf = no noise; ! = uncertified noise\n"
+        "  runs        runs with a finite final value\n"
+        "  test_error  (classification) or rmse (regression): the final model's median over\n"
+        "              runs, then min..max over runs; on: measured on the test set or, where the\n"
+        "              file has none, on the training records (the star methods' squared loss\n"
+        "              records a training MSE: rmse = its square root)\n"
+        "  majority    (or mean) the trivial baseline: always the most frequent label (or the\n"
+        "              mean); zero: the model at zero; optimum: the non-private optimum theta*\n"
+        "  cfg_s       the configuration's wall time where recorded; run_s: the whole run's\n"
+        "  note        a footnote under the table, e.g. why a value is '-' (not recorded)\n"
+        "\nThe figure draws the median (bars: min..max) against eps on a log axis, eps = inf as\n"
+        "open markers at the right, the baselines as horizontal lines (dashed: majority or mean,\n"
+        "dotted: zero, dash-dot: optimum). Files of a classification and a regression task are\n"
+        "refused together under --metric auto.",
+        epilog="Examples:\n"
+        "  mpi-dp compare results/demo.h5 results/sync_fig3_eps.h5      # -> results/compare.png\n"
+        "  mpi-dp compare results/dola_fig3ab_diabetes.h5 results/dola_fig6_diabetes.h5 \\\n"
+        "      --out figs/dola.png\n"
+        "  mpi-dp compare results/admm_mnist.h5 results/dola_mnist_parity.h5 --metric test_error",
+        formatter_class=fmt)
+    cmp.add_argument("results", nargs="+", metavar="RESULT.h5",
+                     help="result files written by mpi-dp run (any method)")
+    cmp.add_argument("--out", metavar="FIG.png",
+                     help="the figure (default: compare.png next to the first file)")
+    cmp.add_argument("--metric", default="auto", choices=("auto", "test_error", "rmse"),
+                     help="auto (default): test_error for classification results, rmse for "
+                     "regression; a file without the metric shows '-'")
+    cmp.set_defaults(func=_cmd_compare)
 
     fc = sub.add_parser("forecast", help="fit the cost-of-privacy bound; predict coalitions",
                         description="Fit the cost-of-privacy bound E[psi] = floor + c1 sqrt(S)/n "

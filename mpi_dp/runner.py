@@ -8,6 +8,7 @@ computation are handled by the CLI, which aborts the whole MPI job.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -28,7 +29,7 @@ from .job import load_job
 from .jobspec import Job, resolve_per_owner
 from .methods import REGISTRY, Context, Method, Outcome, Resolved
 from .methods.base import shard_sizes
-from .privacy import accountants, contract
+from .privacy import accountants, contract, noise_signal
 from .results import provenance
 from .results.output import OutputLock, check_output, check_resume, partial_path
 from .results.parts import BlockSpec, task_path
@@ -141,11 +142,13 @@ def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool, final: P
     # every configuration's settings and noise calibration, agreed and checked before the
     # output exists
     settings = [ctx.agree(lambda rc=rc: method.settings(ctx, prepared, rc)) for rc in configs]
-    settings = calibrate(ctx, method, prepared, configs, settings)
+    settings, cals = calibrate(ctx, method, prepared, configs, settings)
+    signal = noise_to_signal(ctx, method, prepared, configs, settings, cals)
 
     hosts = comm.gather(socket.gethostname(), root=0)
+    owners = collective(comm, lambda: owner_values(shard) if rank == 0 else {})
     result = collective_open(job if rank == 0 else None, len(configs), comm, hosts, resume,
-                             final, block, task)
+                             final, block, task, owners)
     done = set(comm.bcast(result.completed if result is not None and resume else [], root=0))
     lo, hi = block if block is not None else (0, len(configs))
     if rank == 0 and progress and resume:
@@ -166,7 +169,8 @@ def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool, final: P
     try:
         for rc, s in zip(configs, settings, strict=True):
             if lo <= rc.index < hi and rc.index not in done:
-                _run_one(method, ctx, prepared, rc, s, len(configs), result)
+                _run_one(method, ctx, prepared, rc, s, len(configs), result,
+                         signal.get(rc.index, {}))
         status = "complete"
     except KeyboardInterrupt:
         status = "interrupted"
@@ -187,8 +191,9 @@ def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool, final: P
 
 
 def calibrate(ctx: Context, method: Method, prepared: Any, configs: list[Resolved],
-              settings: list[Any]) -> list[Any]:
-    """Collective: every configuration's settings with its owners' noise calibrations.
+              settings: list[Any]) -> tuple[list[Any], list[list | None]]:
+    """Collective: every configuration's settings with its owners' noise calibrations, and the
+    calibrations themselves (per configuration, in plan order; None: nothing private).
 
     The owners' release plans (Method.plans) are calibrated under privacy.calibration: each
     distinct plan is searched once, on rank 0, and broadcast (a search composes privacy loss
@@ -214,10 +219,51 @@ def calibrate(ctx: Context, method: Method, prepared: Any, configs: list[Resolve
                 _print_calibrations(out, rule, time.perf_counter() - t0)
             return out
         found = comm.bcast(ctx.agree(search), root=0)
-    return [s if ps is None else ctx.agree(
-        lambda rc=rc, s=s, ps=ps: method.calibrated(ctx, prepared, rc, s,
-                                                   [None if p is None else found[p] for p in ps]))
-        for rc, s, ps in zip(configs, settings, plans, strict=True)]
+    cals = [None if ps is None else [None if p is None else found[p] for p in ps]
+            for ps in plans]
+    return [s if cs is None else ctx.agree(
+        lambda rc=rc, s=s, cs=cs: method.calibrated(ctx, prepared, rc, s, cs))
+        for rc, s, cs in zip(configs, settings, cals, strict=True)], cals
+
+
+def noise_to_signal(ctx: Context, method: Method, prepared: Any, configs: list[Resolved],
+                    settings: list[Any], cals: list[list | None]) -> dict[int, dict[str, Any]]:
+    """Each configuration's noise-to-signal ratios (privacy.noise_signal) as group attributes,
+    printed before the first iteration with a warning where the noise wins for every owner.
+    Only calibrated rules (a paper rule sets its noise its own way) and private configurations."""
+    out: dict[int, dict[str, Any]] = {}
+    lines: list[str] = []
+    for rc, s, cs in zip(configs, settings, cals, strict=True):
+        if not cs or any(c is None or c.rule == "paper" for c in cs):
+            continue
+        if all(c.noise_multiplier == 0 for c in cs):
+            continue
+        shape = ctx.agree(lambda rc=rc, s=s: method.release_signal(ctx, prepared, rc, s))
+        if shape is None:
+            continue
+        rel, d = shape[:2]
+        per = noise_signal.ratios([c.noise_multiplier for c in cs], rel,
+                                  [c.plan.mechanism for c in cs], d)
+        run = noise_signal.run_ratio(per, shape[2] if len(shape) > 2
+                                     else [c.plan.releases for c in cs])
+        out[rc.index] = {"noise_to_signal": per, "noise_to_signal_run": run,
+                         "noise_to_signal_what": noise_signal.WHAT}
+        line = f"  #{rc.index} {rc.label}: {noise_signal.summary(per, run)}"
+        if noise_signal.noise_wins(run):
+            line += ("\n    WARNING: the noise exceeds the signal for every owner over the run: "
+                     "this configuration will not learn (a larger eps, more records per owner or "
+                     "fewer releases lowers the ratio)")
+        lines.append(line)
+    if lines and ctx.comm.Get_rank() == 0 and ctx.progress:
+        shown = lines if len(lines) <= 12 else [*lines[:6], f"  ... {len(lines) - 8} more ...",
+                                                 *lines[-2:]]
+        warned = sum("WARNING" in ln for ln in lines)
+        print("mpi-dp: noise-to-signal of one release (expected noise norm / signal norm bound), "
+              "and over the run (/ sqrt(releases)):\n" + "\n".join(shown)
+              + (f"\nmpi-dp: warning: the noise wins for every owner in {warned} "
+                 "configuration(s)" if warned and len(lines) > 12 else ""),
+              file=sys.stderr, flush=True)
+    return out
 
 
 def _print_calibrations(found: dict, rule: str, seconds: float) -> None:
@@ -241,13 +287,14 @@ def _block_text(lo: int, hi: int, n: int, task: tuple[int, int] | None) -> str:
 
 
 def _run_one(method: Method, ctx: Context, prepared: Any, rc: Resolved, s: Any, n_configs: int,
-             result: ResultFile | None) -> None:
+             result: ResultFile | None, extra: dict[str, Any]) -> None:
     """One configuration with its agreed settings `s`: the group and its attributes, the run,
     the outputs."""
     rec = None
     if result is not None:
         attrs = {"label": rc.label, "variant": rc.variant, "eps": np.array(rc.eps),
-                 "n": np.array(rc.n, dtype="i8"), **method.record_attrs(ctx, prepared, rc, s)}
+                 "n": np.array(rc.n, dtype="i8"), **method.record_attrs(ctx, prepared, rc, s),
+                 **extra}
         if rc.n_requested is not None:
             attrs["n_requested"] = np.array(rc.n_requested, dtype="i8")
         rec = result.config(rc.index, ctx.runs, expected_records=method.expected_records(ctx, s),
@@ -284,10 +331,21 @@ def _variants(job: Job) -> str:
     return ",".join(job["sweep.variant"]) if job["sweep.variant"] else job["variant"]
 
 
+def owner_values(shard: ShardFile) -> dict[str, str]:
+    """Provenance of a shard partitioned by a key column: which value each owner holds
+    (owner_key, owner_values as JSON), so that `mpi-dp analyze` can name the owners."""
+    values = shard.partition_values()
+    if values is None:
+        return {}
+    key = shard.attrs.get("partition_key", "")
+    return {"owner_key": str(key), "owner_values": json.dumps(values)}
+
+
 def collective_open(job: Job | None, n_configs: int, comm: MPI.Comm,
                     hosts: list[str] | None, resume: bool = False, final: Path | None = None,
                     block: tuple[int, int] | None = None,
-                    task: tuple[int, int] | None = None) -> ResultFile | None:
+                    task: tuple[int, int] | None = None,
+                    owners: dict[str, str] | None = None) -> ResultFile | None:
     """Rank 0 creates (or, resuming, reopens) the result file of `final` (default: the job's
     output); a failure (e.g. unwritable path) stops every rank."""
     def make() -> ResultFile | None:
@@ -304,7 +362,7 @@ def collective_open(job: Job | None, n_configs: int, comm: MPI.Comm,
                 partial_path(out), job_text=job.record_text, job_json=job.to_json(),
                 algorithm=job.algorithm, variant=_variants(job), n_configs=n_configs,
                 sweep=job.sweep(), provenance=provenance.collect(comm.Get_size(), hosts or [],
-                                                                 job["seed"]),
+                                                                 job["seed"], owners),
                 block=block, task=task)
         except OSError as e:
             raise JobError(f"job file {job.path}: key 'output': cannot create {out}: "

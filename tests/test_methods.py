@@ -103,8 +103,13 @@ def test_every_shipped_job_validates_without_old_names(path):
 
 def test_one_default_per_knob():
     """A knob's default is its algorithm settings' default; the job key reads it from there."""
-    pairs = [(admm_entry.SECTION, admm.Settings, {k: k for k in admm_entry.SECTION} | {
-        "rho": "rho_mode"}),
+    # admm's rho and sens_mode default to 'auto', which the method entry resolves from the
+    # shard (its public row-norm bound); without one they fall back to the settings' defaults
+    assert admm_entry.SECTION["rho"].default == admm_entry.SECTION["sens_mode"].default == "auto"
+    assert (admm.Settings.__dataclass_fields__["rho_mode"].default,
+            admm.Settings.__dataclass_fields__["sens_mode"].default) == ("dynamic_1", "global")
+    pairs = [(admm_entry.SECTION, admm.Settings, {k: k for k in admm_entry.SECTION
+                                                  if k not in ("rho", "sens_mode")}),
         (async_entry.SECTION, async_star.Settings, {k: k for k in (
             "mode", "scheduler", "clock_unit_s", "poll_interval_s", "noise_shape")})]
     for section, settings, fields in pairs:

@@ -83,7 +83,11 @@ def test_census_headerless_string_target_end_to_end(tmp_path):
     assert "cells imputed     5 (missing value: 5) with missing=zero" in cp.stdout
     with ShardFile(out) as f:
         assert f.n_agents == 4 and f.task == "binary"
-        assert f.feature_names == ["age", "workclass", "education", "race", "hours"]
+        # categorical columns one-hot by default (levels sorted), numeric ones as read
+        assert f.feature_names == [
+            "age", "workclass=Private", "workclass=Self-emp-inc", "workclass=State-gov",
+            "education=Bachelors", "education=HS-grad", "education=Masters",
+            "education=Some-college", "race=Asian-Pac-Islander", "race=Black", "race=White", "hours"]
         assert f.sizes().tolist() == [45, 45, 45, 45]
         records = np.concatenate([f.read_agent_extra(i, "record") for i in range(4)])
         X_pub, y_pub = f.read_public()
@@ -91,14 +95,27 @@ def test_census_headerless_string_target_end_to_end(tmp_path):
     labels = _all_labels(out)
     assert set(np.unique(labels).tolist()) == {-1.0, 1.0}
     assert int((labels == 1).sum()) == sum(1 for i in CENSUS_KEPT if i % 4 == 0) == 50
-    # the hold-out is the last 18 kept records, their values where the source has them
+    # the hold-out is the last 18 kept records; numeric columns are standardised with the
+    # hold-out's mean and std (the default), one-hot columns stay 0/1; then every row is scaled
+    # to L2 norm <= 1 (the default --row-norm l2): a hot indicator holds the row's factor s
     tail = CENSUS_KEPT[-18:]
-    np.testing.assert_array_equal(X_pub[:, 4], [10 + (i * 7) % 60 for i in tail])
+    hours = np.array([10 + (i * 7) % 60 for i in tail], dtype=float)
+    s = X_pub[:, 1:11].max(axis=1)
+    assert np.all(s > 0) and np.all(s <= 1.0)
+    np.testing.assert_allclose(X_pub[:, 11] / s, (hours - hours.mean()) / hours.std(), rtol=1e-12)
+    hot = X_pub[:, 1:11] > 0
+    np.testing.assert_array_equal(X_pub[:, 1:11][hot], np.broadcast_to(s[:, None], hot.shape)[hot])
+    assert np.all(np.linalg.norm(X_pub, axis=1) <= 1.0 + 1e-12)
+    with ShardFile(out) as f:
+        assert f.read_public_extra("row_norm_max").tolist() == [1.0]
     np.testing.assert_array_equal(y_pub, [1.0 if i % 4 == 0 else -1.0 for i in tail])
     d = describe(out)["decisions"]
     assert d["rows_read"] == 200 and d["rows_dropped"] == {"ragged row": 1, "missing target": 1}
     assert d["cells_imputed"] == {"missing value": 5}
-    assert d["imputed_by_column"]["workclass"]["count"] == 3 and d["imputed_by_column"]["hours"]["count"] == 2
+    # per stored column: each one-hot column of workclass has the 3 empty cells
+    assert d["imputed_by_column"]["workclass=Private"]["count"] == 3
+    assert d["imputed_by_column"]["hours"]["count"] == 2
+    assert d["encodings"] == {"workclass": "onehot", "education": "onehot", "race": "onehot"}
     assert d["ragged_rows"]["field_counts"] == {"7": 1}
     assert d["rows_read"] == 180 + 18 + sum(d["rows_dropped"].values())
 
@@ -215,7 +232,7 @@ def test_partition_remainder_and_row_norm_clipping_are_counted(tmp_path, capsys)
     path.write_text("a,b,y\n" + "".join(f"{a},{b},{k}\n" for k, (a, b) in enumerate(rows)))
     out = tmp_path / "c.h5"
     rc, stdout, err = _prepare([str(path), "--target", "y", "--agents", "3", "--row-norm", "l2",
-                                "--out", str(out)], capsys)
+                                "--no-standardise", "--out", str(out)], capsys)
     assert rc == 0, err
     d = describe(out)["decisions"]
     # (3, 4), (1, 1) and (-2, 0) have norm > 1; (0, 1) has norm 1 exactly and is kept as is

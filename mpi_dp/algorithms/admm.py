@@ -58,12 +58,14 @@ class Settings:
     gamma: float = 1e-6
     rho_mode: str = "dynamic_1"  # dynamic_1 (21) | dynamic_2 ((21)/100) | static
     rho_static: float = 1.0
+    rho_rule: str = ""  # where rho came from (the method entry's words; recorded)
     rho_c1: float = 2.0
     rho_c2: float = 5.0
     rho_tc: int = 10000
     prox_scale: float = 1.0  # a
     tr_schedule: str = "const"  # delta^t = a (the released code) | inv_sq (a/(t+1)^2, the prose)
-    sens_mode: str = "global"  # global (data-independent, certified) | local_max | local_max_x2
+    sens_mode: str = "global"  # global | bound (data-independent, certified) | local_max(_x2)
+    row_bound: float = math.inf  # B of sens_mode = 'bound': every record's L2 norm <= B (public)
     outp_noise_std: str = "sigma"  # sigma (Huang et al.) | sigma_sq (the authors' code)
     outp_calibration: str = "auto"  # privacy.GAUSSIAN_CALIBRATIONS or "paper"
     reg_grad: str = "consistent"  # consistent: 2 (gamma/P) z_p | code: 2 gamma w
@@ -96,12 +98,25 @@ class Settings:
         return len(self.run_ids)
 
     @property
+    def noise_rho(self) -> float:
+        """The noise term of rho = 'auto' (0 without noise, and for OutP)."""
+        if math.isinf(self.eps_bar) or self.method == "outp":
+            return 0.0
+        mode = "bound" if math.isfinite(self.row_bound) else "global"
+        sens = steps.sensitivity(None, self.I, mode, self.J, self.row_bound)
+        return float(sens) / self.eps_bar * math.sqrt(self.J * self.K / self.P)
+
+    @property
     def box(self) -> float | None:
         """B of W = [-B, B]^(J x K), None when unconstrained."""
         return None if math.isinf(self.w_bound) else self.w_bound
 
     def rho(self, t: int) -> float:
-        """rho^t: (21), (21)/100 or a constant (App. A.9 variants)."""
+        """rho^t: (21), (21)/100 or a constant (App. A.9 variants); 'auto': rho_static (the
+        smoothness bound) plus the noise's pull b sqrt(J K / P) (b the Laplace scale of ObjT/ObjP
+        at the public sensitivity), so that the noise moves the averaged model by O(1)."""
+        if self.rho_mode == "auto":
+            return self.rho_static + self.noise_rho
         return steps.rho_variant(t, self.rho_mode, self.rho_c1, self.rho_c2, self.rho_tc,
                                  self.eps_bar, static=self.rho_static)
 
@@ -130,7 +145,8 @@ class Agent(Checkpointed, ReleasePath):
         self.release = OwnerRelease(agent, s.runs, cal,
                                     budget_eps=math.inf if s.calibrated else s.budget_eps,
                                     certified=outp_ok if s.method == "outp" else True,
-                                    data_dependent=s.method != "outp" and s.sens_mode != "global",
+                                    data_dependent=s.method != "outp"
+                                    and s.sens_mode not in ("global", "bound"),
                                     mechanism="gaussian" if s.method == "outp" else "laplace")
         # evaluation-only logs of the last iteration, per run
         self.noise_mag = np.zeros(s.runs)
@@ -176,7 +192,8 @@ class Agent(Checkpointed, ReleasePath):
         G, terms_max = multinomial.grad_sum_and_terms_max(self.X, self.y, self.z, self.row_l1)
         g = steps.agent_gradient(G, s.I, s.gamma, s.P, self.z, w, s.reg_grad)
         # terms_max = max_i ||x_i||_1 ||h_i - y_i||_1 over this agent's records (per run)
-        sens = np.broadcast_to(np.asarray(steps.sensitivity(terms_max, s.I, s.sens_mode, s.J)),
+        sens = np.broadcast_to(np.asarray(steps.sensitivity(terms_max, s.I, s.sens_mode, s.J,
+                                                            s.row_bound)),
                                (s.runs,))
         b = np.broadcast_to(np.asarray(steps.laplace_scale(sens, s.eps_bar)), (s.runs,))
         xi, ev = self.release.laplace_noise(self.gens, s.J * s.K, sens, scale=b)
@@ -260,6 +277,43 @@ def baselines(star: Star, agents: list[Agent], s: Settings, test: tuple | None
         out["test_error_majority"] = float(np.mean(y != maj))
         out["test_error_zero"] = float(np.mean(y != 0))
     return out
+
+
+def reference_optimum(star: Star, agents: list[Agent], s: Settings, tol: float = 1e-9
+                      ) -> np.ndarray:
+    """The non-private optimum w* of F (the same objective, box included) over every agent's
+    records (collective; evaluation-only: it reads un-noised data). L-BFGS-B runs on every rank
+    in lockstep: each evaluation sums the agents' loss and gradient in agent order on the server
+    and broadcasts them, so every rank takes the same steps and w* is the same bits on any
+    number of ranks."""
+    from ..models.reference import minimize_smooth
+
+    J, K, size = s.J, s.K, 1 + s.J * s.K
+
+    def fg(w: np.ndarray) -> tuple[float, np.ndarray]:
+        W = np.asarray(w, dtype=np.float64).reshape(J, K)
+        local = np.empty((len(agents), size))
+        for j, a in enumerate(agents):
+            local[j, 0] = multinomial.loss_sum(a.X, a.y, W)[0]
+            local[j, 1:] = multinomial.grad_sum(a.X, a.y, W)[0].reshape(-1)
+        parts = star.gather_agents(local, (size,))
+        total = np.empty(size)
+        if parts is not None:
+            total[:] = agent_order_sum(parts)
+        star.bcast(total)
+        f = total[0] / s.I + s.gamma * float(np.sum(W * W))
+        return f, total[1:] / s.I + 2.0 * s.gamma * w
+
+    bound = math.inf if s.box is None else float(s.box)
+    return minimize_smooth(fg, J * K, bound, solver="scipy", tol=tol).reshape(J, K)
+
+
+def train_error(star: Star, agents: list[Agent], s: Settings, W: np.ndarray) -> float | None:
+    """Training error of one model W over every agent's records (collective; the server gets
+    it, others None; evaluation-only)."""
+    local = np.array([float(multinomial.errors(a.X, a.y, W)[0]) for a in agents])
+    parts = star.gather_agents(local.reshape(len(agents), 1), (1,))
+    return None if parts is None else float(agent_order_sum(parts)[0] / s.I)
 
 
 def _server_model(star: Star, agents: list[Agent], s: Settings, rho: float) -> np.ndarray:

@@ -16,7 +16,7 @@ import numpy as np
 from ..privacy import gaussian_sigma
 
 #: Sensitivity rules of spec §3.3 (the first is the reference code's and the default).
-SENS_MODES = ("local_max", "local_max_x2", "global")
+SENS_MODES = ("local_max", "local_max_x2", "global", "bound")
 #: Trust-radius schedules of ObjT (spec §2.5).
 TR_SCHEDULES = ("const", "inv_sq")
 #: Standard-deviation conventions of the OutP noise (spec §4).
@@ -248,7 +248,7 @@ def outp_gradient(grad_sum: np.ndarray, n_p: int, gamma: float, w: np.ndarray) -
 
 def sensitivity(
     terms_max: np.ndarray | float | None, n_total: int, mode: str = "local_max",
-    n_features: int | None = None,
+    n_features: int | None = None, row_bound: float | None = None,
 ) -> np.ndarray | float:
     """l1 sensitivity Delta_bar_p^t of the agent's gradient (spec §3.3, eq. (20)).
 
@@ -256,7 +256,8 @@ def sensitivity(
     ``multinomial.sensitivity_terms(...).max(axis=1)``). Modes: 'local_max' = terms_max / I (the
     reference code; data-dependent, kept for parity), 'local_max_x2' = 2 terms_max / I (replace-one
     bound), 'global' = 4 J / I (x in [0,1]^J, ||h - y||_1 <= 2: needs no private data, strict mode;
-    returns a float, terms_max is ignored).
+    returns a float, terms_max is ignored), 'bound' = 4 sqrt(J) B / I (every record's L2 norm
+    <= B, a public bound: ||x||_1 <= sqrt(J) B; a float, needs no private data).
     """
     _choice("sensitivity mode", mode, SENS_MODES)
     if n_total <= 0:
@@ -265,6 +266,10 @@ def sensitivity(
         if n_features is None or n_features <= 0:
             raise ValueError("sensitivity mode 'global' needs n_features (J > 0)")
         return 4.0 * n_features / n_total
+    if mode == "bound":
+        if n_features is None or n_features <= 0 or row_bound is None or not row_bound > 0:
+            raise ValueError("sensitivity mode 'bound' needs n_features and a row bound B > 0")
+        return 4.0 * math.sqrt(n_features) * row_bound / n_total
     if terms_max is None:
         raise ValueError(f"sensitivity mode {mode!r} needs terms_max")
     m = np.asarray(terms_max, dtype=np.float64)

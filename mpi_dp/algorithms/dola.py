@@ -11,8 +11,9 @@ released, take a projected subgradient step on the hinge loss and release a nois
 - `minibatch` (Alg. 4): `laplace` with h records per round and S / h.
 
 Invariant P (privacy-critical): what crosses rounds is only released vectors (own and the
-neighbours'); the mix never reads an agent's clean iterate. Each record enters exactly one release,
-so a single pass gives every record the per-release guarantee (spec §4 (b)).
+neighbours'); the mix never reads an agent's clean iterate. Each record enters exactly one release
+per pass, so a single pass gives every record the per-release guarantee (spec §4 (b)) and E passes
+(`Settings.passes`, `PassReader`) compose E releases per record, not T (spec §4 (c)).
 
 This module is pure NumPy: a `Block` of agents advances one round at a time and talks to the others
 only through a `net` object (comm.graph.GraphNet under MPI, `LocalNet` here for the single-process
@@ -76,6 +77,9 @@ class Settings:
     seed: int = 0
     run_ids: tuple[int, ...] = (0,)
     record_every: int = 1
+    #: passes over each agent's records: round t reads pass t // rounds_per_pass (pass 0 in the
+    #: stored order, later passes permuted: PassReader), so each record is in `passes` releases
+    passes: int = 1
     #: per agent: its noise calibration (privacy.contract.Calibration of a per-record plan;
     #: rule 'paper': eps is per release, the Gaussian from gauss_mode); () before calibration
     calibration: tuple = ()
@@ -83,6 +87,15 @@ class Settings:
     @property
     def runs(self) -> int:
         return len(self.run_ids)
+
+    @property
+    def rounds_per_pass(self) -> int:
+        """Rounds of one pass, ceil(T / passes): each agent's records_per_pass = this x h."""
+        return -(-self.T // self.passes)
+
+    def record_pass(self, t: int) -> int:
+        """The pass over the agents' records that round t (0-based) reads."""
+        return t // self.rounds_per_pass if self.passes > 1 else 0
 
     @property
     def calibrated(self) -> bool:
@@ -269,6 +282,63 @@ class Stream:
     def seek(self, t: int) -> None:
         """Continue at round t (a resume): the reads give the same records for any chunking."""
         self.t, self._buf = t, None
+
+
+class PassReader:
+    """read(agent, start, stop) over `passes` passes of each agent's first `n` records: record
+    s of the stream is record s - k n of pass k = s // n; pass 0 reads them in the stored order
+    (through `read`, as a single pass does), pass k >= 1 in the order of a permutation drawn from
+    the stream (seed, 'sample', agent, k) (keyed by agent, never by rank). An agent's n records
+    are kept in memory from its first read of a later pass on."""
+
+    def __init__(self, read: Callable[[int, int, int], tuple[Any, np.ndarray]], n: int,
+                 seed: int) -> None:
+        self.read, self.n, self.seed = read, int(n), int(seed)
+        self._rows: dict[int, tuple[Any, np.ndarray]] = {}
+        self._order: dict[int, tuple[int, np.ndarray]] = {}
+
+    def order(self, agent: int, k: int) -> np.ndarray:
+        """The order of agent's records in pass k (k >= 1)."""
+        got = self._order.get(agent)
+        if got is None or got[0] != k:
+            got = self._order[agent] = (k, rng.stream(self.seed, "sample", agent, k)
+                                        .permutation(self.n))
+        return got[1]
+
+    def _all(self, agent: int) -> tuple[Any, np.ndarray]:
+        if agent not in self._rows:
+            self._rows[agent] = self.read(agent, 0, self.n)
+        return self._rows[agent]
+
+    def __call__(self, agent: int, start: int, stop: int) -> tuple[Any, np.ndarray]:
+        parts, s = [], start
+        while s < stop:
+            k, lo = divmod(s, self.n)
+            hi = min(stop - k * self.n, self.n)
+            if k == 0:
+                part = self.read(agent, lo, hi)
+                if lo == 0 and hi == self.n:
+                    self._rows[agent] = part
+            else:
+                X, y = self._all(agent)
+                idx = self.order(agent, k)[lo:hi]
+                part = (X[idx], np.asarray(y)[idx])
+            parts.append(part)
+            s = k * self.n + hi
+        if len(parts) == 1:
+            return parts[0]
+        X = (sp.vstack([p[0] for p in parts], format="csr") if sp.issparse(parts[0][0])
+             else np.concatenate([p[0] for p in parts]))
+        return X, np.concatenate([p[1] for p in parts])
+
+
+def pass_reader(s: Settings, read: Callable[[int, int, int], tuple[Any, np.ndarray]]
+                ) -> Callable[[int, int, int], tuple[Any, np.ndarray]]:
+    """The stream's reader of a configuration: `read` itself for a single pass (bit for bit as
+    before), else a PassReader over the records of one pass."""
+    if s.passes <= 1:
+        return read
+    return PassReader(read, s.rounds_per_pass * s.h, s.seed)
 
 
 class Noise:
@@ -477,7 +547,7 @@ class Block:
 
     def record_pass(self, t: int) -> int:
         """The pass over the agents' records that round t reads (a single pass: 0)."""
-        return 0
+        return self.s.record_pass(t)
 
     # -- pieces of a round --
     def mix(self, a_self: np.ndarray, a_nbr: np.ndarray) -> np.ndarray:
@@ -672,6 +742,7 @@ def simulate(s: Settings, graph: tp.Graph, read: Callable[[int, int, int], tuple
              on_record: Callable[[int, dict[str, Any]], None] | None = None) -> Block:
     """The single-process simulator of all m agents (the reference of the MPI runs)."""
     net = LocalNet(graph)
-    block = Block(s, graph, net, Stream(net.agents, s.h, s.T, s.n_features, read), w_star)
+    block = Block(s, graph, net, Stream(net.agents, s.h, s.T, s.n_features,
+                                        pass_reader(s, read)), w_star)
     drive(block, test, on_record)
     return block

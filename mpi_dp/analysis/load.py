@@ -225,6 +225,23 @@ class Result:
             self.configs = [ConfigView(f, 0, self.path)]
 
     @property
+    def provenance(self) -> dict[str, Any]:
+        """The /provenance attributes (empty when the file has none)."""
+        g = self._f.get("provenance")
+        return {k: _attr_value(v) for k, v in g.attrs.items()} if isinstance(g, h5py.Group) else {}
+
+    def owner_names(self) -> tuple[str, list[str]] | None:
+        """(key column, each owner's value) of a shard partitioned by a key column, else None."""
+        prov = self.provenance
+        if "owner_values" not in prov:
+            return None
+        try:
+            values = json.loads(_text(prov["owner_values"]))
+        except json.JSONDecodeError:
+            return None
+        return _text(prov.get("owner_key", "")), [str(v) for v in values]
+
+    @property
     def completeness(self) -> str | None:
         """None for a complete result; else one line saying what is missing and why."""
         if self.status == "complete":

@@ -4,7 +4,9 @@ personalized-p2p §5).
 - `p2p_rows` / `p2p_text`: one row per configuration at the last record: Q - Q*, the mean
   per-peer test metric (accuracy or RMSE, mean ± sd over runs) beside the purely local models and
   a trivial predictor (flagged when the model is no better), vectors sent, the Theorem-1 eps of
-  the most spent peer. On regression results (MovieLens) the Table 1 analogue: per (variant,
+  the most spent peer; where the shard file has a global test set, every peer's model scored on
+  it (test_global_error: error rate or RMSE, mean over peers and runs) beside the set's own
+  majority class / mean. On regression results (MovieLens) the Table 1 analogue: per (variant,
   eps) the RMSE averaged over the configurations' shard files (the random splits), beside the
   paper's numbers, with the spec's acceptance (ordering local > 0.1 > 0.5 > 1 > non-private,
   each within 0.03).
@@ -15,6 +17,7 @@ personalized-p2p §5).
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +60,13 @@ def _ms(v: np.ndarray) -> str:
     return f"{v.mean():.4f}" + (f" ± {v.std(ddof=1):.4f}" if v.size > 1 else "")
 
 
+def _mean(v: Any) -> float:
+    """np.nanmean as a float; NaN without a warning where every value is NaN (no test set)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(np.nanmean(v))
+
+
 def _lower_is_better(c: ConfigView) -> bool:
     return "RMSE" in str(c.attrs.get("metric", ""))
 
@@ -71,8 +81,8 @@ def p2p_rows(result: Result) -> list[dict[str, Any]]:
             "config": c.index, "label": c.label, "variant": a.get("method_variant", ""),
             "eps": _eps(c), "shard": a.get("shard", ""), "clock": a.get("clock", ""),
             "last_tick": c.final_iteration(), "T_agent": a.get("T_agent", ""),
-            "gap_mean": float(np.nanmean(_final(c, "gap"))),
-            "metric": a.get("metric", ""), "test_metric_mean": float(np.nanmean(met)),
+            "gap_mean": _mean(_final(c, "gap")),
+            "metric": a.get("metric", ""), "test_metric_mean": _mean(met),
             "test_metric_sd": float(np.std(met, ddof=1)) if met.size > 1 else math.nan,
             "test_metric_local": a.get("test_metric_local", math.nan),
             "test_metric_trivial": a.get("test_metric_trivial", math.nan),
@@ -80,6 +90,10 @@ def p2p_rows(result: Result) -> list[dict[str, Any]]:
             "eps_theorem1_max": a.get("eps_theorem1_max", math.nan),
             "eps_total_max": _eps_total(c),
             "val_metric": a.get("val_metric", math.nan),
+            "graph": a.get("graph_kind", ""),
+            "test_global_error": a.get("test_global_error", math.nan),
+            "test_global_error_local": a.get("test_global_error_local", math.nan),
+            "test_global_error_trivial": a.get("test_global_error_trivial", math.nan),
             "certified": a.get("certified", True), "seconds": a.get("seconds", math.nan),
         })
     return rows
@@ -116,17 +130,33 @@ def p2p_text(result: Result) -> str:
     lines.append(f"metric: {c0.attrs.get('metric', '?')} (trivial baseline: "
                  f"{c0.attrs.get('trivial', '?')}); values at the last record, mean ± sd over "
                  "runs")
+    kinds = sorted({str(c.attrs.get("graph_kind", "")) for c in result.configs} - {""})
+    if kinds:
+        lines.append(f"graph: {', '.join(kinds)} (mean degree "
+                     f"{c0.attrs.get('graph_mean_degree', math.nan):.3g}, "
+                     f"{c0.attrs.get('graph_edges', '?')} edges)")
+    glob = any("test_global_error" in c.attrs for c in result.configs)
+    if glob:
+        lines.append(f"global: {c0.attrs.get('test_global_metric', 'test_global_error')} "
+                     f"({c0.attrs.get('test_global_records', '?')} records; lower is better), "
+                     "every peer's model, mean over peers and runs; global local: the purely "
+                     "local models; global trivial: "
+                     f"{c0.attrs.get('test_global_trivial', 'a constant predictor')}")
     head = ["config", "variant", "eps", "ticks", "Q - Q*", "test", "local", "trivial",
+            *(["global", "global local", "global trivial"] if glob else []),
             "vectors", "eps_total", "s"]
     body = []
     for c in result.configs:
         a = c.attrs
         met = _final(c, "test_metric")
+        g = [f"{a.get(k, math.nan):.4f}" for k in (
+            "test_global_error", "test_global_error_local", "test_global_error_trivial")]
         body.append([c.label, str(a.get("method_variant", "")), f"{_eps(c):g}",
-                     str(c.final_iteration()), f"{np.nanmean(_final(c, 'gap')):.3g}",
-                     _ms(met) + _flag(c, float(np.nanmean(met))),
+                     str(c.final_iteration()), f"{_mean(_final(c, 'gap')):.3g}",
+                     _ms(met) + _flag(c, _mean(met)),
                      f"{a.get('test_metric_local', math.nan):.4f}",
                      f"{a.get('test_metric_trivial', math.nan):.4f}",
+                     *(g if glob else []),
                      f"{a.get('vectors_sent', math.nan):,.0f}" if isinstance(
                          a.get("vectors_sent"), int | float) else "",
                      f"{_eps_total(c):.4g}", f"{a.get('seconds', 0):.1f}"])

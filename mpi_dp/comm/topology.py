@@ -1,5 +1,11 @@
 """Agent graphs and time-varying doubly stochastic mixing (seed 003, spec §3). Pure NumPy, no MPI.
 
+The graph construction of both peer methods lives here (`make_graph`): dola's kinds and the
+spellings shared with p2p's `p2p.graph` (`parse_graph_spec`: "shard", "knn:K", "complete",
+"erdos_renyi[:p]", "random_geometric[:r]", an edge-list path). What a kind needs from the shard file
+(its stored graph, public agent descriptors) the caller hands in as arrays or loaders, so this
+module reads no file but an edge list.
+
 Every rank builds the same static base graph G from the shared seed; what varies per round is the
 active edge set E_t, decided by a counter-based hash of (seed, t, i, j) that both endpoints of an
 edge compute alike without a message, plus a forced refresh that makes an edge idle for N - 1
@@ -13,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +27,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse import csgraph
 from scipy.spatial import cKDTree
+from scipy.spatial.distance import cdist
 
 from mpi_dp import rng
 from mpi_dp.errors import JobError
@@ -27,6 +35,17 @@ from mpi_dp.errors import JobError
 #: mean degree of the random geometric graphs standing in for the paper's T1/T2/T3
 RGG_DEGREE = {"sparse": 4.0, "medium": 10.0, "dense": 24.0}
 KINDS = (*RGG_DEGREE, "geometric", "ring", "grid", "complete", "erdos_renyi", "from_file")
+#: kinds spelled "kind" or "kind:param" by the peer methods' graph keys (besides KINDS; any other
+#: value, or "file:PATH", is an edge-list path)
+SPEC_KINDS = ("shard", "knn", "complete", "erdos_renyi", "random_geometric")
+#: what each spelling means, for the keys' help and errors
+SPELLINGS = ("'shard' (the graph stored in the shard file), 'knn:K' (K nearest neighbours on the "
+             "shard's public /public/agent_descriptors), 'complete', 'erdos_renyi:p' (edge "
+             "probability p; 'erdos_renyi': 2 ln(m)/m), 'random_geometric' (unit square, mean "
+             "degree ~10) or 'random_geometric:r' (radius r), or an edge-list path ('i j [w]' per "
+             "line; 'file:PATH' for any path)")
+#: mean degree of the plain "random_geometric" spelling (dola's 'medium', the paper's T2)
+RGG_SPEC_DEGREE = 10.0
 ACTIVATIONS = ("hash", "fixed")
 WEIGHTS = ("mh_static", "mh_active", "max_degree")
 #: resampling attempts before a random graph kind gives up on connectivity
@@ -35,19 +54,35 @@ MAX_ATTEMPTS = 200
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Graph:
-    """An undirected simple graph on agents 0..m-1; `edges` (E, 2) with i < j, sorted."""
+    """An undirected simple graph on agents 0..m-1; `edges` (E, 2) with i < j, sorted.
+
+    `weights` (E,), aligned with `edges`, are positive edge weights where the graph has them (a
+    stored similarity graph, an edge list with a third column); None: unweighted, which p2p
+    reads as weight 1 on every edge. dola's mixing ignores them (Metropolis-Hastings weights
+    from the degrees)."""
 
     m: int
     edges: np.ndarray
     kind: str
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
     positions: np.ndarray | None = None
+    weights: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         e = np.asarray(self.edges, dtype=np.int64).reshape(-1, 2)
         if e.size and (e.min() < 0 or e.max() >= self.m or np.any(e[:, 0] >= e[:, 1])):
             raise ValueError("edges must be pairs i < j of agents in 0..m-1")
-        e = np.unique(e, axis=0) if e.size else e
+        if self.weights is None:
+            e = np.unique(e, axis=0) if e.size else e
+        else:  # sorted like np.unique, the weights along; a repeated pair is refused
+            w = np.asarray(self.weights, dtype=np.float64).reshape(-1)
+            if w.shape != (len(e),) or not np.all(np.isfinite(w) & (w > 0)):
+                raise ValueError("weights must be (E,) finite and > 0, one per edge")
+            order = np.lexsort((e[:, 1], e[:, 0]))
+            e, w = e[order], w[order]
+            if len(e) > 1 and np.any(np.all(e[1:] == e[:-1], axis=1)):
+                raise ValueError("an edge is listed twice")
+            object.__setattr__(self, "weights", w)
         object.__setattr__(self, "edges", e)
 
     @functools.cached_property
@@ -91,9 +126,23 @@ class Graph:
     def describe(self) -> dict[str, Any]:
         """What the output records about the graph (with the edge list stored beside it)."""
         d = self.degrees
-        return {"kind": self.kind, "m": self.m, "n_edges": int(len(self.edges)),
-                "mean_degree": float(self.mean_degree), "max_degree": int(d.max(initial=0)),
-                "min_degree": int(d.min()) if d.size else 0, **self.info}
+        out = {"kind": self.kind, "m": self.m, "n_edges": int(len(self.edges)),
+               "mean_degree": float(self.mean_degree), "max_degree": int(d.max(initial=0)),
+               "min_degree": int(d.min()) if d.size else 0, **self.info}
+        if self.weights is not None:
+            out["weighted"] = True
+        return out
+
+    def weight_matrix(self) -> sp.csr_matrix:
+        """The symmetric weight matrix W (m x m CSR, sorted indices, zero diagonal): the edge
+        weights, or 1 on every edge of an unweighted graph (p2p's similarity graph)."""
+        e = self.edges
+        w = np.ones(len(e)) if self.weights is None else self.weights
+        W = sp.csr_matrix((np.concatenate([w, w]), (np.concatenate([e[:, 0], e[:, 1]]),
+                                                    np.concatenate([e[:, 1], e[:, 0]]))),
+                          shape=(self.m, self.m))
+        W.sort_indices()
+        return W
 
 
 # -- generators --------------------------------------------------------------------------------
@@ -222,42 +271,185 @@ def erdos_renyi(m: int, p: float, seed: int) -> Graph:
 
 
 def from_file(path: str | Path, m: int) -> Graph:
-    """Edge list 'i j' per line (agents 0..m-1, '#' comments; duplicates and both directions are
-    merged)."""
+    """Edge list 'i j' or 'i j w' per line (agents 0..m-1, '#' comments; a pair listed twice or
+    in both directions is one edge). A weight w > 0 makes the graph weighted (a line without one
+    weighs 1); without any weight the graph is unweighted."""
     p = Path(path)
     try:
         lines = p.read_text().splitlines()
     except OSError as e:
         raise JobError(f"graph file {p}: cannot read: {e.strerror or e}") from None
-    pairs = []
+    pairs: list[tuple[int, int]] = []
+    weights: list[float] = []
+    weighted = False
     for no, line in enumerate(lines, 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
         parts = line.replace(",", " ").split()
         try:
-            i, j = int(parts[0]), int(parts[1])
-            if len(parts) != 2:
+            if len(parts) not in (2, 3):
                 raise ValueError
-        except (ValueError, IndexError):
-            raise JobError(f"graph file {p}, line {no}: expected two agent ids 'i j', got "
-                           f"{line!r}") from None
+            i, j = int(parts[0]), int(parts[1])
+            w = float(parts[2]) if len(parts) == 3 else 1.0
+        except ValueError:
+            raise JobError(f"graph file {p}, line {no}: expected two agent ids and an optional "
+                           f"weight 'i j [w]', got {line!r}") from None
         if not (0 <= i < m and 0 <= j < m):
             raise JobError(f"graph file {p}, line {no}: agent ids must be in 0..{m - 1} (the job "
                            f"has {m} agents), got {i} {j}")
         if i == j:
             raise JobError(f"graph file {p}, line {no}: self-loop {i} {j}")
+        if not (math.isfinite(w) and w > 0):
+            raise JobError(f"graph file {p}, line {no}: weight {parts[2]} must be finite and > 0")
+        weighted |= len(parts) == 3
         pairs.append((min(i, j), max(i, j)))
-    return Graph(m, np.array(pairs, dtype=np.int64).reshape(-1, 2), "from_file",
-                 info={"path": str(p)})
+        weights.append(w)
+    e = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    if not weighted:
+        return Graph(m, e, "from_file", info={"path": str(p)})
+    seen: dict[tuple[int, int], float] = {}
+    for pair, w in zip(pairs, weights, strict=True):
+        if seen.setdefault(pair, w) != w:
+            raise JobError(f"graph file {p}: edge {pair[0]} {pair[1]} is listed with weights "
+                           f"{seen[pair]:g} and {w:g}; give it one weight")
+    keys = list(seen)
+    return Graph(m, np.array(keys, dtype=np.int64).reshape(-1, 2), "from_file",
+                 info={"path": str(p)}, weights=np.array([seen[k] for k in keys]))
+
+
+def to_file(graph: Graph, path: str | Path) -> Path:
+    """Write `graph` as the edge list `from_file` reads ('i j' or 'i j w', repr of the weight:
+    a round trip gives the same edges and weights)."""
+    p = Path(path)
+    rows = (f"{i} {j}" if graph.weights is None else f"{i} {j} {float(graph.weights[k])!r}"
+            for k, (i, j) in enumerate(graph.edges.tolist()))
+    p.write_text(f"# {graph.kind} graph on {graph.m} agents, {len(graph.edges)} edges\n"
+                 + "".join(r + "\n" for r in rows))
+    return p
+
+
+#: distances per block of `knn` (64 MiB of float64): O(m^2 d) time, O(m) memory per row
+KNN_BLOCK = 2**23
+
+
+def knn(descriptors: np.ndarray, k: int) -> Graph:
+    """The k-nearest-neighbour graph of the rows of `descriptors` (m, d): {i, j} is an edge if j
+    is among i's k nearest rows (Euclidean, ties to the lower id) or i among j's, so every
+    agent has degree >= k. Deterministic: no random draw."""
+    X = np.asarray(descriptors, dtype=np.float64)
+    m = X.shape[0]
+    if not 1 <= k <= m - 1:
+        raise JobError(f"graph: knn:{k} needs 1 <= K <= m - 1 = {m - 1} (the job has {m} agents)")
+    if not np.all(np.isfinite(X)):
+        raise JobError("graph: knn: the agent descriptors hold NaN or inf values")
+    rows = []
+    step = max(1, KNN_BLOCK // m)
+    for a in range(0, m, step):  # squared distances by blocks of rows (each row alike)
+        blk = X[a:a + step]
+        d2 = cdist(blk, X, "sqeuclidean")
+        d2[np.arange(len(blk)), np.arange(a, a + len(blk))] = np.inf  # never oneself
+        near = np.argsort(d2, axis=1, kind="stable")[:, :k]  # ties: the lower id first
+        rows.append(np.stack([np.repeat(np.arange(a, a + len(blk)), k), near.ravel()], axis=1))
+    e = np.sort(np.concatenate(rows), axis=1)
+    return Graph(m, e, "knn", info={"k": int(k)})
+
+
+def geometric_radius(m: int, radius: float, seed: int) -> Graph:
+    """Random geometric graph of radius `radius` in the unit square; positions are resampled
+    (attempt a = 0, 1, ...) until it is connected."""
+    if not radius > 0:
+        raise JobError(f"graph: random_geometric needs a radius r > 0, got {radius}")
+    for attempt in range(MAX_ATTEMPTS):
+        pts = rng.stream(seed, "graph", 0, attempt).random((m, 2))
+        g = Graph(m, _pairs_within(pts, radius), "random_geometric", positions=pts,
+                  info={"seed": seed, "radius": radius, "attempt": attempt})
+        if g.is_connected():
+            return g
+    raise JobError(f"graph: no connected random geometric graph of radius {radius:g} on {m} "
+                   f"agents in {MAX_ATTEMPTS} attempts (seed {seed}); raise r (connectivity "
+                   f"needs about r > sqrt(ln(m) / (pi m)) = "
+                   f"{math.sqrt(math.log(max(m, 2)) / (math.pi * m)):.3g})")
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphSpec:
+    """A parsed graph spelling: `kind` (one of KINDS or SPEC_KINDS, or 'from_file' for a path)
+    and its parameter (knn's K, erdos_renyi's p, random_geometric's r; None: the default)."""
+
+    kind: str
+    param: float | None = None
+    path: str | None = None
+
+
+def parse_graph_spec(value: str, *, legacy: tuple[str, ...] = ()) -> GraphSpec:
+    """The spelling `value` of a graph key: a kind of `legacy` (dola's own kinds, taken as they
+    are), 'shard', 'complete', 'knn:K', 'erdos_renyi[:p]', 'random_geometric[:r]', 'file:PATH'
+    or a path. ValueError (what is wrong, the spellings) otherwise."""
+    v = str(value).strip()
+    if v in legacy:
+        return GraphSpec(v)
+    if v.startswith("file:"):
+        if not v[5:]:
+            raise ValueError("'file:' needs a path, e.g. 'file:graphs/peers.txt'")
+        return GraphSpec("from_file", path=v[5:])
+    kind, _, arg = v.partition(":")
+    if kind in ("shard", "complete"):
+        if arg:
+            raise ValueError(f"{kind!r} takes no parameter, got {v!r}")
+        return GraphSpec(kind)
+    if kind == "knn":
+        try:
+            k = int(arg)
+        except ValueError:
+            raise ValueError(f"knn needs its number of neighbours K as 'knn:K' (e.g. 'knn:10'), "
+                             f"got {v!r}") from None
+        if k < 1:
+            raise ValueError(f"knn:K needs K >= 1, got {v!r}")
+        return GraphSpec("knn", float(k))
+    if kind in ("erdos_renyi", "random_geometric"):
+        if not arg:
+            return GraphSpec(kind)
+        try:
+            x = float(arg)
+        except ValueError:
+            x = math.nan
+        what = ("p: an edge probability in (0, 1]" if kind == "erdos_renyi"
+                else "r: a radius > 0")
+        if not (x > 0 and (x <= 1 or kind == "random_geometric") and math.isfinite(x)):
+            raise ValueError(f"{kind}:{what[0]} needs {what}, got {v!r}")
+        return GraphSpec(kind, x)
+    if ("/" in v or "." in v or Path(v).exists()) and ":" not in kind:
+        return GraphSpec("from_file", path=v)
+    raise ValueError(f"unknown graph {v!r}; use {SPELLINGS}"
+                     + (f", or one of {', '.join(legacy)}" if legacy else ""))
+
+
+Loader = Callable[[], Any]
 
 
 def make_graph(kind: str, m: int, seed: int, *, degree: float | None = None,
-               p: float | None = None, path: str | None = None) -> Graph:
-    """The base graph of a job; raises JobError if it is not connected."""
+               p: float | None = None, path: str | None = None,
+               descriptors: np.ndarray | Loader | None = None,
+               stored: Graph | Loader | None = None) -> Graph:
+    """The base graph of a job, built alike on every rank from the seed; raises JobError if it
+    is not connected. `kind`: one of KINDS (dola's, with `degree`, `p`, `path`) or a spelling of
+    `parse_graph_spec`. `descriptors` (m, d), for 'knn:K', and `stored`, the shard file's own
+    graph for 'shard' (a Graph or its (edges, weights)), may be loaders called only when the
+    kind needs them."""
     if m < 1:
         raise JobError("graph: need at least one agent")
-    if kind in RGG_DEGREE:
+    try:
+        spec = parse_graph_spec(kind, legacy=KINDS)
+    except ValueError as e:
+        raise JobError(f"graph: {e}") from None
+    kind = spec.kind
+    hint = ""
+    if spec.param is not None or kind in ("shard", "knn", "random_geometric"):
+        g = _spelled(spec, m, seed, descriptors, stored)
+        hint = {"knn": f"; raise K (e.g. knn:{2 * int(spec.param or 1)})",
+                "shard": "; fix the shard file's graph or choose another"}.get(kind, "")
+    elif kind in RGG_DEGREE:
         g = geometric(m, min(RGG_DEGREE[kind], m - 1), seed, kind) if m > 1 else ring(m)
     elif kind == "geometric":
         g = geometric(m, float(degree if degree is not None else 4.0), seed)
@@ -271,18 +463,53 @@ def make_graph(kind: str, m: int, seed: int, *, degree: float | None = None,
         g = erdos_renyi(m, float(p if p is not None else min(1.0, 2 * math.log(max(m, 2)) / m)),
                         seed)
     elif kind == "from_file":
+        path = spec.path or path
         if not path:
             raise JobError("graph: kind 'from_file' needs a path to an edge list")
         g = from_file(path, m)
+        hint = "; add edges to the file"
     else:
         raise JobError(f"graph: unknown kind {kind!r}; known: {', '.join(KINDS)}")
     if not g.is_connected():
         n, labels = csgraph.connected_components(g.adjacency, directed=False)
         alone = np.flatnonzero(labels != labels[0])[:5].tolist()
-        raise JobError(f"graph ({kind}, {m} agents) is not connected: {n} components (e.g. "
-                       f"agent(s) {alone} cannot reach agent 0); DOLA needs a connected graph "
-                       "(Assumption 2)")
+        raise JobError(f"graph ({g.kind}, {m} agents) is not connected: {n} components (e.g. "
+                       f"agent(s) {alone} cannot reach agent 0); the peer methods need a "
+                       f"connected graph (DOLA's Assumption 2){hint}")
     return g
+
+
+def _spelled(spec: GraphSpec, m: int, seed: int, descriptors: Any, stored: Any) -> Graph:
+    """The graph of a spelling with a parameter or a shard input (see `make_graph`)."""
+    if spec.kind == "shard":
+        if stored is None:
+            raise JobError("graph: 'shard' needs the shard file's stored graph")
+        got = stored() if callable(stored) else stored
+        if isinstance(got, Graph):
+            return got
+        edges, weights = got  # the shard file's (E, 2) pairs i < j and their weights
+        if len(edges) and int(np.max(edges)) >= m:
+            raise JobError(f"graph: the shard file's graph links agent {int(np.max(edges))} but "
+                           f"the job has {m} agents; 'shard' needs one agent per shard owner")
+        return Graph(m, edges, "shard", info={"source": "the shard file's stored graph"},
+                     weights=weights)
+    if spec.kind == "knn":
+        if descriptors is None:
+            raise JobError("graph: 'knn:K' needs public agent descriptors")
+        d = np.asarray(descriptors() if callable(descriptors) else descriptors, dtype=np.float64)
+        if d.ndim != 2 or d.shape[0] < m:
+            raise JobError(f"graph: knn needs one descriptor row per agent ({m}), got shape "
+                           f"{d.shape}")
+        return knn(d[:m], int(spec.param or 0))
+    if spec.kind == "random_geometric":
+        if spec.param is not None:
+            return geometric_radius(m, float(spec.param), seed)
+        if m < 2:
+            return ring(m)
+        return geometric(m, min(RGG_SPEC_DEGREE, m - 1), seed, "random_geometric")
+    if spec.kind == "erdos_renyi":
+        return erdos_renyi(m, float(spec.param), seed)  # type: ignore[arg-type]
+    raise JobError(f"graph: unknown kind {spec.kind!r}")
 
 
 # -- activation: which edges are on in round t --------------------------------------------------

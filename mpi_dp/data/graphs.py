@@ -4,6 +4,12 @@ Convention (personalised P2P, spec personalized-p2p §5): ``/public/graph_edges`
 int64 array of agent pairs with i < j, each pair once, and ``/public/graph_weights`` an (E,)
 float64 array of positive weights, W_ij = W_ji = weight. `graph_arrays` turns a symmetric matrix
 into these arrays, `read_graph` reads and checks them back as a CSR matrix.
+
+``/public/agent_descriptors`` (optional) is an (n_agents, d) float64 array of PUBLIC per-agent
+features (e.g. a hospital's region and size, known to everyone), one row per agent: the peer
+methods' 'knn:K' graphs are built on it (comm.topology.knn). It is never computed from the agents'
+private records; whoever prepares the shard file writes it (write_shards(public_extra=
+{"agent_descriptors": D})).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from mpi_dp.models.spectral import (  # noqa: F401  (re-exported: data users rea
 
 EDGES = "graph_edges"
 WEIGHTS = "graph_weights"
+DESCRIPTORS = "agent_descriptors"
 
 
 def graph_arrays(W: sp.spmatrix | np.ndarray) -> dict[str, np.ndarray]:
@@ -121,3 +128,34 @@ def read_graph(shards: str | os.PathLike[str] | ShardFile, *,
                         shards.n_agents, where=where, connected=connected)
 
 
+def stored_graph(shards: ShardFile) -> tuple[np.ndarray, np.ndarray]:
+    """(edges, weights) of the shard file's stored graph, checked but not for connectivity
+    (the graph builder says which spelling to change); DataError if absent or malformed."""
+    return tuple(graph_arrays(read_graph(shards, connected=False)).values())  # type: ignore
+
+
+def has_descriptors(shards: ShardFile) -> bool:
+    """Whether the shard file holds public agent descriptors."""
+    return DESCRIPTORS in shards.public_extra_names()
+
+
+def read_descriptors(shards: ShardFile) -> np.ndarray:
+    """The public agent descriptors (n_agents, d) float64 of a shard file; DataError, with the
+    fix, if they are absent, of the wrong shape or not finite."""
+    where = f"shard file '{shards.path}'"
+    if not has_descriptors(shards):
+        raise DataError(f"{where} has no public agent descriptors (/public/{DESCRIPTORS}: one "
+                        "row of public features per agent, never computed from the private "
+                        "records); a 'knn:K' graph needs them: write them with write_shards("
+                        f"public_extra={{'{DESCRIPTORS}': D}}), or choose a graph that needs no "
+                        "data ('complete', 'erdos_renyi:p', 'random_geometric', an edge list)")
+    d = np.asarray(shards.read_public_extra(DESCRIPTORS))
+    if d.ndim == 1:
+        d = d[:, None]
+    if d.ndim != 2 or d.shape[0] != shards.n_agents or d.dtype.kind not in "biuf":
+        raise DataError(f"{where}: /public/{DESCRIPTORS} must be a numeric (n_agents, d) = "
+                        f"({shards.n_agents}, d) array, got {d.dtype} {d.shape}")
+    d = d.astype(np.float64)
+    if not np.all(np.isfinite(d)):
+        raise DataError(f"{where}: /public/{DESCRIPTORS} holds NaN or inf values")
+    return d

@@ -44,15 +44,26 @@ class Prepared:
     parts: list[np.ndarray] | None = None  # each agent's record indices in the source (stored)
     public_index: np.ndarray | None = None  # the hold-out's record indices in the source
     decisions: dict[str, Any] = dataclasses.field(default_factory=dict)  # see `reader_decisions`
+    partition_key: str | None = None  # the key column of a partition by key (one agent per value)
+    partition_values: list[str] | None = None  # agent i's key value, as the source writes it
+
+
+#: agents up to which the partition values are a root attribute (JSON); above, /public dataset
+PARTITION_VALUES_IN_ATTRS = 1024
+#: reader notes copied into the decisions when present (how the text was read)
+_FORMAT_KEYS = ("delimiter", "delimiter_sniffed", "decimal", "lines_skipped", "na_values",
+                "na_value_cells", "header_cells_named", "renamed_columns", "placeholder_cells")
 
 
 def reader_decisions(info: Mapping[str, Any]) -> dict[str, Any]:
     """The decisions record of a reader's ``info``: rows read, rows dropped by reason, columns
     dropped with their reasons, cells imputed by reason (and per column), non-finite values per
-    column, category level counts. Later steps add their own drops (the partition's) and
-    ``values_clipped``, so that rows read = records in the shard file + rows dropped."""
+    column, category level counts and each categorical column's encoding, and how the text was
+    read (delimiter, decimal mark, skipped lines, extra missing tokens, placeholder cells kept as
+    categories). Later steps add their own drops (the partition's) and ``values_clipped``, so
+    that rows read = records in the shard file + rows dropped."""
     options = info.get("options", {})
-    return {
+    out = {
         "rows_read": int(info.get("n_rows_read", info.get("n_rows", 0))),
         "rows_dropped": dict(info.get("rows_dropped", {})),
         "columns_dropped": dict(info.get("dropped_columns", {})),
@@ -65,6 +76,12 @@ def reader_decisions(info: Mapping[str, Any]) -> dict[str, Any]:
         "category_levels": {k: len(v["levels"]) for k, v in info.get("encodings", {}).items()},
         "values_clipped": {},
     }
+    if "encodings" in info:
+        out["encodings"] = {k: v["encoding"] for k, v in info["encodings"].items()}
+    for key in _FORMAT_KEYS:
+        if info.get(key):
+            out[key] = info[key]
+    return out
 
 
 def _jsonable(v: Any) -> Any:
@@ -114,6 +131,17 @@ def write_prepared(prep: Prepared, out: str | os.PathLike[str], *, recipe: str,
         public_extra["record"] = np.asarray(prep.public_index, dtype=np.int64)
     if prep.test_global is not None:
         kwargs["test_global"] = prep.test_global
+    if prep.partition_key is not None:
+        attrs["partition_key"] = prep.partition_key
+    if prep.partition_values is not None:
+        values = [str(v) for v in prep.partition_values]
+        if len(values) != len(prep.agents):
+            raise ValueError(f"{len(values)} partition values for {len(prep.agents)} agents")
+        text = _json(values)
+        if len(values) <= PARTITION_VALUES_IN_ATTRS and len(text.encode()) <= 32_768:
+            attrs["partition_values"] = text
+        else:  # HDF5 attributes are limited to 64 KiB
+            public_extra["partition_values"] = np.array(values, dtype=str)
     return write_shards(out, prep.agents, public=prep.public, task=prep.task,
                         feature_names=names, source=source, attrs=attrs,
                         public_extra=public_extra or None, test=prep.tests, **kwargs)
@@ -197,19 +225,96 @@ def _counts(counts: Mapping[str, Any]) -> str:
 
 
 def decisions_text(d: Mapping[str, Any]) -> list[str]:
-    """Summary lines saying what was dropped, imputed and clipped, each by reason."""
+    """Summary lines saying how the text was read and what was dropped, imputed, encoded,
+    standardised and clipped, each counted."""
     cols = d.get("columns_dropped", {})
     shown = ", ".join(f"{k}: {v}" for k, v in list(cols.items())[:8])
     more = f", ... ({len(cols)} in all)" if len(cols) > 8 else ""
     imputed = _counts(d.get("cells_imputed", {}))
     how = f" with missing={d['imputation']}" if d.get("imputation") and imputed != "0" else ""
-    return [
+    lines = [f"  csv format        {_format_text(d)}"] if "delimiter" in d else []
+    if d.get("header_cells_named"):
+        named = d["header_cells_named"]
+        lines.append(f"  header            {len(named)} blank cell(s) named "
+                     + ", ".join(f"{k} (column {v})" for k, v in list(named.items())[:8]))
+    lines += [
         f"  rows read         {d.get('rows_read', 0):,}",
         f"  rows dropped      {_counts(d.get('rows_dropped', {}))}",
         f"  columns dropped   {len(cols)}" + (f" ({shown}{more})" if cols else ""),
         f"  cells imputed     {imputed}{how}",
-        f"  values clipped    {_counts(d.get('values_clipped', {}))}",
     ]
+    if "encodings" in d:
+        lines.append(f"  encodings         {_encodings_text(d)}")
+    if "standardised" in d:
+        lines.append(f"  standardised      {_standardised_text(d['standardised'])}")
+    lines.append(f"  values clipped    {_counts(d.get('values_clipped', {}))}")
+    if "test_rows_read" in d:
+        lines.append(f"  test file         {_test_text(d)}")
+    return lines
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'s' if n != 1 else ''}"
+
+
+def _format_text(d: Mapping[str, Any]) -> str:
+    """"delimiter ';' (sniffed), decimal ',', 1 line skipped, missing also '?' (12 cells)"."""
+    if d["delimiter"] == "sniffed":
+        sep = f"delimiter {d['delimiter_sniffed']!r} (sniffed)" if "delimiter_sniffed" in d \
+            else "delimiter sniffed"
+    else:
+        sep = f"delimiter {d['delimiter']!r}"
+    parts = [sep, f"decimal {d.get('decimal', '.')!r}"]
+    if d.get("lines_skipped"):
+        parts.append(f"{_plural(d['lines_skipped'], 'line')} skipped")
+    if d.get("na_values"):
+        cells = sum(d.get("na_value_cells", {}).values())
+        parts.append(f"missing also {', '.join(map(repr, d['na_values']))} "
+                     f"({_plural(cells, 'cell')})")
+    return ", ".join(parts)
+
+
+def _encodings_text(d: Mapping[str, Any]) -> str:
+    """"one-hot 5 columns (38 features), frequency 1 column" from the per-column encodings."""
+    enc = d.get("encodings", {})
+    if not enc:
+        return "none (no categorical columns)"
+    levels = d.get("category_levels", {})
+    out = []
+    for kind, label in (("onehot", "one-hot"), ("frequency", "frequency"), ("codes", "codes")):
+        names = [k for k, v in enc.items() if v == kind]
+        if names:
+            text = f"{label} {_plural(len(names), 'column')}"
+            if kind == "onehot":
+                text += f" ({_plural(sum(levels.get(k, 0) for k in names), 'feature')})"
+            out.append(text)
+    return ", ".join(out)
+
+
+def _standardised_text(s: Mapping[str, Any]) -> str:
+    if not s.get("columns"):
+        return f"none ({s.get('why', 'not asked')})"
+    of = (f"the {_plural(s['records'], 'record')} of the public hold-out"
+          if s["fitted_on"] == "hold-out" else f"all {_plural(s['records'], 'training record')}")
+    text = f"{_plural(s['columns'], 'column')} with the mean and std of {of}"
+    if s.get("onehot_left"):
+        text += f"; {_plural(s['onehot_left'], 'one-hot column')} left 0/1"
+    return text
+
+
+def _test_text(d: Mapping[str, Any]) -> str:
+    """"250 rows read, 247 kept; dropped 3 (missing target: 3); unseen categories 2 (...)"."""
+    text = (f"{d['test_rows_read']:,} rows read, {d['test_records']:,} kept (global test set); "
+            f"dropped {_counts(d.get('test_rows_dropped', {}))}")
+    unseen = d.get("test_unseen_categories", {})
+    if unseen:
+        text += f"; unseen categories {_counts(unseen)}"
+    imputed = d.get("test_cells_imputed", {})
+    if imputed:
+        text += f"; cells imputed {_counts(imputed)}"
+    if d.get("test_rows_scaled"):
+        text += f"; rows scaled {d['test_rows_scaled']:,} (--row-norm)"
+    return text
 
 
 def run_prepare(build, out: str | os.PathLike[str], *, recipe: str, options: Mapping[str, Any],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import functools
 import json
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ import numpy as np
 from mpi_dp.data import partition as part
 from mpi_dp.data import preprocess as pre
 from mpi_dp.data import readers, recipes
+from mpi_dp.data.bounds import ROW_NORM_MAX
 from mpi_dp.data.prepare import Prepared, as_pairs, reader_decisions, run_prepare
 from mpi_dp.errors import DataError
 
@@ -33,22 +35,52 @@ examples:
   mpi-dp data prepare csv my.csv --target price --partition iid --agents 8 --public 1000 \\
       --pca 10 --out data/my.h5
   mpi-dp data prepare csv visits.csv.gz --target los --partition key --key hospital \\
-      --min-records 500 --categorical auto --encoding auto --standardise
+      --min-records 500 --public 2000 --out data/visits.h5
   mpi-dp data prepare csv adult.data --no-header --names @adult_names.txt --target income \\
-      --target-map '{{">50K": 1, "<=50K": -1}}' --task binary --agents 8 --public 1000
-  mpi-dp data prepare csv adult.data --no-header --names age,workclass,education,income \\
-      --target income --positive '>50K' --opt delimiter=','
+      --target-map '{{">50K": 1, ">50K.": 1, "<=50K": -1, "<=50K.": -1}}' --task binary \\
+      --na-values '?' --test-file adult.test --test-skip-rows 1 --agents 8 --public 1000
+  mpi-dp data prepare csv sales.csv --sep ';' --decimal , --skip-rows 2 --target revenue \\
+      --agents 4 --test-frac 0.2
   mpi-dp data prepare libsvm rcv1.bz2 --partition iid --agents 64 --task binary
 
 CSV files: pandas parses the text (gzip/bz2/xz/zip by suffix, quoted fields, the delimiter
-sniffed from the first line unless --opt delimiter=X). Cells are stripped; empty, NA, N/A, n/a,
-NaN, nan, null, NULL and None are missing. Nothing is dropped or changed silently: the summary
-counts every row dropped, by reason (ragged row = more fields than the header, missing target,
-target mapped to null, non-finite target or feature value such as inf or 1e400, missing feature
-value under --missing drop, partition remainder, key group under --min-records, missing key),
-every column dropped, every cell imputed by reason (missing value, short row) and every value
-clipped (--row-norm), and the shard file keeps the same record in its 'decisions' attribute.
-A short row (fewer fields than the header) keeps its record; its lacking cells are imputed.
+sniffed from the first line unless --sep X; --skip-rows N skips title lines before the header).
+Cells are stripped; empty, NA, N/A, n/a, NaN, nan, null, NULL and None are missing, and so are
+the tokens of --na-values (e.g. --na-values '?'). Numbers use a decimal point unless --decimal ,
+('3,25' is 3.25; the delimiter must then be another character, e.g. --sep ';').
+
+Nothing is guessed: these are errors saying which flag settles them, not silent choices:
+  - a column of numbers but for placeholder cells without a letter or digit ('?', '-', '.'):
+    --na-values '?' makes them missing (imputed and counted), --categorical COL categories;
+  - numbers with decimal commas read without --decimal ,;
+  - a header naming a column twice (the error gives the column numbers); blank header cells
+    are named col<j> and counted;
+  - most records having another field count than the header (title lines before it: use
+    --skip-rows N; or the wrong delimiter: --sep X), or an unlikely sniffed delimiter.
+In a categorical column, placeholder cells stay a level and a note says how many there are.
+
+Encoding (--encoding, default auto): categorical columns one-hot (features COL=LEVEL) up to
+--opt onehot_max_levels=N levels (default 16), frequency-encoded above; codes only when asked.
+Every other column (numbers, frequencies, codes) is then standardised (mean 0, std 1;
+--no-standardise turns it off) with the statistics of the public hold-out (--public M), or else
+of all training records; one-hot columns stay 0/1. Standardising with all records uses the
+owners' data outside the privacy accounting: give --public M to fit it on public records only.
+
+A test file (--test-file PATH, instead of --test-frac) is read with the same flags and the
+preprocessing fitted on the training file only: its feature columns and their order, category
+levels (a category unseen in training is an all-zero one-hot row, or missing under codes and
+frequency, and counted), imputation values, standardisation, PCA and label mapping; its rows
+with a missing or unmappable target are dropped and counted. It is the shard's global test set.
+
+Nothing is dropped or changed silently: the summary counts every row dropped, by reason (ragged
+row = more fields than the header, missing target, target mapped to null, non-finite target or
+feature value such as inf or 1e400, missing feature value under --missing drop, partition
+remainder, key group under --min-records, missing key), every column dropped, every cell
+imputed by reason (missing value, short row), every encoding and standardisation, every value
+clipped (--row-norm) and the test file's figures, and the shard file keeps the same record in
+its 'decisions' attribute. A short row (fewer fields than the header) keeps its record; its
+lacking cells are imputed. With --partition key the shard stores the key column's name and each
+agent's value (attributes partition_key and partition_values).
 
 Source files are looked up under --source (repeatable) and then the fetch cache
 ($MPI_DP_DATA_CACHE or ~/.cache/mpi_dp/data). The shard file records the recipe, options,
@@ -60,15 +92,19 @@ FILE_OPTS: dict[str, dict[str, type]] = {
     "csv": {"delimiter": str, "onehot_max_levels": int},
     "libsvm": {"n_features": int},
 }
+#: one-hot up to this many levels under --encoding auto (--opt onehot_max_levels=N)
+ONEHOT_MAX_LEVELS = 16
 #: --opt keys people try that are flags of their own
 _OPT_HINTS = {"target_map": "--target-map", "positive": "--positive", "names": "--names",
-              "header": "--no-header", "target": "--target", "key": "--key"}
+              "header": "--no-header", "target": "--target", "key": "--key", "sep": "--sep",
+              "decimal": "--decimal", "na_values": "--na-values", "skip_rows": "--skip-rows"}
 #: flags that apply to CSV files only (dest names); libsvm and recipes refuse them
 _CSV_ONLY = ("target", "drop", "columns", "categorical", "encoding", "missing", "max_missing_frac",
-             "key", "min_records", "no_header", "names", "target_map", "positive")
+             "key", "min_records", "no_header", "names", "target_map", "positive", "test_file",
+             "test_skip_rows", "na_values", "sep", "decimal", "skip_rows")
 #: flags of the generic file path (csv and libsvm); recipes refuse them
 _FILE_ONLY = (*_CSV_ONLY, "task", "partition", "agents", "sizes", "alpha", "public", "pca",
-              "standardise", "max_normalise", "row_norm", "test_frac", "seed")
+              "standardise", "max_normalise", "row_norm", "test_frac", "test_split", "seed")
 
 
 def _recipe_lines() -> str:
@@ -89,8 +125,8 @@ def add_prepare_arguments(ap: argparse.ArgumentParser) -> None:
                     help="folder holding the original files (repeatable)")
     ap.add_argument("--opt", action="append", metavar="KEY=VALUE", default=[],
                     help="option (Python literal value): a recipe's, e.g. --opt public=500; for "
-                    "csv delimiter=';' (skips sniffing) or onehot_max_levels=N; for libsvm "
-                    "n_features=N. An unknown key is an error")
+                    f"csv onehot_max_levels=N (default {ONEHOT_MAX_LEVELS}) or delimiter=X (the "
+                    "same as --sep X); for libsvm n_features=N. An unknown key is an error")
     ap.add_argument("--quiet", action="store_true", help="no summary")
     g = ap.add_argument_group("csv / libsvm files")
     g.add_argument("--target", help="target column (csv)")
@@ -101,6 +137,17 @@ def add_prepare_arguments(ap: argparse.ArgumentParser) -> None:
                    help="column names of a CSV without a header row (needs --no-header): "
                    "comma-separated, or @FILE with one name per line; exactly as many as the "
                    "file's rows have fields")
+    g.add_argument("--sep", metavar="X",
+                   help="the CSV delimiter, e.g. --sep ';' or --sep '\\t' (tab); default: sniffed "
+                   "from the first line")
+    g.add_argument("--decimal", default=".", choices=(".", ","), metavar="MARK",
+                   help="decimal mark of the numbers: '.' (default) or ',' ('3,25' is 3.25; "
+                   "needs another delimiter, e.g. --sep ';')")
+    g.add_argument("--na-values", metavar="A,B",
+                   help="more tokens meaning missing, beyond empty, NA, N/A, n/a, NaN, nan, null, "
+                   "NULL and None, e.g. --na-values '?'; their cells are imputed and counted")
+    g.add_argument("--skip-rows", type=int, default=0, metavar="N",
+                   help="skip N lines (titles, notes) before the header row (or first record)")
     g.add_argument("--target-map", metavar="JSON",
                    help="JSON object mapping the raw target values to numbers, e.g. "
                    "--target-map '{\">50K\": 1, \"<=50K\": -1}'; values are compared with blanks "
@@ -112,9 +159,13 @@ def add_prepare_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--drop", nargs="*", default=[], help="columns to leave out")
     g.add_argument("--columns", nargs="*", help="feature columns to keep (default all)")
     g.add_argument("--categorical", default="auto",
-                   help="'auto' (non-numeric columns), 'none', or a comma-separated list")
-    g.add_argument("--encoding", default="codes", choices=("codes", "onehot", "frequency", "auto"),
-                   help="categorical encoding (auto: one-hot up to 16 levels, else frequency)")
+                   help="'auto' (non-numeric columns), 'none', or a comma-separated list (read "
+                   "those columns as categories even when they hold numbers)")
+    g.add_argument("--encoding", default="auto", choices=("auto", "onehot", "frequency", "codes"),
+                   help="categorical encoding: auto (default) one-hot up to --opt "
+                   f"onehot_max_levels=N levels (default {ONEHOT_MAX_LEVELS}), frequency above; "
+                   "onehot; frequency (the level's share of the training rows); codes (integer "
+                   "codes of the sorted levels, only when asked)")
     g.add_argument("--missing", default="zero", choices=("zero", "drop", "mean", "median", "error"),
                    help="missing values: set to 0, drop the row, impute, or fail")
     g.add_argument("--max-missing-frac", type=float, default=1.0,
@@ -129,19 +180,34 @@ def add_prepare_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--agents", type=int, default=4, help="number of agents (iid/equal/dirichlet)")
     g.add_argument("--sizes", type=int, nargs="*", help="block sizes (blocks)")
     g.add_argument("--key", help="key column, one agent per value (needs --partition key), e.g. "
-                   "--partition key --key hospital")
+                   "--partition key --key hospital; each agent's value is stored in the shard")
     g.add_argument("--min-records", type=int,
                    help="(--partition key) smallest agent kept, default 1; smaller key groups "
                    "are dropped and counted")
     g.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration (dirichlet)")
     g.add_argument("--public", type=int, default=0, help="last M records as public hold-out")
     g.add_argument("--pca", type=int, help="PCA to K components fitted on the hold-out (whitened)")
-    g.add_argument("--standardise", action="store_true",
-                   help="z-score columns with hold-out statistics (all rows without one)")
+    std = g.add_mutually_exclusive_group()
+    std.add_argument("--standardise", action="store_const", const=True, default=None,
+                     help="z-score the numeric columns with hold-out statistics (all training "
+                     "rows without one): the default for csv, off for libsvm (sparse)")
+    std.add_argument("--no-standardise", dest="standardise", action="store_const", const=False,
+                     help="leave the numeric columns as read")
     g.add_argument("--max-normalise", action="store_true", help="divide columns by their max |x|")
-    g.add_argument("--row-norm", choices=("l1", "l2"),
-                   help="scale rows to norm <= 1 (rows above 1 are counted as clipped)")
+    g.add_argument("--row-norm", choices=("l1", "l2", "none"),
+                   help="scale rows to norm <= 1 (rows above 1 are counted as clipped) and record "
+                   "the public bound /public/row_norm_max = 1, from which every method sets its "
+                   "clipping and step sizes without reading private records: the default for csv "
+                   "is l2 (after standardising); none for libsvm")
     g.add_argument("--test-frac", type=float, default=0.0, help="per-agent test share")
+    g.add_argument("--test-file", metavar="PATH",
+                   help="(csv) a separate test file, read with the same flags and the training "
+                   "file's preprocessing, stored as the global test set (not with --test-frac)")
+    g.add_argument("--test-split", type=float, metavar="F",
+                   help="a seeded share F of the rows (outside --public) as the global test set, "
+                   "held out before anything is fitted (not with --test-file or --test-frac)")
+    g.add_argument("--test-skip-rows", type=int, metavar="N",
+                   help="lines to skip before the test file's header (default: --skip-rows)")
     g.add_argument("--seed", type=int, default=1, help="seed of random partitions")
 
 
@@ -221,6 +287,56 @@ def _check_csv_args(args: argparse.Namespace) -> None:
     if args.positive is not None and args.task not in (None, "binary"):
         raise DataError(f"--positive makes a binary target (+1/-1); it cannot go with --task "
                         f"{args.task}")
+    _check_text_args(args)
+    if args.test_file is not None and args.test_frac > 0:
+        raise DataError("--test-file and --test-frac both make the evaluation set: give one "
+                        "(--test-file is the global test set, --test-frac splits each agent's "
+                        "records)")
+    if args.test_split is not None:
+        if args.test_file is not None or args.test_frac > 0:
+            raise DataError("--test-split makes the global test set from the file's rows: not "
+                            "with --test-file or --test-frac (give one)")
+        if not 0.0 < args.test_split < 1.0:
+            raise DataError(f"--test-split {args.test_split}: must be a share in (0, 1)")
+    if args.test_skip_rows is not None and args.test_file is None:
+        raise DataError("--test-skip-rows applies to --test-file only")
+
+
+def _check_text_args(args: argparse.Namespace) -> None:
+    """--sep, --decimal, --skip-rows and --na-values, and the --opt delimiter alias."""
+    for flag, value in (("--skip-rows", args.skip_rows), ("--test-skip-rows", args.test_skip_rows)):
+        if value is not None and value < 0:
+            raise DataError(f"{flag} {value}: must be 0 or more lines")
+    sep = _delimiter(args)
+    if sep is not None and sep == args.decimal:
+        raise DataError(f"--decimal {args.decimal} needs another delimiter than {sep!r}: name it "
+                        f"with --sep, e.g. --sep ';'")
+    _na_values(args)
+
+
+def _delimiter(args: argparse.Namespace) -> str | None:
+    """The delimiter of --sep (or its alias --opt delimiter=X); '\\t' and 'tab' mean a tab."""
+    alias = file_opts("csv", args.opt).get("delimiter")
+    sep = args.sep
+    if sep is not None and alias is not None and sep != alias:
+        raise DataError(f"--sep {sep!r} and --opt delimiter={alias!r} disagree: give --sep only")
+    sep = sep if sep is not None else alias
+    if sep is None:
+        return None
+    if sep == "":
+        raise DataError("--sep '': give the delimiter, e.g. --sep ';'")
+    return {"\\t": "\t", "tab": "\t", "TAB": "\t"}.get(sep, sep)
+
+
+def _na_values(args: argparse.Namespace) -> list[str]:
+    """The tokens of --na-values A,B (stripped; a blank one is an error)."""
+    if args.na_values is None:
+        return []
+    tokens = [t.strip() for t in args.na_values.split(",")]
+    if not all(tokens):
+        raise DataError(f"--na-values {args.na_values!r}: a token is blank (empty cells are "
+                        "missing already); give e.g. --na-values '?'")
+    return tokens
 
 
 def _check_partition_args(args: argparse.Namespace) -> None:
@@ -292,49 +408,122 @@ def _read(args: argparse.Namespace, path: Path) -> readers.Table:
     return readers.read_csv(
         path, args.target, columns=args.columns, drop=args.drop, keys=(args.key,) if args.key else (),
         categorical=cat, encoding=args.encoding, missing=args.missing,
-        max_missing_frac=args.max_missing_frac, onehot_max_levels=opts.get("onehot_max_levels", 16),
-        delimiter=opts.get("delimiter"), names=parse_names(args.names) if args.names else None,
+        max_missing_frac=args.max_missing_frac,
+        onehot_max_levels=opts.get("onehot_max_levels", ONEHOT_MAX_LEVELS),
+        delimiter=_delimiter(args), names=parse_names(args.names) if args.names else None,
         target_map=parse_target_map(args.target_map) if args.target_map is not None else None,
-        positive=args.positive)
+        positive=args.positive, na_values=_na_values(args), decimal=args.decimal,
+        skip_rows=args.skip_rows, strict=True)
 
 
-def _binary_labels(y: np.ndarray, path: Path, steps: list[dict[str, Any]]) -> np.ndarray:
-    """Two label values -> -1 (the lower) and +1 (the higher), recorded as a step."""
+def _read_test(args: argparse.Namespace, path: Path, t: readers.Table) -> readers.Table:
+    """The --test-file, read as the training file `t` was (--test-skip-rows aside)."""
+    test = Path(args.test_file)
+    if not test.exists():
+        raise DataError(f"--test-file '{test}' not found")
+    if test.resolve() == path.resolve():
+        raise DataError(f"--test-file '{test}' is the training file itself: a test set must be "
+                        "records the agents do not train on")
+    if args.test_skip_rows is not None:
+        fmt = dataclasses.replace(t.fitted["format"], skip_rows=args.test_skip_rows)
+        t = dataclasses.replace(t, fitted={**t.fitted, "format": fmt})
+    try:
+        return readers.read_csv_test(test, t)
+    except DataError as exc:  # the test file's own skip flag
+        raise DataError(str(exc).replace("--skip-rows N", "--test-skip-rows N")) from None
+
+
+def _binary_labels(y: np.ndarray, path: Path, steps: list[dict[str, Any]]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Two label values -> -1 (the lower) and +1 (the higher), recorded as a step; returns the
+    labels and the two values (a test file's labels are mapped the same way)."""
     vals = np.unique(y)
     if len(vals) != 2:
         raise DataError(f"'{path}': --task binary needs 2 label values, found {len(vals)} "
                         f"({', '.join(f'{v:g}' for v in vals[:10])}); map them with --target-map "
                         f"or name the positive class with --positive")
     steps.append({"step": "labels", "map": {str(vals[0]): -1, str(vals[1]): 1}})
-    return np.where(y == vals[1], 1.0, -1.0)
+    return np.where(y == vals[1], 1.0, -1.0), vals
 
 
-def _preprocess(args: argparse.Namespace, X: Any, pub: np.ndarray | None, steps: list[dict[str, Any]],
-                clipped: dict[str, int]) -> tuple[Any, dict[str, np.ndarray]]:
-    """Standardise, max-normalise, PCA and row-normalise as asked; records steps and clipping."""
+def _test_labels(test: readers.Table, vals: np.ndarray) -> readers.Table:
+    """The test labels through training's binary map; other values drop their rows (counted)."""
+    keep = np.isin(test.y, vals)
+    info = dict(test.info)
+    if not keep.all():
+        info["rows_dropped"] = {**info["rows_dropped"],
+                                "label not among the training labels": int((~keep).sum())}
+    if not keep.any():
+        raise DataError(f"the test file has none of the training labels "
+                        f"({', '.join(f'{v:g}' for v in vals)})")
+    return dataclasses.replace(test, X=test.X[keep], y=np.where(test.y[keep] == vals[1], 1.0, -1.0),
+                               info=info)
+
+
+def _standardise(args: argparse.Namespace) -> bool:
+    """--standardise / --no-standardise, else the default: on for csv, off for libsvm (sparse)."""
+    return args.standardise if args.standardise is not None else args.what == "csv"
+
+
+def _preprocess(args: argparse.Namespace, t: readers.Table, X: Any, pub: np.ndarray | None,
+                steps: list[dict[str, Any]], decisions: dict[str, Any], Xt: Any = None,
+                fit: np.ndarray | None = None) -> tuple[Any, Any, dict[str, np.ndarray]]:
+    """Standardise (not the one-hot columns), max-normalise, PCA and row-normalise as asked,
+    each fitted on the training rows (the hold-out's where it says so) and applied to the
+    test rows `Xt` too; records steps, standardised columns and clipping."""
     public_extra: dict[str, np.ndarray] = {}
-    if args.standardise:
-        params = pre.fit_standardise(X, pub)
+    fitted_on = "hold-out" if pub is not None else "all" if fit is None else "training rows"
+    fit = pub if pub is not None else fit  # the rows the statistics come from (None: all)
+    if _standardise(args):
+        params = pre.fit_standardise(X, fit)
+        onehot = t.fitted.get("indicator", np.zeros(X.shape[1], dtype=bool))
+        params["mean"][onehot], params["scale"][onehot] = 0.0, 1.0  # indicators stay 0/1
         X = pre.apply_standardise(X, params)
-        steps.append({"step": "standardise", "fitted_on": "hold-out" if pub is not None else "all"})
+        Xt = None if Xt is None else pre.apply_standardise(Xt, params)
+        cols = int(np.count_nonzero(~onehot))
+        steps.append({"step": "standardise", "fitted_on": fitted_on, "columns": cols,
+                      "onehot_left": int(onehot.sum())})
+        decisions["standardised"] = {"columns": cols, "fitted_on": fitted_on,
+                                     "records": int(X.shape[0] if fit is None else len(fit)),
+                                     "onehot_left": int(onehot.sum())}
+    elif args.what == "csv":
+        decisions["standardised"] = {"columns": 0, "why": "--no-standardise"}
     if args.max_normalise:
-        X, _ = pre.max_normalise(X, pub)
+        X, divisors = pre.max_normalise(X, fit)
+        Xt = None if Xt is None else pre.scale_columns(Xt, divisors)
         steps.append({"step": "max_normalise"})
     if args.pca:
         if pub is None:
             raise DataError("--pca needs a public hold-out (--public M) to fit on")
         params = pre.fit_pca(X[pub], args.pca)
         X = pre.apply_pca(X, params, whiten=True)
+        Xt = None if Xt is None else pre.apply_pca(Xt, params, whiten=True)
         public_extra.update(pca_V=params["V"], pca_D=params["D"])
         steps.append({"step": "pca", "k": args.pca, "whiten": True, "centred": False})
-    if args.row_norm:
-        Y = pre.row_normalise(X, args.row_norm)
+    row_norm = _row_norm(args)
+    if row_norm:
+        Y = pre.row_normalise(X, row_norm)
         scaled = int(np.count_nonzero(_row_changed(X, Y)))
         if scaled:
-            clipped[f"rows scaled to {args.row_norm} norm 1 (--row-norm)"] = scaled
+            decisions["values_clipped"][f"rows scaled to {row_norm} norm 1 (--row-norm)"] = scaled
         X = Y
-        steps.append({"step": "row_normalise", "norm": args.row_norm, "rows_scaled": scaled})
-    return X, public_extra
+        if Xt is not None:
+            Yt = pre.row_normalise(Xt, row_norm)
+            decisions["test_rows_scaled"] = int(np.count_nonzero(_row_changed(Xt, Yt)))
+            Xt = Yt
+        steps.append({"step": "row_normalise", "norm": row_norm, "rows_scaled": scaled})
+        # ||x||_1 <= 1 implies ||x||_2 <= 1: an L2 bound either way (data.bounds)
+        public_extra[ROW_NORM_MAX] = np.array([1.0])
+    elif args.what == "csv":
+        decisions["row_norm"] = "none (--row-norm none): no public bound on the records' norms"
+    return X, Xt, public_extra
+
+
+def _row_norm(args: argparse.Namespace) -> str | None:
+    """--row-norm, else the default: l2 for csv, none for libsvm."""
+    if args.row_norm is None:
+        return "l2" if args.what == "csv" else None
+    return None if args.row_norm == "none" else args.row_norm
 
 
 def _row_changed(X: Any, Y: Any) -> np.ndarray:
@@ -346,9 +535,18 @@ def _row_changed(X: Any, Y: Any) -> np.ndarray:
     return np.asarray(largest).ravel() > 0
 
 
+def _key_text(value: Any, record: Mapping[str, Any]) -> str:
+    """A key value as the source writes it: the level of a code, the number of a numeric key."""
+    if record.get("kind") == "codes":
+        return str(record["levels"][int(value)])
+    number = float(value)
+    return str(int(number)) if number.is_integer() else repr(number)
+
+
 def _key_partition(args: argparse.Namespace, t: readers.Table, pub: np.ndarray | None,
-                   dropped: dict[str, int]) -> list[np.ndarray]:
-    """One agent per key value; records with a missing key and small key groups are counted."""
+                   dropped: dict[str, int]) -> tuple[list[np.ndarray], list[str]]:
+    """One agent per key value, and each agent's value; records with a missing key and small
+    key groups are counted."""
     keys = np.asarray(t.keys[args.key])
     kind = t.info.get("keys", {}).get(args.key, {}).get("kind")
     missing = keys == -1 if kind == "codes" else (np.isnan(keys) if keys.dtype.kind == "f" else
@@ -361,11 +559,12 @@ def _key_partition(args: argparse.Namespace, t: readers.Table, pub: np.ndarray |
         dropped["missing key"] = missing_outside
     clean = np.where(missing, 0, keys) if keys.dtype.kind == "f" else keys
     min_records = args.min_records or 1
-    parts, _ = part.by_key(clean, min_records=min_records, exclude=exclude)
+    parts, values = part.by_key(clean, min_records=min_records, exclude=exclude)
     small = int((~exclude).sum()) - sum(len(p) for p in parts)
     if small:
         dropped[f"key group under --min-records {min_records}"] = small
-    return parts
+    record = t.info.get("keys", {}).get(args.key, {})
+    return parts, [_key_text(v, record) for v in values]
 
 
 def _mask(n: int, idx: np.ndarray | None) -> np.ndarray:
@@ -375,11 +574,10 @@ def _mask(n: int, idx: np.ndarray | None) -> np.ndarray:
     return out
 
 
-def _partition(args: argparse.Namespace, t: readers.Table, y: np.ndarray, n: int,
-               pub: np.ndarray | None, dropped: dict[str, int]) -> list[np.ndarray]:
-    """Records -> agents as --partition says; records no agent gets are counted by reason."""
-    if args.partition == "key":
-        return _key_partition(args, t, pub, dropped)
+def _partition(args: argparse.Namespace, y: np.ndarray, n: int, pub: np.ndarray | None,
+               dropped: dict[str, int]) -> list[np.ndarray]:
+    """Records -> agents as --partition says (not key); records no agent gets are counted by
+    reason."""
     if args.partition == "iid":
         parts = part.iid(n, args.agents, args.seed, exclude=pub)
     elif args.partition == "equal":
@@ -399,38 +597,110 @@ def _partition(args: argparse.Namespace, t: readers.Table, y: np.ndarray, n: int
 
 
 def build_file(args: argparse.Namespace) -> Prepared:
-    """The generic path: read a CSV/LIBSVM file, preprocess, partition; every decision counted."""
+    """The generic path: read a CSV/LIBSVM file (and its --test-file), preprocess, partition;
+    every decision counted."""
     if not args.file:
         raise DataError(f"'data prepare {args.what}' needs the file to read")
     path = Path(args.file)
     if not path.exists():
         raise DataError(f"file '{path}' not found")
     t = _read(args, path)
+    test = _read_test(args, path, t) if args.test_file else None
     decisions = reader_decisions(t.info)
     X, y = t.X, np.asarray(t.y, dtype=np.float64)
     steps: list[dict[str, Any]] = [{"step": f"read_{args.what}", **t.info.get("options", {})}]
-    notes: list[str] = []
+    notes = _placeholder_notes(t.info)
     task = _task(args)
     if task == "binary":
-        y = _binary_labels(y, path, steps)
+        y, vals = _binary_labels(y, path, steps)
+        test = None if test is None else _test_labels(test, vals)
     elif task == "regression" and len(np.unique(y)) == 2:
         notes.append(f"the target has only 2 values ({', '.join(f'{v:g}' for v in np.unique(y))}); "
                      "add --task binary if this is a classification")
     n = X.shape[0]
     pub = np.arange(n - args.public, n) if args.public else None
-    X, public_extra = _preprocess(args, X, pub, steps, decisions["values_clipped"])
-    parts = _partition(args, t, y, n, pub, decisions["rows_dropped"])
+    split = _test_split(args, n, pub)
+    fit = None if split is None else np.setdiff1d(np.arange(n), split)
+    X, Xt, public_extra = _preprocess(args, t, X, pub, steps, decisions,
+                                      None if test is None else test.X, fit)
+    test_global = None if test is None else (Xt, test.y)
+    if split is not None:
+        test_global = (X[split], y[split])
+        decisions["test_split"] = {"share": args.test_split, "records": int(split.size),
+                                   "seed": args.seed}
+        steps.append({"step": "test_split", "share": args.test_split, "records": int(split.size),
+                      "fitted_on": "the other rows (nothing fitted on the test rows)"})
+        pub = split if pub is None else np.union1d(pub, split)  # no owner holds them
+    if decisions.get("standardised", {}).get("fitted_on") in ("all", "training rows"):
+        n_fit = n if fit is None else fit.size
+        notes.append(f"standardised with the mean and std of all {n_fit:,} training records, the "
+                     "owners' data, outside the privacy accounting; give --public M to fit them "
+                     "on a public hold-out, or --no-standardise")
+    values = None
+    if args.partition == "key":
+        parts, values = _key_partition(args, t, pub, decisions["rows_dropped"])
+    else:
+        parts = _partition(args, y, n, pub, decisions["rows_dropped"])
     tests = None
     if args.test_frac > 0:
         # seed + 1: the split streams must not repeat the shuffle stream of iid/dirichlet
         parts, test_parts = part.train_test_split(parts, args.test_frac, args.seed + 1)
         tests = list(as_pairs(X, y, test_parts))
+    if test is not None:
+        decisions.update(_test_decisions(args, test))
+        steps.append({"step": "read_test_file", "path": str(args.test_file),
+                      "fitted_on": "the training file (nothing fitted on the test file)"})
     names = t.feature_names if not args.pca else [f"pc{j + 1}" for j in range(args.pca)]
+    hold = np.arange(n - args.public, n)
     return Prepared(agents=as_pairs(X, y, parts), task=task, feature_names=list(names),
-                    public=None if pub is None else (X[pub], y[pub]), public_extra=public_extra,
-                    tests=tests, steps=steps, source_files=list(t.info.get("files", [])),
+                    public=None if not args.public else (X[hold], y[hold]),
+                    public_extra=public_extra,
+                    tests=tests, test_global=test_global, steps=steps,
+                    source_files=list(t.info.get("files", []))
+                    + ([] if test is None else list(test.info["files"])),
                     partition={"kind": args.partition, **part.summary(parts)},
-                    parts=parts, public_index=pub, notes=notes, decisions=decisions)
+                    parts=parts, public_index=None if not args.public else hold, notes=notes,
+                    decisions=decisions,
+                    partition_key=args.key if args.partition == "key" else None,
+                    partition_values=values)
+
+
+def _test_split(args: argparse.Namespace, n: int, pub: np.ndarray | None) -> np.ndarray | None:
+    """--test-split F: a seeded share F of the rows outside the public hold-out, sorted, as the
+    global test set (None without the flag)."""
+    if not args.test_split:
+        return None
+    rows = np.arange(n) if pub is None else np.setdiff1d(np.arange(n), pub)
+    k = int(round(args.test_split * rows.size))
+    if k < 1 or k >= rows.size:
+        raise DataError(f"--test-split {args.test_split}: gives {k} test rows of {rows.size:,}; "
+                        "choose a share that leaves records on both sides")
+    rng = np.random.default_rng([args.seed, 2])  # its own stream: not the partition's shuffle
+    return np.sort(rng.choice(rows, size=k, replace=False))
+
+
+def _placeholder_notes(info: Mapping[str, Any]) -> list[str]:
+    """A note per categorical column with placeholder cells ('?') kept as a level."""
+    notes = []
+    for column, tokens in info.get("placeholder_cells", {}).items():
+        for tok, count in tokens.items():
+            notes.append(f"column {column}: {count:,} cell{'s are' if count != 1 else ' is'} "
+                         f"{tok!r}; pass --na-values '{tok}' if that means missing")
+    return notes
+
+
+def _test_decisions(args: argparse.Namespace, test: readers.Table) -> dict[str, Any]:
+    """The test file's figures for the decisions record (kept apart from the training rows)."""
+    info = test.info
+    out = {"test_file": str(args.test_file), "test_rows_read": int(info["n_rows_read"]),
+           "test_records": int(test.X.shape[0]), "test_rows_dropped": dict(info["rows_dropped"]),
+           "test_unseen_categories": dict(info["unseen_categories"]),
+           "test_cells_imputed": dict(info["cells_imputed"])}
+    if info.get("columns_ignored"):
+        out["test_columns_ignored"] = list(info["columns_ignored"])
+    if info.get("na_value_cells"):
+        out["test_na_value_cells"] = dict(info["na_value_cells"])
+    return out
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:

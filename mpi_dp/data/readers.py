@@ -15,6 +15,7 @@ from __future__ import annotations
 import bz2
 import csv
 import dataclasses
+import functools
 import gzip
 import hashlib
 import io
@@ -50,9 +51,14 @@ DROP_NULL_TARGET = "target mapped to null"
 DROP_NONFINITE_TARGET = "non-finite target"
 DROP_NONFINITE_FEATURE = "non-finite feature value"
 DROP_MISSING_FEATURE = "missing feature value"
+#: reasons only a test file's row is dropped (its target cannot be read as training's was)
+DROP_UNMAPPED_TARGET = "target not in the target map"
+DROP_UNSEEN_TARGET = "target value not in the training file"
+DROP_TARGET_NOT_NUMBER = "target not a number"
 
 #: reasons a feature cell is missing and so imputed (or its row dropped under missing="drop")
-_WHY_MISSING = {1: "missing value", 2: "short row", 3: "converter gave no number"}
+_WHY_MISSING = {1: "missing value", 2: "short row", 3: "converter gave no number",
+                4: "category unseen in training"}
 
 
 @dataclasses.dataclass
@@ -65,6 +71,8 @@ class Table:
     target: str  # name of the target column / label
     keys: dict[str, np.ndarray]  # per-record key columns kept aside (not features), each length n
     info: dict[str, Any]  # JSON-serialisable provenance and decisions
+    #: what a CSV read fitted (format, features, levels, fill values), for `read_csv_test`
+    fitted: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -115,10 +123,61 @@ def _decode(data: bytes) -> tuple[str, str]:
 
 
 # ----------------------------------------------------------------------------------------------
-# CSV: pandas parses the text into string cells
+# CSV: how the text is read
 
 
-def _pandas_rows(source: Any, delimiter: str | None, encoding: str) -> tuple[pd.DataFrame, list[int]]:
+#: delimiters a first line plausibly gives the sniffer; a strict read refuses any other (a letter)
+_PLAUSIBLE_DELIMITERS = (",", ";", "\t", "|", " ", ":")
+_DECIMALS = (".", ",")
+
+
+@dataclasses.dataclass(frozen=True)
+class CsvFormat:
+    """How a CSV file's text becomes cells and numbers; a test file is read with its training
+    file's format.
+
+    `na_values` are missing-value tokens beyond MISSING_TOKENS, `decimal` is '.' or ',' (applied
+    when cells are typed: pandas hands every cell over as a string), `skip_rows` lines before the
+    header (or first record) are skipped. `strict` refuses what would otherwise be a guess: a
+    column of numbers but for placeholder cells ('?', '-') or decimal commas, repeated header
+    names, a header whose field count most records do not share, an implausible sniffed
+    delimiter. The CLI reads strictly; the recipes, whose files are known, read leniently.
+    """
+
+    delimiter: str | None = None
+    names: tuple[str, ...] | None = None
+    na_values: tuple[str, ...] = ()
+    decimal: str = "."
+    skip_rows: int = 0
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        if self.decimal not in _DECIMALS:
+            raise DataError(f"decimal must be '.' or ',', got {self.decimal!r}")
+        if self.delimiter is not None and not self.delimiter:
+            raise DataError("the delimiter must be a non-empty string")
+        if self.delimiter == self.decimal:
+            raise DataError(f"the delimiter and the decimal mark are both {self.decimal!r}; a "
+                            f"decimal comma needs another delimiter, e.g. --sep ';'")
+        if isinstance(self.skip_rows, bool) or not isinstance(self.skip_rows, int) or self.skip_rows < 0:
+            raise DataError(f"skip_rows must be a non-negative integer, got {self.skip_rows!r}")
+        if isinstance(self.na_values, str):
+            raise DataError(f"na_values must be a list of tokens, got the string {self.na_values!r}")
+        tokens = [str(t).strip() for t in self.na_values]
+        if not all(tokens):
+            raise DataError("na_values: a blank token is missing already; give non-blank tokens")
+        extra = tuple(dict.fromkeys(t for t in tokens if t not in MISSING_TOKENS))
+        object.__setattr__(self, "na_values", extra)
+        if self.names is not None:
+            object.__setattr__(self, "names", tuple(self.names))
+
+    @functools.cached_property
+    def na(self) -> np.ndarray:
+        """Every token that means missing: the defaults and `na_values`."""
+        return np.array(MISSING_TOKENS + self.na_values)
+
+
+def _pandas_rows(source: Any, fmt: CsvFormat, encoding: str) -> tuple[pd.DataFrame, list[int]]:
     """Every row as str cells (NaN where a row is shorter than the first), and the field counts
     of the rows longer than the first, which pandas hands back and which are left out."""
     long_rows: list[int] = []
@@ -129,12 +188,13 @@ def _pandas_rows(source: Any, delimiter: str | None, encoding: str) -> tuple[pd.
 
     # header=None: no index column is ever inferred, and pandas 2 and 3 both hand long rows to
     # `ragged` (with index_col=False pandas 2 truncates them instead, with only a warning)
-    rows = pd.read_csv(source, header=None, sep=delimiter, engine="python", dtype=str,
-                       keep_default_na=False, na_filter=False, encoding=encoding, on_bad_lines=ragged)
+    rows = pd.read_csv(source, header=None, sep=fmt.delimiter, engine="python", dtype=str,
+                       keep_default_na=False, na_filter=False, encoding=encoding,
+                       on_bad_lines=ragged, skiprows=fmt.skip_rows or None)
     return rows, long_rows
 
 
-def _parse_text(source: str | Path | bytes, where: str, delimiter: str | None
+def _parse_text(source: str | Path | bytes, where: str, fmt: CsvFormat
                 ) -> tuple[pd.DataFrame, list[int], str]:
     """`_pandas_rows` of a file (compression from its suffix) or of bytes, trying UTF-8 then
     Latin-1; pandas' errors become DataError naming `where`. Returns (rows, long rows, encoding)."""
@@ -142,17 +202,22 @@ def _parse_text(source: str | Path | bytes, where: str, delimiter: str | None
     for encoding in ("utf-8-sig", "latin-1"):
         src = io.BytesIO(source) if isinstance(source, bytes) else source
         try:
-            rows, long_rows = _pandas_rows(src, delimiter, encoding)
+            rows, long_rows = _pandas_rows(src, fmt, encoding)
             return rows, long_rows, "utf-8" if encoding == "utf-8-sig" else encoding
         except UnicodeDecodeError:
             continue
         except pd.errors.EmptyDataError:
+            if fmt.skip_rows:
+                raise DataError(f"{where}: nothing is left after skipping {fmt.skip_rows} "
+                                f"line(s) (--skip-rows)") from None
             raise DataError(f"{where}: is empty") from None
         except pd.errors.ParserError as exc:
             raise DataError(f"{where}: malformed CSV ({exc})") from None
         except csv.Error as exc:
             raise DataError(f"{where}: cannot tell the delimiter from the first line ({exc}; is it "
-                            "empty?); name it, e.g. --opt delimiter=';'") from None
+                            "empty, or a title line before the header?); name the delimiter with "
+                            "--sep X (e.g. --sep ';'), or skip lines before the header with "
+                            "--skip-rows N") from None
         except (*_DECOMPRESS_ERRORS, zipfile.BadZipFile) as exc:
             what = f"truncated or corrupt {kind} file" if kind else "cannot read file"
             raise DataError(f"{where}: {what} ({type(exc).__name__}: {exc})") from None
@@ -161,13 +226,56 @@ def _parse_text(source: str | Path | bytes, where: str, delimiter: str | None
     raise AssertionError("latin-1 decodes any bytes")  # pragma: no cover
 
 
-def _header_names(header: list[str]) -> tuple[list[str], dict[str, str]]:
-    """Stripped header names; blanks named col<j>, repeats suffixed .1, .2 (renames returned)."""
+def _first_line(path: Path, skip: int) -> str | None:
+    """The line pandas sniffs the delimiter from (the first after `skip` lines) of a plain, .gz,
+    .bz2 or .xz file; None where reading it is not cheap (.zip, .zst) or fails."""
+    if path.suffix.lower() in (".zip", ".zst"):
+        return None
+    _, opener = _COMPRESSION.get(path.suffix.lower(), (None, open))
+    try:
+        with opener(path, "rb") as fh:  # type: ignore[operator]
+            for _ in range(skip):
+                fh.readline()
+            line = fh.readline(1 << 20)
+    except _DECOMPRESS_ERRORS:
+        return None
+    return line.decode("utf-8-sig", errors="replace")
+
+
+def _sniff(path: Path, fmt: CsvFormat) -> str | None:
+    """The delimiter pandas sniffs (csv.Sniffer on the first line read), checked: a strict read
+    refuses an implausible one (a letter, from a one-column or title line). None if unknown."""
+    line = _first_line(path, fmt.skip_rows)
+    if not line:
+        return None
+    try:
+        sniffed = csv.Sniffer().sniff(line).delimiter
+    except csv.Error:
+        return None  # pandas fails on it too, with its own message
+    if fmt.strict and sniffed not in _PLAUSIBLE_DELIMITERS:
+        after = f" after the {fmt.skip_rows} skipped" if fmt.skip_rows else ""
+        raise DataError(f"{path}: the delimiter sniffed from the first line{after} "
+                        f"({line.strip()[:80]!r}) is {sniffed!r}, which is unlikely: name the "
+                        f"delimiter with --sep X (e.g. --sep ';'), or skip lines before the header "
+                        f"with --skip-rows N")
+    return sniffed
+
+
+def _header_names(header: list[str]) -> tuple[list[str], dict[str, str], dict[str, int],
+                                              dict[str, list[int]]]:
+    """Stripped header names; blanks named col<j>, repeats suffixed .1, .2. Returns (names, the
+    renames, the blank cells by given name -> column number, the repeated names -> their column
+    numbers)."""
     names: list[str] = []
     seen: set[str] = set()
     renamed: dict[str, str] = {}
+    blank: dict[str, int] = {}
+    where: dict[str, list[int]] = {}
     for j, raw in enumerate(header):
         name = raw.strip() or f"col{j + 1}"
+        if not raw.strip():
+            blank[name] = j + 1
+        where.setdefault(name, []).append(j + 1)
         base, k = name, 0
         while name in seen:
             k += 1
@@ -176,15 +284,21 @@ def _header_names(header: list[str]) -> tuple[list[str], dict[str, str]]:
             renamed[f"{j + 1}:{raw}"] = name
         seen.add(name)
         names.append(name)
-    return names, renamed
+    repeated = {n: cols for n, cols in where.items() if len(cols) > 1}
+    return names, renamed, blank, repeated
 
 
-def _check_names(names: Sequence[str], width: int, where: str) -> list[str]:
+def _check_names(names: Sequence[str], width: int, where: str, long_rows: Sequence[int] = ()
+                 ) -> list[str]:
     """The given column names of a headerless file: as many as its first row has fields, distinct."""
     names = [str(n).strip() for n in names]
     if len(names) != width:
+        hint = ""
+        if long_rows and len(names) in long_rows:
+            hint = (f" ({long_rows.count(len(names)):,} later rows have {len(names)}: is the first "
+                    f"line a title? skip it with --skip-rows N)")
         raise DataError(f"{where}: {len(names)} column names given but the first row has {width} "
-                        f"fields; give exactly {width} names")
+                        f"fields; give exactly {width} names{hint}")
     blank = [j + 1 for j, n in enumerate(names) if not n]
     if blank:
         raise DataError(f"{where}: column name number(s) {blank} are blank")
@@ -194,25 +308,35 @@ def _check_names(names: Sequence[str], width: int, where: str) -> list[str]:
     return names
 
 
-def _split_header(rows: pd.DataFrame, where: str, names: Sequence[str] | None, n_long: int = 0
+def _split_header(rows: pd.DataFrame, where: str, fmt: CsvFormat, long_rows: Sequence[int] = ()
                   ) -> tuple[list[str], pd.DataFrame, dict[str, Any]]:
-    """Column names (the header row, or `names` for a file without one) and the record rows;
-    `n_long` rows were left out for having more fields than the first row."""
+    """Column names (the header row, or `fmt.names` for a file without one) and the record rows;
+    `long_rows` (field counts) were left out for having more fields than the first row. A strict
+    read refuses repeated header names."""
     notes: dict[str, Any] = {}
-    if names is None:
+    n_long = len(long_rows)
+    if fmt.names is None:
         if rows.empty:
             raise DataError(f"{where}: is empty (a header row is required)")
-        names, renamed = _header_names(rows.iloc[0].tolist())
+        names, renamed, blank, repeated = _header_names(rows.iloc[0].tolist())
+        if repeated and fmt.strict:
+            listed = "; ".join(f"{n!r} (columns {', '.join(map(str, c))})" for n, c in repeated.items())
+            raise DataError(f"{where}: the header names a column more than once: {listed}; give "
+                            f"each column its own name in the file, or name them all with "
+                            f"--no-header --skip-rows {fmt.skip_rows + 1} --names A,B,C")
         if renamed:
             notes["renamed_columns"] = renamed
+        if blank:
+            notes["header_cells_named"] = blank
         rows = rows.iloc[1:]
         if rows.empty and n_long:
             raise DataError(f"{where}: all {n_long} records have more fields than the header's "
-                            f"{len(names)} (a header cell missing, or the wrong delimiter?)")
+                            f"{len(names)} (lines before the header? skip them with --skip-rows N; "
+                            f"a header cell missing, or the wrong delimiter? name it with --sep X)")
         if rows.empty:
             raise DataError(f"{where}: has a header but no records")
     else:
-        names = _check_names(names, rows.shape[1], where)
+        names = _check_names(fmt.names, rows.shape[1], where, list(long_rows))
         notes["header"] = "none (names given)"
     rows = rows.set_axis(names, axis=1).reset_index(drop=True)
     return names, rows, notes
@@ -233,19 +357,73 @@ def _row_notes(rows: pd.DataFrame, long_rows: list[int], width: int, header: boo
     return notes
 
 
+def _check_shape(rows: pd.DataFrame, long_rows: list[int], width: int, where: str, header: bool
+                 ) -> None:
+    """DataError when most records have another field count than the header (or first row): a
+    title line before the header, or the wrong delimiter, not a few ragged rows."""
+    fields = rows.notna().to_numpy().sum(axis=1)
+    odd = int(np.count_nonzero(fields != width)) + len(long_rows)
+    total = len(rows) + len(long_rows)
+    if not total or 2 * odd <= total:
+        return
+    counts = np.unique(np.concatenate([fields, np.asarray(long_rows, dtype=fields.dtype)]),
+                       return_counts=True)
+    common = int(counts[0][np.argmax(counts[1])])
+    than = "the header" if header else "the first row"
+    raise DataError(f"{where}: {odd:,} of {total:,} records have another number of fields than "
+                    f"{than} ({width}); most have {common}: if there are lines before the "
+                    f"{'header' if header else 'records'}, skip them with --skip-rows N; if the "
+                    f"delimiter is wrong, name it with --sep X")
+
+
+def _read_rows(path: Path, fmt: CsvFormat) -> tuple[list[str], pd.DataFrame, list[int], dict[str, Any]]:
+    """Parse a CSV file into named string columns: (names, rows, long row field counts, what was
+    read and how: file record, parser, encoding, delimiter, skipped lines, header notes)."""
+    _require_file(path)
+    where = str(path)
+    sniffed = _sniff(path, fmt) if fmt.delimiter is None else None
+    if fmt.decimal == "," and sniffed == ",":
+        raise DataError(f"{where}: --decimal , but the fields are separated by ',' (sniffed): name "
+                        f"the delimiter with --sep X, e.g. --sep ';'")
+    raw, long_rows, text_encoding = _parse_text(path, where, fmt)
+    names, rows, notes = _split_header(raw, where, fmt, long_rows)
+    header = fmt.names is None
+    if fmt.strict:
+        _check_shape(rows, long_rows, len(names), where, header)
+    meta: dict[str, Any] = {
+        "files": [_file_record(path)], "parser": f"pandas {pd.__version__}",
+        "text_encoding": text_encoding, "delimiter": fmt.delimiter or "sniffed",
+        "n_rows_read": len(rows) + len(long_rows), "n_columns_read": len(names),
+        **notes, **_row_notes(rows, long_rows, len(names), header)}
+    if sniffed is not None:
+        meta["delimiter_sniffed"] = sniffed
+    if fmt.decimal != ".":
+        meta["decimal"] = fmt.decimal
+    if fmt.skip_rows:
+        meta["lines_skipped"] = fmt.skip_rows
+    if fmt.na_values:
+        meta["na_values"] = list(fmt.na_values)
+        meta["na_value_cells"] = {}
+    return names, rows, long_rows, meta
+
+
 # ----------------------------------------------------------------------------------------------
 # CSV: typing string cells
 
 
-def _cells(column: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Stripped string values, the missing mask, and the mask of cells a short row lacked."""
+def _cells(column: pd.Series, na: np.ndarray = _MISSING) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Stripped string values, the missing mask (a token of `na`, or lacking in a short row), and
+    the mask of cells a short row lacked."""
     short = column.isna().to_numpy()
     values = np.char.strip(column.fillna("").to_numpy(dtype=str))
-    return values, np.isin(values, _MISSING) | short, short
+    return values, np.isin(values, na) | short, short
 
 
-def _to_float(values: np.ndarray) -> np.ndarray | None:
-    """float64 of every value (a trailing % is dropped: '13.5%' -> 13.5), or None if any fails."""
+def _to_float(values: np.ndarray, decimal: str = ".") -> np.ndarray | None:
+    """float64 of every value (a trailing % is dropped: '13.5%' -> 13.5), or None if any fails.
+    With decimal ',' a comma is the decimal mark ('3,25' -> 3.25) and a '.' is not a number."""
+    if decimal == ",":
+        values = np.char.replace(np.char.replace(values, ".", "#"), ",", ".")
     try:
         return values.astype(np.float64)
     except ValueError:
@@ -261,15 +439,31 @@ def _to_float(values: np.ndarray) -> np.ndarray | None:
         return None
 
 
-def _numeric(values: np.ndarray, miss: np.ndarray) -> np.ndarray | None:
+def _numeric(values: np.ndarray, miss: np.ndarray, decimal: str = ".") -> np.ndarray | None:
     """float64 column with NaN where missing, or None if a non-missing value is not a number.
     Overflowing numbers such as 1e400 parse as inf (non-finite, counted by the caller)."""
-    parsed = _to_float(values[~miss])
+    parsed = _to_float(values[~miss], decimal)
     if parsed is None:
         return None
     out = np.full(values.shape, np.nan)
     out[~miss] = parsed
     return out
+
+
+def _floats(values: np.ndarray, miss: np.ndarray, decimal: str) -> tuple[np.ndarray, np.ndarray]:
+    """Each non-missing value as float64 where it is a number: (values, NaN elsewhere; the mask of
+    the cells that are numbers)."""
+    out = _numeric(values, miss, decimal)
+    if out is not None:
+        return out, ~miss
+    out = np.full(values.shape, np.nan)
+    ok = np.zeros(values.shape, dtype=bool)
+    for level in np.unique(values[~miss]):
+        parsed = _to_float(np.array([level]), decimal)
+        if parsed is not None:
+            hit = ~miss & (values == level)
+            out[hit], ok[hit] = parsed[0], True
+    return out, ok
 
 
 def _convert(values: np.ndarray, miss: np.ndarray, fn: Callable[[str], float], where: str,
@@ -289,10 +483,70 @@ def _convert(values: np.ndarray, miss: np.ndarray, fn: Callable[[str], float], w
     return out
 
 
-def _examples(values: np.ndarray, miss: np.ndarray, k: int = 5) -> str:
+def _examples(values: np.ndarray, miss: np.ndarray, k: int = 5, decimal: str = ".") -> str:
     """A few distinct non-numeric values of a column, for error messages."""
-    bad = [v for v in dict.fromkeys(values[~miss].tolist()) if _to_float(np.array([v])) is None]
+    bad = [v for v in dict.fromkeys(values[~miss].tolist())
+           if _to_float(np.array([v]), decimal) is None]
     return ", ".join(repr(v) for v in bad[:k])
+
+
+def _placeholders(values: np.ndarray, miss: np.ndarray) -> dict[str, int]:
+    """Counts of the non-missing cells without a letter or digit ('?', '-', '.'), by token:
+    placeholders that often mean missing."""
+    levels, counts = np.unique(values[~miss], return_counts=True)
+    return {str(v): int(c) for v, c in zip(levels, counts, strict=True)
+            if not any(ch.isalnum() for ch in str(v))}
+
+
+def _quoted(tokens: Sequence[str]) -> str:
+    """Tokens as one shell argument of --na-values, e.g. '?,-'."""
+    joined = ",".join(tokens)
+    return f"'{joined}'" if "'" not in joined else f'"{joined}"'
+
+
+def _cells_text(counts: Mapping[str, int]) -> str:
+    """"3 cells '?' and 1 cell '-'" for {'?': 3, '-': 1}."""
+    parts = [f"{n:,} cell{'s' if n != 1 else ''} {tok!r}" for tok, n in counts.items()]
+    return " and ".join(parts) if len(parts) <= 2 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def _numbers_but(values: np.ndarray, miss: np.ndarray, fmt: CsvFormat,
+                 placeholders: Mapping[str, int]) -> list[str] | None:
+    """The flags that would make a column that is not numeric as read numeric (--na-values for
+    its placeholder cells, --decimal , for decimal commas), or None if no flag would."""
+    rest = ~miss
+    if placeholders:
+        rest &= ~np.isin(values, list(placeholders))
+    if not rest.any():
+        return None
+    flags = []
+    if _to_float(values[rest], fmt.decimal) is None:
+        if fmt.decimal != "." or _to_float(values[rest], ",") is None:
+            return None
+        flags.append("--decimal ,")
+    if placeholders:
+        flags.append(f"--na-values {_quoted(list(placeholders))}")
+    return flags or None
+
+
+def _guess_error(where: str, name: str, values: np.ndarray, miss: np.ndarray,
+                 placeholders: Mapping[str, int], flags: list[str], target: bool) -> DataError:
+    """The error for a column that is numbers but for placeholders or decimal commas."""
+    role = "target column" if target else "column"
+    if "--decimal ," in flags:
+        comma = values[~miss & (np.char.find(values, ",") >= 0)]
+        what = f"holds numbers with decimal commas such as {str(comma[0])!r}"
+        if placeholders:
+            what += f", and {_cells_text(placeholders)} (placeholders for missing values?)"
+        sep = " (with a delimiter other than ',', e.g. --sep ';')"
+    else:
+        n = sum(placeholders.values())
+        what = (f"is numbers except {_cells_text(placeholders)} (placeholder{'s' if n != 1 else ''} "
+                f"for missing values?)")
+        sep = ""
+    fix = ("; rows whose target is then missing are dropped and counted" if target else
+           f", or --categorical {name} to read the column as categories")
+    return DataError(f"{where}: {role} {name!r} {what}: pass {' '.join(flags)}{sep}{fix}")
 
 
 def _preview(names: Sequence[str], k: int = 25) -> str:
@@ -305,6 +559,14 @@ def _drop(info: dict[str, Any], reason: str, mask: np.ndarray) -> None:
     count = int(np.count_nonzero(mask))
     if count:
         info["rows_dropped"][reason] = info["rows_dropped"].get(reason, 0) + count
+
+
+def _count_na(values: np.ndarray, fmt: CsvFormat, info: dict[str, Any]) -> None:
+    """Count the cells read as missing only because of `fmt.na_values`, by token."""
+    for tok in fmt.na_values:
+        hit = int(np.count_nonzero(values == tok))
+        if hit:
+            info["na_value_cells"][tok] = info["na_value_cells"].get(tok, 0) + hit
 
 
 # ----------------------------------------------------------------------------------------------
@@ -392,24 +654,24 @@ def _map_target(values: np.ndarray, keep: np.ndarray, where: str, name: str,
     return y, keep & ~nulls
 
 
-def _matches(values: np.ndarray, positive: str) -> np.ndarray:
+def _matches(values: np.ndarray, positive: str, decimal: str = ".") -> np.ndarray:
     """Cells equal to `positive` as strings, or as numbers when both parse ('1.0' matches '1')."""
     wanted = positive.strip()
     hit = values == wanted
-    number = _to_float(np.array([wanted]))
+    number = _to_float(np.array([wanted]), decimal)
     if number is None:
         return hit
     for level in np.unique(values[~hit]):
-        parsed = _to_float(np.array([level]))
+        parsed = _to_float(np.array([level]), decimal)
         if parsed is not None and parsed[0] == number[0]:
             hit |= values == level
     return hit
 
 
 def _positive_target(values: np.ndarray, keep: np.ndarray, where: str, name: str, positive: str,
-                     info: dict) -> np.ndarray:
+                     info: dict, decimal: str) -> np.ndarray:
     """+1 where the target equals `positive`, -1 for every other (non-missing) value."""
-    hit = keep & _matches(values, str(positive))
+    hit = keep & _matches(values, str(positive), decimal)
     if not hit.any():
         raise DataError(f"{where}: --positive {positive!r} matches no row of target {name!r}; its "
                         f"values are {_value_counts(values[keep])}")
@@ -423,23 +685,27 @@ def _positive_target(values: np.ndarray, keep: np.ndarray, where: str, name: str
 
 def _target(values: np.ndarray, miss: np.ndarray, where: str, name: str,
             target_map: Mapping[str, Any] | None, positive: str | None, converter: Callable | None,
-            info: dict) -> tuple[np.ndarray, np.ndarray]:
+            info: dict, fmt: CsvFormat) -> tuple[np.ndarray, np.ndarray]:
     """Target values (float64) and the mask of records to keep, each drop counted by reason."""
     keep = ~miss
     _drop(info, DROP_MISSING_TARGET, miss)
     if target_map is not None:
         y, keep = _map_target(values, keep, where, name, target_map, info)
     elif positive is not None:
-        y = _positive_target(values, keep, where, name, positive, info)
+        y = _positive_target(values, keep, where, name, positive, info, fmt.decimal)
     elif converter is not None:
         y = _convert(values, miss, converter, where, name)
     else:
-        y = _numeric(values, miss)
+        y = _numeric(values, miss, fmt.decimal)
         if y is None:
+            holders = _placeholders(values, miss)
+            flags = _numbers_but(values, miss, fmt, holders)
+            if flags:
+                raise _guess_error(where, name, values, miss, holders, flags, target=True)
             raise DataError(f"{where}: target column {name!r} is not numeric (values such as "
-                            f"{_examples(values, miss)}); map it to numbers with a target map "
-                            f"(--target-map '{{\"yes\": 1, \"no\": -1}}') or name the positive "
-                            f"class (--positive yes)")
+                            f"{_examples(values, miss, decimal=fmt.decimal)}); map it to numbers "
+                            f"with a target map (--target-map '{{\"yes\": 1, \"no\": -1}}') or "
+                            f"name the positive class (--positive yes)")
     bad = keep & ~np.isfinite(y)
     _drop(info, DROP_NONFINITE_TARGET, bad)
     keep = keep & ~bad
@@ -476,22 +742,35 @@ def _missing_why(miss: np.ndarray, short: np.ndarray) -> np.ndarray:
 
 
 def _type_feature(where: str, name: str, column: pd.Series, keep: np.ndarray, categorical,
-                  converters: Mapping) -> tuple[_Feature, np.ndarray]:
-    """One feature on the kept rows, and the mask of its non-finite numbers (inf, nan, 1e400)."""
-    values, miss, short = (a[keep] for a in _cells(column))
+                  converters: Mapping, fmt: CsvFormat, info: dict) -> tuple[_Feature, np.ndarray]:
+    """One feature on the kept rows, and the mask of its non-finite numbers (inf, nan, 1e400).
+    A column of numbers but for placeholders or decimal commas is an error unless the user
+    declared it categorical (always in a strict read; else where it may not be categorical); the
+    placeholder cells of a categorical column are kept as a level and counted."""
+    values, miss, short = (a[keep] for a in _cells(column, fmt.na))
+    _count_na(values, fmt, info)
     why = _missing_why(miss, short)
     explicit = categorical is not None and not isinstance(categorical, str)
     if name in converters:
         conv = _convert(values, miss, converters[name], where, name)
         why[~miss & np.isnan(conv)] = 3
         return _Feature(name, "converted", conv, why), ~np.isnan(conv) & ~np.isfinite(conv)
-    numeric = None if explicit and name in categorical else _numeric(values, miss)
+    declared = explicit and name in categorical
+    numeric = None if declared else _numeric(values, miss, fmt.decimal)
     if numeric is not None:
         return _Feature(name, "numeric", numeric, why), ~miss & ~np.isfinite(numeric)
-    if categorical is None or (explicit and name not in categorical):
+    allowed = categorical is not None and (not explicit or declared)
+    holders = _placeholders(values, miss)
+    if not declared and (fmt.strict or not allowed):
+        flags = _numbers_but(values, miss, fmt, holders)
+        if flags:
+            raise _guess_error(where, name, values, miss, holders, flags, target=False)
+    if not allowed:
         raise DataError(f"{where}: column {name!r} is not numeric (values such as "
-                        f"{_examples(values, miss)}); declare it categorical (--categorical "
-                        f"{name}), drop it (--drop {name}) or give a converter")
+                        f"{_examples(values, miss, decimal=fmt.decimal)}); declare it categorical "
+                        f"(--categorical {name}), drop it (--drop {name}) or give a converter")
+    if holders:
+        info["placeholder_cells"][name] = holders
     return _Feature(name, "categorical", values, why), np.zeros(len(values), dtype=bool)
 
 
@@ -528,9 +807,9 @@ def _missing_rows(where: str, feats: list[_Feature], records: np.ndarray, policy
     return np.ones(len(records), dtype=bool)
 
 
-def _count_imputed(feats: list[_Feature], info: dict) -> None:
+def _count_imputed(whys: Sequence[np.ndarray], info: dict) -> None:
     """Count the feature cells about to be imputed, by why they are missing."""
-    why = np.concatenate([f.why for f in feats])
+    why = np.concatenate(list(whys))
     codes, counts = np.unique(why[why > 0], return_counts=True)
     info["cells_imputed"] = {_WHY_MISSING[int(c)]: int(n) for c, n in zip(codes, counts, strict=True)}
 
@@ -563,20 +842,26 @@ def _encode(f: _Feature, encoding: str, max_levels: int, info: dict) -> tuple[np
     return block, names
 
 
-def _impute(X: np.ndarray, names: list[str], policy: str, info: dict) -> None:
-    """Fill NaN in place: 0, column mean or column median over the observed values."""
-    for j in np.flatnonzero(np.isnan(X).any(axis=0)):
+def _impute(X: np.ndarray, names: list[str], policy: str, info: dict) -> np.ndarray:
+    """Fill NaN in place: 0, column mean or column median over the observed values. Returns the
+    fill value of every column (a test file's missing cells get the same)."""
+    fill = np.zeros(X.shape[1])
+    for j in range(X.shape[1]):
         col = X[:, j]
         holes = np.isnan(col)
-        value = 0.0 if policy == "zero" else float(np.nanmean(col) if policy == "mean" else np.nanmedian(col))
-        col[holes] = value
-        info["imputed"][names[j]] = {"count": int(holes.sum()), "value": value}
+        if policy in ("mean", "median") and not holes.all():
+            fill[j] = float(np.nanmean(col) if policy == "mean" else np.nanmedian(col))
+        if holes.any():
+            col[holes] = fill[j]
+            info["imputed"][names[j]] = {"count": int(holes.sum()), "value": float(fill[j])}
+    return fill
 
 
-def _key_column(values: np.ndarray, miss: np.ndarray, name: str, info: dict) -> np.ndarray:
+def _key_column(values: np.ndarray, miss: np.ndarray, name: str, info: dict,
+                decimal: str = ".") -> np.ndarray:
     """A key column: int64 if integral and complete, float64 (NaN missing) if numeric, else codes
     (-1 missing)."""
-    numeric = _numeric(values, miss)
+    numeric = _numeric(values, miss, decimal)
     record: dict[str, Any] = {"missing": int(miss.sum())}
     if numeric is not None:
         if not miss.any() and np.all(numeric == np.round(numeric)) and np.all(np.abs(numeric) < 2**53):
@@ -594,12 +879,13 @@ def _key_column(values: np.ndarray, miss: np.ndarray, name: str, info: dict) -> 
 
 
 def _features(where: str, rows: pd.DataFrame, feature_names: list[str], keep: np.ndarray,
-              categorical, converters: Mapping, max_missing_frac: float, info: dict) -> list[_Feature]:
+              categorical, converters: Mapping, max_missing_frac: float, info: dict,
+              fmt: CsvFormat) -> list[_Feature]:
     """Typed features on the rows to keep; clears `keep` (in place) for rows with a non-finite
     number; drops entirely and too-often missing columns."""
     feats, nonfinite = [], np.zeros(int(keep.sum()), dtype=bool)
     for name in feature_names:
-        f, bad = _type_feature(where, name, rows[name], keep, categorical, converters)
+        f, bad = _type_feature(where, name, rows[name], keep, categorical, converters, fmt, info)
         if bad.any():
             info["nonfinite_values"][name] = int(bad.sum())
         nonfinite |= bad
@@ -617,14 +903,18 @@ def read_csv(path: str | Path, target: str, *, columns: Sequence[str] | None = N
              onehot_max_levels: int = 16, missing: str = "zero", max_missing_frac: float = 1.0,
              target_map: Mapping[str, Any] | None = None, positive: str | None = None,
              converters: Mapping[str, Callable[[str], float]] | None = None,
-             delimiter: str | None = None, names: Sequence[str] | None = None) -> Table:
+             delimiter: str | None = None, names: Sequence[str] | None = None,
+             na_values: Sequence[str] = (), decimal: str = ".", skip_rows: int = 0,
+             strict: bool = False) -> Table:
     """Read a delimited text file into a dense Table; pandas parses, the decisions are recorded.
 
-    The first row is the header unless `names` is given (a file without a header row: the names
-    must match its first row's field count). The delimiter is sniffed from the first line unless
-    given. Cells are stripped; the tokens in MISSING_TOKENS are missing. Numeric columns parse as
-    floats ('13.5%' -> 13.5); non-numeric features are categorical (codes, one-hot or frequency) as
-    `categorical` allows; `keys` columns go to ``Table.keys`` and never drop a row.
+    The first row (after `skip_rows` lines) is the header unless `names` is given (a file without
+    a header row: the names must match its first row's field count). The delimiter is sniffed
+    from the first line unless given. Cells are stripped; the tokens in MISSING_TOKENS and
+    `na_values` are missing. Numeric columns parse as floats ('13.5%' -> 13.5; with decimal ','
+    '3,25' -> 3.25); non-numeric features are categorical (codes, one-hot or frequency; auto:
+    one-hot up to `onehot_max_levels` levels) as `categorical` allows; `keys` columns go to
+    ``Table.keys`` and never drop a row. `strict` refuses guesses (see `CsvFormat`).
 
     The target is numeric, or mapped by `target_map` (stripped label -> number; a label mapped to
     None drops its rows; a label the map lacks is an error naming it and its row count), or
@@ -636,7 +926,8 @@ def read_csv(path: str | Path, target: str, *, columns: Sequence[str] | None = N
     are dropped when entirely missing or missing more often than `max_missing_frac`. Missing
     cells are imputed (0, mean or median) and counted in ``info["cells_imputed"]`` by reason.
     Category levels are the sorted distinct strings of the kept rows. Records are numbered from 1
-    after the header in messages.
+    after the header in messages. ``Table.fitted`` keeps what `read_csv_test` needs to read a
+    test file the same way.
     """
     path = Path(path)
     for what, given in (("columns", columns), ("drop", drop), ("keys", keys)):
@@ -645,15 +936,14 @@ def read_csv(path: str | Path, target: str, *, columns: Sequence[str] | None = N
     if target_map is not None and positive is not None:
         raise DataError("give either a target map or a positive value, not both")
     drop, keys, converters = list(drop), list(keys), dict(converters or {})
+    fmt = CsvFormat(delimiter=delimiter, names=None if names is None else tuple(names),
+                    na_values=tuple(na_values), decimal=decimal, skip_rows=skip_rows, strict=strict)
     _require_file(path)
-    raw, long_rows, text_encoding = _parse_text(path, str(path), delimiter)
-    columns_read, rows, notes = _split_header(raw, str(path), names, len(long_rows))
+    columns_read, rows, long_rows, meta = _read_rows(path, fmt)
     _check_options(str(path), columns_read, target, columns, drop, keys, categorical, converters, encoding,
                    missing, max_missing_frac)
     info: dict[str, Any] = {
-        "reader": "csv", "files": [_file_record(path)], "parser": f"pandas {pd.__version__}",
-        "text_encoding": text_encoding, "delimiter": delimiter or "sniffed",
-        "n_rows_read": len(rows) + len(long_rows), "n_columns_read": len(columns_read),
+        "reader": "csv", **meta,
         "options": {"target": target, "columns": list(columns) if columns is not None else None,
                     "drop": drop, "keys": keys,
                     "categorical": categorical if categorical is None or isinstance(categorical, str)
@@ -661,30 +951,33 @@ def read_csv(path: str | Path, target: str, *, columns: Sequence[str] | None = N
                     "encoding": encoding, "onehot_max_levels": onehot_max_levels, "missing": missing,
                     "max_missing_frac": max_missing_frac, "converters": sorted(converters),
                     "positive": positive, "names": None if names is None else list(names)},
-        **notes, **_row_notes(rows, long_rows, len(columns_read), names is None),
         "rows_dropped": {}, "dropped_columns": {}, "nonfinite_values": {}, "encodings": {},
-        "imputed": {}, "cells_imputed": {}, "keys": {},
+        "imputed": {}, "cells_imputed": {}, "keys": {}, "placeholder_cells": {},
     }
     _drop(info, DROP_RAGGED, np.ones(len(long_rows), dtype=bool))
     return _build_table(str(path), rows, columns_read, target, columns, drop, keys, categorical, encoding,
                         onehot_max_levels, missing, max_missing_frac, target_map, positive,
-                        converters, info)
+                        converters, info, fmt)
 
 
 def _build_table(where: str, rows: pd.DataFrame, names: list[str], target: str, columns, drop, keys,
                  categorical, encoding: str, onehot_max_levels: int, missing: str,
-                 max_missing_frac: float, target_map, positive, converters: dict, info: dict) -> Table:
+                 max_missing_frac: float, target_map, positive, converters: dict, info: dict,
+                 fmt: CsvFormat) -> Table:
     """The decisions of `read_csv` on parsed rows: target, features, rows, encodings, keys."""
     for name in drop:
         info["dropped_columns"][name] = "listed in drop"
     for name in names:
         if columns is not None and name not in columns and name not in (target, *keys, *drop):
             info["dropped_columns"][name] = "not listed in columns"
-    values, miss, _ = _cells(rows[target])
-    y, keep = _target(values, miss, where, target, target_map, positive, converters.get(target), info)
+    values, miss, _ = _cells(rows[target], fmt.na)
+    _count_na(values, fmt, info)
+    y, keep = _target(values, miss, where, target, target_map, positive, converters.get(target),
+                      info, fmt)
     feature_names = [c for c in names if (columns is None or c in set(columns))
                      and c != target and c not in keys and c not in drop]
-    feats = _features(where, rows, feature_names, keep, categorical, converters, max_missing_frac, info)
+    feats = _features(where, rows, feature_names, keep, categorical, converters, max_missing_frac,
+                      info, fmt)
     if not feats:
         raise DataError(f"{where}: no feature columns left (dropped: {info['dropped_columns']})")
     kept = _missing_rows(where, feats, np.flatnonzero(keep) + 1, missing, info)
@@ -694,23 +987,204 @@ def _build_table(where: str, rows: pd.DataFrame, names: list[str], target: str, 
     for f in feats:
         f.take(kept)
     if missing != "drop":
-        _count_imputed(feats, info)
-    blocks, out_names = [], []
+        _count_imputed([f.why for f in feats], info)
+    blocks, out_names, indicator = [], [], []
     for f in feats:
         block, block_names = _encode(f, encoding, onehot_max_levels, info)
         blocks.append(block)
         out_names.extend(block_names)
+        onehot = f.kind == "categorical" and info["encodings"][f.name]["encoding"] == "onehot"
+        indicator.extend([onehot] * len(block_names))
     X = np.ascontiguousarray(np.hstack(blocks), dtype=np.float64)
-    _impute(X, out_names, missing, info)
+    fill = _impute(X, out_names, missing, info)
     info["column_kinds"] = {f.name: f.kind for f in feats}
     key_arrays = {}
     for name in keys:
-        kv, km, _ = _cells(rows[name])
-        key_arrays[name] = _key_column(kv[keep], km[keep], name, info)
+        kv, km, _ = _cells(rows[name], fmt.na)
+        key_arrays[name] = _key_column(kv[keep], km[keep], name, info, fmt.decimal)
     info["n_rows"] = int(keep.sum())
     info["n_features"] = len(out_names)
+    targets = values[keep] if positive is not None else None
+    fitted = {"format": fmt, "target": target, "target_map": target_map, "positive": positive,
+              "target_values": None if targets is None else set(np.unique(targets).tolist()),
+              "converters": converters, "missing": missing,
+              "features": [(f.name, f.kind, info["encodings"].get(f.name)) for f in feats],
+              "fill": fill, "indicator": np.array(indicator, dtype=bool)}
     return Table(X=X, y=y[keep].astype(np.float64), feature_names=out_names, target=target,
-                 keys=key_arrays, info=info)
+                 keys=key_arrays, info=info, fitted=fitted)
+
+
+# ----------------------------------------------------------------------------------------------
+# CSV: a test file read as its training file was (nothing fitted on it)
+
+
+def _test_target(where: str, column: pd.Series, fit: Mapping[str, Any], info: dict
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The test target read as the training one; a value the training reading cannot map is a
+    dropped row, counted by reason (an evaluation set is not refused for a few odd labels)."""
+    fmt: CsvFormat = fit["format"]
+    values, miss, _ = _cells(column, fmt.na)
+    _count_na(values, fmt, info)
+    keep = ~miss
+    _drop(info, DROP_MISSING_TARGET, miss)
+    if fit["target_map"] is not None:
+        table = target_table(fit["target_map"])
+        unmapped = keep & ~np.isin(values, list(table))
+        _drop(info, DROP_UNMAPPED_TARGET, unmapped)
+        keep &= ~unmapped
+        y = np.full(values.shape, np.nan)
+        nulls = np.zeros(values.shape, dtype=bool)
+        for label, value in table.items():
+            hit = keep & (values == label)
+            if value is None:
+                nulls |= hit
+            else:
+                y[hit] = value
+        _drop(info, DROP_NULL_TARGET, nulls)
+        keep &= ~nulls
+    elif fit["positive"] is not None:
+        hit = _matches(values, str(fit["positive"]), fmt.decimal)
+        unseen = keep & ~hit & ~np.isin(values, list(fit["target_values"]))
+        _drop(info, DROP_UNSEEN_TARGET, unseen)
+        keep &= ~unseen
+        y = np.where(hit, 1.0, -1.0)
+    elif fit["converters"].get(fit["target"]) is not None:
+        y = _convert(values, miss, fit["converters"][fit["target"]], where, fit["target"])
+    else:
+        y, ok = _floats(values, miss, fmt.decimal)
+        _drop(info, DROP_TARGET_NOT_NUMBER, keep & ~ok)
+        keep &= ok
+    bad = keep & ~np.isfinite(y)
+    _drop(info, DROP_NONFINITE_TARGET, bad)
+    keep &= ~bad
+    if not keep.any():
+        hint = ("; a --target-map can map the labels of both files" if fit["target_map"] is None
+                and fit["positive"] is not None else "")
+        raise DataError(f"{where}: no record of the test file has a usable value of target "
+                        f"{fit['target']!r} (rows dropped: {info['rows_dropped']}){hint}")
+    return y, keep
+
+
+def _encode_like(values: np.ndarray, miss: np.ndarray, record: Mapping[str, Any]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """A categorical test column encoded with the training levels: (block with NaN where
+    missing, mask of the levels unseen in training). An unseen level is an all-zero one-hot row,
+    and missing (imputed as training's missing cells) under codes and frequency."""
+    levels = np.asarray(record["levels"], dtype=str)
+    pos = np.minimum(np.searchsorted(levels, values), len(levels) - 1)
+    found = ~miss & (levels[pos] == values)
+    unseen = ~miss & ~found
+    if record["encoding"] == "onehot":
+        block = ((pos[:, None] == np.arange(len(levels))[None, :]) & found[:, None]).astype(np.float64)
+        block[miss] = np.nan
+        return block, unseen
+    if record["encoding"] == "codes":
+        column = pos.astype(np.float64)
+    else:
+        column = np.asarray(record["frequencies"], dtype=np.float64)[pos]
+    column[~found] = np.nan
+    return column[:, None], unseen
+
+
+def read_csv_test(path: str | Path, train: Table) -> Table:
+    """A test file read exactly as `train` (a `read_csv` Table) was: the same text format, the
+    training feature columns in the same order, its category levels, encodings and imputation
+    values, its target reading; nothing is fitted on the test file.
+
+    A category unseen in training is an all-zero one-hot row (missing under codes or frequency,
+    then treated as training's missing cells) and counted in ``info["unseen_categories"]``. Rows
+    are dropped, and counted by reason, for a missing or unmappable target (a label the target
+    map lacks, a value training never had under `positive`, a target that is not a number), a
+    non-finite number, a missing feature under missing='drop'. A training column the file lacks,
+    or a numeric training column holding text, is a DataError.
+    """
+    fit = train.fitted
+    if not fit:
+        raise DataError("read_csv_test needs the Table of read_csv (it reads a test file as that "
+                        "training file was read)")
+    path = Path(path)
+    where = str(path)
+    fmt: CsvFormat = fit["format"]
+    names, rows, long_rows, meta = _read_rows(path, fmt)
+    target, features = fit["target"], fit["features"]
+    needed = [target, *(name for name, _, _ in features)]
+    absent = [c for c in needed if c not in names]
+    if absent:
+        raise DataError(f"{where}: the test file lacks the training column(s) "
+                        f"{', '.join(map(repr, absent))}; its columns are: {_preview(names)}")
+    info: dict[str, Any] = {
+        "reader": "csv_test", **meta, "rows_dropped": {}, "nonfinite_values": {},
+        "unseen_categories": {}, "cells_imputed": {}, "imputed": {},
+        "columns_ignored": [c for c in names if c not in needed]}
+    _drop(info, DROP_RAGGED, np.ones(len(long_rows), dtype=bool))
+    y, keep = _test_target(where, rows[target], fit, info)
+    blocks, whys = [], []
+    nonfinite = np.zeros(len(rows), dtype=bool)
+    unseen_by: dict[str, np.ndarray] = {}
+    for name, kind, record in features:
+        values, miss, short = _cells(rows[name], fmt.na)
+        _count_na(values[keep], fmt, info)
+        why = _missing_why(miss, short)
+        if kind == "numeric":
+            column = _numeric(values, miss, fmt.decimal)
+            if column is None:
+                holders = _placeholders(values, miss)
+                hint = (f"; pass --na-values {_quoted(list(holders))} if "
+                        f"{'they mean' if len(holders) > 1 else 'it means'} missing"
+                        if holders else "")
+                raise DataError(f"{where}: column {name!r} is numeric in the training file but the "
+                                f"test file has {_examples(values, miss, decimal=fmt.decimal)} in it"
+                                f"{hint}")
+            bad = ~miss & ~np.isfinite(column)
+            block = column[:, None]
+        elif kind == "converted":
+            column = _convert(values, miss, fit["converters"][name], where, name)
+            why[~miss & np.isnan(column)] = 3
+            bad = ~np.isnan(column) & ~np.isfinite(column)
+            block = column[:, None]
+        else:
+            block, unseen = _encode_like(values, miss, record)
+            if record["encoding"] != "onehot":
+                why[unseen] = 4
+            unseen_by[name] = unseen
+            bad = np.zeros(len(values), dtype=bool)
+        if (bad & keep).any():
+            info["nonfinite_values"][name] = int((bad & keep).sum())
+        nonfinite |= bad
+        blocks.append(block)
+        whys.append(why)
+    _drop(info, DROP_NONFINITE_FEATURE, keep & nonfinite)
+    keep &= ~nonfinite
+    X = np.hstack(blocks)
+    any_miss = np.logical_or.reduce([w > 0 for w in whys]) & keep
+    policy = fit["missing"]
+    if policy == "error" and any_miss.any():
+        counts = {n: int(((w > 0) & keep).sum()) for (n, _, _), w in zip(features, whys, strict=True)
+                  if ((w > 0) & keep).any()}
+        listed = ", ".join(f"{k!r} ({v})" for k, v in list(counts.items())[:10])
+        raise DataError(f"{where}: missing values (or categories unseen in training) in the test "
+                        f"file: {listed}; first in record {int(np.flatnonzero(any_miss)[0]) + 1} "
+                        f"(use missing='drop', 'zero', 'mean' or 'median')")
+    if policy == "drop":
+        _drop(info, DROP_MISSING_FEATURE, any_miss)
+        keep &= ~any_miss
+    if not keep.any():
+        raise DataError(f"{where}: no test records left after dropping rows ({info['rows_dropped']})")
+    for name, unseen in unseen_by.items():
+        if (unseen & keep).any():
+            info["unseen_categories"][name] = int((unseen & keep).sum())
+    X = np.ascontiguousarray(X[keep], dtype=np.float64)
+    if policy != "drop":
+        _count_imputed([w[keep] for w in whys], info)
+        for j in np.flatnonzero(np.isnan(X).any(axis=0)):
+            holes = np.isnan(X[:, j])
+            X[holes, j] = fit["fill"][j]
+            info["imputed"][train.feature_names[j]] = {"count": int(holes.sum()),
+                                                      "value": float(fit["fill"][j])}
+    info["n_rows"] = int(keep.sum())
+    info["n_features"] = X.shape[1]
+    return Table(X=X, y=y[keep].astype(np.float64), feature_names=list(train.feature_names),
+                 target=target, keys={}, info=info)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -927,8 +1401,9 @@ def read_csv_strings(path: str | Path, member: str | None = None
             raise DataError(f"{path}: expected one member ending in {member!r}, found "
                             f"{[n for n, _ in found] or 'none'}")
         where, source = f"{path}:{found[0][0]}", found[0][1]
-    raw, long_rows, encoding = _parse_text(source, where, ",")
-    names, rows, notes = _split_header(raw, where, None)
+    fmt = CsvFormat(delimiter=",")
+    raw, long_rows, encoding = _parse_text(source, where, fmt)
+    names, rows, notes = _split_header(raw, where, fmt)
     if long_rows:
         raise DataError(f"{where}: {len(long_rows)} row(s) have more fields than the header's "
                         f"{len(names)}")

@@ -16,7 +16,8 @@ Layout (format "mpi_dp.shards", version 1)::
                                                   the record's line in the source file); names
                                                   ending in "_meta" are free-form
     /public/X, y       optional records every agent and the learner may see
-    /public/<name>     optional extra public arrays (e.g. a PCA basis, theta_true)
+    /public/<name>     optional extra public arrays (e.g. a PCA basis, theta_true; str arrays as
+                       UTF-8, e.g. partition_values)
     /test/X, y         optional global test set (e.g. MNIST's own test set), attr n
 
 Every X in a file (agents, test sets, public) is stored the same way: all dense or all CSR
@@ -311,7 +312,7 @@ def write_shards(
                     g.attrs["n"] = pub[0].shape[0]
                     _write_pair(g, *pub)
                 for name, arr in extras.items():
-                    g.create_dataset(name, data=arr)
+                    _write_array(g, name, arr)
             if glob is not None:
                 g = f.create_group("test")
                 g.attrs["n"] = glob[0].shape[0]
@@ -822,6 +823,24 @@ class ShardFile:
                 f"has no public extra dataset {name!r}; available: {self.public_extra_names()}"
             )
         return np.asarray(self._f["public"][name][()])
+
+    # -- partition by key --
+    def partition_values(self) -> list[str] | None:
+        """Agent i's key value (index i), as the source writes it, in a file partitioned by a key
+        column (root attribute ``partition_values``, JSON, or the /public/partition_values
+        dataset when long); None when the file does not record them. The column's name is the
+        root attribute ``partition_key``."""
+        if "partition_values" in self._attrs:
+            values = self.json_attr("partition_values")
+        elif "public" in self._f and "partition_values" in self._f["public"]:
+            values = [v.decode("utf-8") if isinstance(v, bytes) else v
+                      for v in self._f["public"]["partition_values"][()].tolist()]
+        else:
+            return None
+        if not isinstance(values, list) or len(values) != self.n_agents:
+            count = len(values) if isinstance(values, list) else type(values).__name__
+            raise self._fail(f"partition_values holds {count} values for {self.n_agents} agents")
+        return [str(v) for v in values]
 
     # -- global test set --
     @property

@@ -244,6 +244,11 @@ def write_synth(
     )
 
 
+#: the label flip probability of `--task online` when --noise is not given (spec
+#: dp-distributed-online-learning §7: 5 % label flips)
+ONLINE_FLIP = 0.05
+
+
 def synth_online(n_agents: int, records: int | Sequence[int], dim: int, flip: float, seed: int,
                  *, test: int = 2000, informative: int | None = None) -> dict[str, Any]:
     """The DOLA validation stream (spec dp-distributed-online-learning §7): w_true ~ N(0, I)
@@ -581,7 +586,7 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--noise", type=float, default=0.5, action=_Given,
         help="standard deviation of the label noise; online and p2p: the label flip probability "
-        "(default: %(default)s; p2p: 0.05)",
+        "(default: %(default)s; online and p2p: 0.05)",
     )
     parser.add_argument(
         "--seed", type=int, default=0,
@@ -642,8 +647,11 @@ def run_synth_command(args: argparse.Namespace) -> pathlib.Path:
         return _run_p2p(args)
     start = time.perf_counter()
     extra = {"classes": args.classes} if args.task == "multiclass" else {}
+    noise = args.noise
+    if args.task == "online" and "noise" not in getattr(args, "given_options", set()):
+        noise = ONLINE_FLIP  # a flip probability, not --noise's default standard deviation
     path = write_synth(
-        args.out, args.task, args.agents, args.records, args.dim, args.noise, args.seed,
+        args.out, args.task, args.agents, args.records, args.dim, noise, args.seed,
         public=args.public, **extra,
     )
     seconds = time.perf_counter() - start
@@ -653,6 +661,7 @@ def run_synth_command(args: argparse.Namespace) -> pathlib.Path:
     size_mib = path.stat().st_size / 2**20
     print(
         f"wrote {path}: {args.task}, {args.agents} agents x {per_agent} records, {p} features, "
-        f"public {args.public}; {size_mib:.2f} MiB in {seconds:.2f} s"
+        + (f"flip {noise:g}, test {args.public}" if args.task == "online" else
+           f"public {args.public}") + f"; {size_mib:.2f} MiB in {seconds:.2f} s"
     )
     return path

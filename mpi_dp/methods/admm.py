@@ -17,9 +17,11 @@ from mpi4py import MPI
 from ..algorithms import admm
 from ..comm.star import Star
 from ..data import ShardFile
+from ..data.bounds import row_norm_bound
 from ..errors import JobError
 from ..jobspec import Key, err
-from ..privacy import GAUSSIAN_CALIBRATIONS, contract
+from ..models import multinomial
+from ..privacy import GAUSSIAN_CALIBRATIONS, contract, tap
 from .base import (
     Context,
     Method,
@@ -46,7 +48,23 @@ BASELINE_WHAT = {
     "train_error_zero": "error of W = 0 (always class 0), on the training records",
     "test_error_majority": "error of always predicting majority_label, on the test set",
     "test_error_zero": "error of W = 0 (always class 0), on the test set",
+    "w_star": "the non-private optimum of F (same objective and box), L-BFGS-B over every "
+              "agent's records",
+    "train_error_star": "error of w_star on the training records",
+    "test_error_star": "error of w_star on the test set",
 }
+
+
+def optimum_utility(w_star: np.ndarray, train_err: float | None, test: tuple | None
+                    ) -> dict[str, Any]:
+    """reference/w_star and its errors (server side)."""
+    out: dict[str, Any] = {"w_star": w_star}
+    if train_err is not None:
+        out["train_error_star"] = train_err
+    if test is not None and len(test[1]):
+        out["test_error_star"] = float(multinomial.errors(test[0], test[1], w_star)[0]
+                                       / len(test[1]))
+    return out
 
 
 def _d(field: str) -> Any:
@@ -55,8 +73,11 @@ def _d(field: str) -> Any:
 
 SECTION = {
     "gamma": Key(_NUM, _d("gamma"), "regularisation weight: F(w) = loss + gamma ||w||_F^2"),
-    "rho": Key((str,) + _NUM, _d("rho_mode"), "penalty: dynamic_1 = min(1e9, c1 "
-               "1.2^floor((t+1)/T_c) + c2/eps) (21), dynamic_2 = (21)/100, or a constant"),
+    "rho": Key((str,) + _NUM, "auto", "penalty: auto (B^2 max_p n_p / (2 I), the smoothness "
+               "bound of the largest agent's share of F from the shard's public row-norm bound B "
+               "(`data prepare --row-norm l2`); (21) when the shard has no bound), dynamic_1 = "
+               "min(1e9, c1 1.2^floor((t+1)/T_c) + c2/eps) (21), dynamic_2 = (21)/100, or a "
+               "constant"),
     "rho_c1": Key(_NUM, _d("rho_c1"), "c1 of (21) (MNIST 2, FEMNIST 0.005)"),
     "rho_c2": Key(_NUM, _d("rho_c2"), "c2 of (21) (MNIST 5, FEMNIST 0.05)"),
     "rho_tc": Key((int,), _d("rho_tc"), "T_c of (21) (MNIST 10000, FEMNIST 2000)"),
@@ -65,11 +86,13 @@ SECTION = {
     "tr_schedule": Key((str,), _d("tr_schedule"), "ObjT trust radius: const (delta = a, the "
                        "released code) or inv_sq (a/(t+1)^2, the paper's prose)",
                        ("const", "inv_sq")),
-    "sens_mode": Key((str,), _d("sens_mode"), "l1 sensitivity: global (4 J / I: data-"
-                     "independent, certified; the default), local_max (the authors' code: max "
+    "sens_mode": Key((str,), "auto", "l1 sensitivity: auto (bound where the shard has a public "
+                     "row-norm bound B, else global; the default), bound (4 sqrt(J) B / I: every "
+                     "record's L2 norm <= B, data-independent, certified), global (4 J / I: x in "
+                     "[0,1]^J, data-independent, certified), local_max (the authors' code: max "
                      "over the agent's records at z_p / I; reads private data to set the noise, "
                      "recorded as a data-dependent calibration) or local_max_x2 (replace-one)",
-                     ("global", "local_max", "local_max_x2")),
+                     ("auto", "bound", "global", "local_max", "local_max_x2")),
     "outp_noise_std": Key((str,), _d("outp_noise_std"), "OutP noise std: sigma (Huang et al., "
                           "the fair baseline) or sigma_sq (the authors' code; less noise than "
                           "calibrated: recorded uncertified)", ("sigma", "sigma_sq")),
@@ -98,6 +121,7 @@ class Prepared:
     local: dict  # agent -> (X, y), every hosted agent's records read once
     test: tuple | None  # (X, y) on the server
     K: int
+    optima: dict = dataclasses.field(default_factory=dict)  # (n, gamma, box) -> w* (reference)
 
 
 def n_classes(star: Star, local: dict, test: tuple | None) -> int:
@@ -106,6 +130,15 @@ def n_classes(star: Star, local: dict, test: tuple | None) -> int:
     if test is not None:
         top = max(top, int(test[1].max()))
     return int(star.comm.allreduce(top, op=MPI.MAX)) + 1
+
+
+def as_classes(pair: tuple | None, task: str) -> tuple | None:
+    """A binary shard's labels -1/+1 as the classes 0/1 of a two-class multinomial model (labels
+    of a multiclass shard pass through); None stays None."""
+    if pair is None or task != "binary":
+        return pair
+    X, y = pair
+    return X, np.where(np.asarray(y) > 0, 1, 0).astype(np.int64)
 
 
 def test_set(shard: ShardFile) -> tuple[np.ndarray, np.ndarray] | None:
@@ -153,8 +186,9 @@ class Admm(Method):
 
     def validate(self, values: dict[str, Any], path: str) -> None:
         rho = values["admm.rho"]
-        if isinstance(rho, str) and rho not in ("dynamic_1", "dynamic_2"):
-            raise err(path, "admm.rho", f"expected dynamic_1, dynamic_2 or a number, got {rho!r}")
+        if isinstance(rho, str) and rho not in ("auto", "dynamic_1", "dynamic_2"):
+            raise err(path, "admm.rho", f"expected auto, dynamic_1, dynamic_2 or a number, got "
+                      f"{rho!r}")
         if not isinstance(rho, str) and not 0 < rho < math.inf:
             raise err(path, "admm.rho", "a constant penalty must be a positive number")
         for key in ("admm.gamma", "admm.rho_c1", "admm.rho_c2"):
@@ -197,16 +231,19 @@ class Admm(Method):
             raise JobError(f"job file {ctx.job.path}: admm needs dense features; {shard.path} is "
                            "CSR")
         def check_task() -> None:  # the same on every rank: one agreed message
-            if shard.task != "multiclass":
+            if shard.task not in ("multiclass", "binary"):
                 raise JobError(f"job file {ctx.job.path}: admm trains a multinomial logistic "
-                               f"model and needs a multiclass shard (labels 0..K-1); "
-                               f"{shard.path} holds a {shard.task} task (prepare the data with "
-                               "--task multiclass)")
+                               f"model and needs a classification shard (multiclass labels "
+                               f"0..K-1, or binary -1/+1); {shard.path} holds a {shard.task} "
+                               "task (prepare the data with --task multiclass or --task binary)")
 
         ctx.agree(check_task)
-        local = ctx.agree(lambda: {i: shard.read_agent(i) for i in star.local_agents})
-        test = ctx.agree(lambda: test_set(shard) if star.is_learner else None)
-        return Prepared(local, test, n_classes(star, local, test))
+        local = ctx.agree(lambda: {i: as_classes(shard.read_agent(i), shard.task)
+                                   for i in star.local_agents})
+        test = ctx.agree(lambda: as_classes(test_set(shard), shard.task)
+                         if star.is_learner else None)
+        K = n_classes(star, local, test)
+        return Prepared(local, test, 2 if shard.task == "binary" else K)
 
     def header(self, ctx: Context, prep: Prepared) -> str:
         return f"J={ctx.shard.n_features}, K={prep.K}"
@@ -216,15 +253,32 @@ class Admm(Method):
         if len(set(rc.eps)) != 1:
             raise JobError(f"job file {job.path}: key 'eps': admm uses one per-iteration budget "
                            f"eps_bar for every agent, got {rc.eps}")
-        rho = job["admm.rho"]
+        rho, rule = job["admm.rho"], "the job file"
+        B = row_norm_bound(ctx.shard)
+        auto_rho = rho == "auto" and B is not None
+        if rho == "auto" and B is None:
+            rho, rule = "dynamic_1", ("(21) with rho_c1, rho_c2, rho_tc: the shard has no public "
+                                      "row-norm bound for rho = 'auto'")
+        elif auto_rho:
+            rho = B * B * max(rc.n) / (2.0 * sum(rc.n))
+            rule = (f"auto: B^2 max_p n_p / (2 I) with the shard's public row-norm bound B = "
+                    f"{B:g}, plus b sqrt(J K / P) (b: ObjT/ObjP's Laplace scale)")
+        sens = job["admm.sens_mode"]
+        if sens == "auto":
+            sens = "global" if B is None else "bound"
+        elif sens == "bound" and B is None:
+            raise JobError(f"job file {job.path}: key 'admm.sens_mode': 'bound' needs the shard's "
+                           f"public row-norm bound (/public/row_norm_max), which {ctx.shard.path} "
+                           "lacks (prepare it with --row-norm l2), or use 'global'")
         return _S(
-            method=rc.variant, T=job["T"], eps_bar=float(rc.eps[0]), n=tuple(rc.n),
+            rho_rule=rule, method=rc.variant, T=job["T"], eps_bar=float(rc.eps[0]), n=tuple(rc.n),
             J=ctx.shard.n_features, K=prep.K, gamma=float(job["admm.gamma"]),
-            rho_mode=rho if isinstance(rho, str) else "static",
+            rho_mode="auto" if auto_rho else rho if isinstance(rho, str) else "static",
+            row_bound=math.inf if B is None else B,
             rho_static=(float(rho) if not isinstance(rho, str) else 1.0),
             rho_c1=float(job["admm.rho_c1"]), rho_c2=float(job["admm.rho_c2"]),
             rho_tc=int(job["admm.rho_tc"]), prox_scale=float(job["admm.prox_scale"]),
-            tr_schedule=job["admm.tr_schedule"], sens_mode=job["admm.sens_mode"],
+            tr_schedule=job["admm.tr_schedule"], sens_mode=sens,
             outp_noise_std=job["admm.outp_noise_std"],
             outp_calibration=job["admm.outp_calibration"], reg_grad=job["admm.reg_grad"],
             w_bound=float(job["admm.w_bound"]), dp_delta=float(job["admm.dp_delta"]),
@@ -253,6 +307,14 @@ class Admm(Method):
         return dataclasses.replace(s, eps_bar=eps_bar, noise_multiplier=nm,
                                    calibration=tuple(cals))
 
+    def release_signal(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S
+                       ) -> tuple[list[float], int] | None:
+        """ObjT/ObjP perturb agent p's gradient of its share of F, a sum of n_p per-record terms
+        over I: sensitivity 2 / n_p of its bound. OutP perturbs the model itself: not defined."""
+        if s.method == "outp":
+            return None
+        return [2.0 / n for n in rc.n[: len(rc.eps)]], s.J * s.K
+
     def record_attrs(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S) -> dict[str, Any]:
         if s.calibrated:
             what = (f"each agent's T = {s.T} releases are (eps, delta)-DP in total (eps the "
@@ -264,13 +326,22 @@ class Admm(Method):
         return {**settings_attrs(s), **calibration_attrs(list(s.calibration)),
                 "n_test": 0 if prep.test is None else len(prep.test[1]),
                 "eval_set": _eval_set_text(ctx.shard, prep.test), "prediction": PREDICTION_RULE,
-                "dp_strict": s.sens_mode == "global" or s.method == "outp",
+                "dp_strict": s.sens_mode in ("global", "bound") or s.method == "outp",
+                **({"classes": "binary shard: label -1 is class 0, +1 is class 1 (K = 2)"}
+                   if ctx.shard.task == "binary" else {}),
                 "privacy": what, "evaluation_only": EVALUATION_ONLY}
 
     def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S, recorder: Any,
                    label: str) -> Outcome | None:
         agents = ctx.agree(lambda: [admm.Agent(i, X[: rc.n[i]], y[: rc.n[i]], s)
                                     for i, (X, y) in prep.local.items()])
+        w_star = star_err = None
+        if tap.evaluating():
+            key = (s.n, s.gamma, s.box)
+            if key not in prep.optima:
+                w = admm.reference_optimum(ctx.star, agents, s)
+                prep.optima[key] = (w, admm.train_error(ctx.star, agents, s, w))
+            w_star, star_err = prep.optima[key]
         out = admm.run_config(ctx.star, agents, s, prep.test, recorder, label=label,
                               progress=ctx.progress)
         if out is None:
@@ -290,6 +361,9 @@ class Admm(Method):
         res.add("models/final", out["models/final"])
         for name, value in out["baselines"].items():
             res.add(f"reference/{name}", value, evaluation_only=True, what=BASELINE_WHAT[name])
+        if w_star is not None:
+            for name, value in optimum_utility(w_star, star_err, prep.test).items():
+                res.add(f"reference/{name}", value, evaluation_only=True, what=BASELINE_WHAT[name])
         res.attrs.update(eps_total_basic=float(np.max(out["eps_total_basic"])),
                          seconds=round(out["seconds"], 3), ended_at=out["ended_at"],
                          end_reason=out["end_reason"])

@@ -196,6 +196,11 @@ class AsyncStar(StarMethod):
     def calibrated(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S, cals: list) -> _S:
         return dataclasses.replace(s, calibration=tuple(cals))
 
+    def release_signal(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S
+                       ) -> tuple[list[float], int]:
+        """A mean of n_i gradients clipped to xi, sensitivity 2 xi / n_i."""
+        return [2.0 / n for n in rc.n[: len(rc.eps)]], ctx.shard.n_features
+
     def record_attrs(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S) -> dict[str, Any]:
         job = ctx.job
         return {**settings_attrs(s), **calibration_attrs(list(s.calibration)), "owners": s.N,
@@ -203,7 +208,8 @@ class AsyncStar(StarMethod):
                 "a_ctr": s.a_ctr, "lap_scale": s.lap_scales(), "preset": job["async.preset"],
                 "scheduler": "logged" if job["async.schedule_from"] else s.scheduler,
                 "schedule_from": job["async.schedule_from"],
-                "public_clip_fraction": prep.public.public_clip_fraction, "oracle": True,
+                "public_clip_fraction": prep.public.public_clip_fraction,
+                "constants_from": prep.public.source, "oracle": True,
                 "step_rule": "a_own = N rho/(T^2 lam); a_ctr = " + (
                     "rho/(2 T^2 lam) [proof]" if s.central_step == "proof"
                     else "(N-1) rho/(N T^2 lam) [printed]"),

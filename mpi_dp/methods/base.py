@@ -240,6 +240,15 @@ class Method:
         """The settings `s` with the owners' calibrations (what `plans` asked for, in order)."""
         return s
 
+    def release_signal(self, ctx: Context, prepared: Any, rc: Resolved, s: Any
+                       ) -> tuple[Any, ...] | None:
+        """For the noise-to-signal ratio (privacy.noise_signal): each planned owner's release
+        sensitivity over the norm bound of its signal (2 / n_i for a mean of n_i clipped
+        gradients), in plan order, the release's dimension and, where a plan counts other
+        releases than an owner makes (a per-record plan), each owner's releases in the run;
+        None: not defined."""
+        return None
+
     def record_attrs(self, ctx: Context, prepared: Any, rc: Resolved, s: Any) -> dict[str, Any]:
         """Attributes of the configuration's group (default: the settings' fields)."""
         return settings_attrs(s)

@@ -3,8 +3,10 @@
 Agents (the shard file's owners, or `owners` groups of them with `pool_owners`) sit on a graph,
 not a star: every rank hosts a block of agents, neighbours exchange released vectors over an MPI
 dist-graph topology (comm.graph), and the algorithm (algorithms.dola) streams each agent's records
-in rounds. Regret is measured against the offline comparator w* (the exact regularised SVM on all
-consumed records, evaluation-only) and against the reference agent's iterate.
+in rounds, in `dola.passes` passes over each agent's records. Regret is measured against the
+offline comparator w* (the exact regularised SVM on all consumed records, evaluation-only) and
+against the reference agent's iterate. The base graph is comm.topology's (dola's kinds, or the
+spellings shared with p2p: 'shard', 'knn:K', 'erdos_renyi:p', ...), built on rank 0 and broadcast.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from ..comm import graph as cg
 from ..comm import topology as tp
 from ..comm.rma import on_root
 from ..data import ShardFile
-from ..errors import JobError
+from ..data.graphs import read_descriptors, stored_graph
+from ..errors import DataError, JobError
 from ..jobspec import Key, err
 from ..models import reference
-from ..privacy import GAUSSIAN_CALIBRATIONS, contract
+from ..privacy import GAUSSIAN_CALIBRATIONS, contract, tap
 from .base import (
     Context,
     Method,
@@ -51,10 +54,15 @@ L_DATA_TOL = 1e-9
 SECTION = {
     "graph": Key((str,), "medium", "base graph: sparse / medium / dense (random geometric, mean "
                  "degree ~4 / 10 / 24 = the paper's T1 / T2 / T3), geometric (graph_degree), ring, "
-                 "grid, complete, erdos_renyi (graph_p), from_file (graph_file)", tp.KINDS),
+                 "grid, complete, erdos_renyi (graph_p), from_file (graph_file), or a spelling "
+                 "shared with p2p.graph: 'erdos_renyi:p', 'knn:K' (on the shard's public "
+                 "/public/agent_descriptors), 'shard' (the shard file's stored graph), "
+                 "'random_geometric[:r]', an edge-list path; 'shard' and 'knn:K' need one agent "
+                 "per shard owner (no pool_owners); edge weights are ignored (Metropolis-Hastings "
+                 "mixing)"),
     "graph_degree": Key(_NUM, 4.0, "mean degree of graph = 'geometric'"),
     "graph_p": Key(_NUM + (str,), "auto", "edge probability of erdos_renyi ('auto': 2 ln(m)/m)"),
-    "graph_file": Key((str,), "", "edge list 'i j' per line for graph = 'from_file'"),
+    "graph_file": Key((str,), "", "edge list 'i j [w]' per line for graph = 'from_file' (w ignored)"),
     "activation": Key((str,), "hash", "edges on in round t: hash (u(seed, t, i, j) < p_act, both "
                       "ends agree without a message; an edge idle N-1 rounds is forced on) or "
                       "fixed (all)", tp.ACTIVATIONS),
@@ -91,6 +99,12 @@ SECTION = {
     "regret": Key((str,), "exact", "exact: broadcast the reference agent's iterate every round "
                   "(evaluation-only) for R_D; own: only R_own (no extra collective)",
                   ("exact", "own")),
+    "passes": Key((int,), 1, "passes over each agent's records (>= 1): round t reads pass "
+                  "t // ceil(T / passes), the first in the stored order, later ones in a fresh "
+                  "seeded permutation, so T may reach passes x the smallest agent's records / h; "
+                  "each record is then in `passes` releases and its noise is calibrated to "
+                  "(eps, delta) over them (privacy/ledger scope record); w* stays the SVM on "
+                  "each consumed record once (the stream's own optimum when passes divides T)"),
     "pool_owners": Key((bool,), False, "with owners = N: split ALL of the shard file's owners "
                        "into N contiguous groups, one agent streaming each group (the same "
                        "records for every N, as the paper's Table 3)"),
@@ -246,11 +260,13 @@ class Dola(Method):
     reads = ("owners", "sweep.owners")
     sections = {"dola": SECTION}
     label_variant = True
-    key_help = {"T": "rounds (each agent consumes h records per round, one pass at most)",
-                "eps": "each agent's total for every one of its records: a single pass puts "
-                "each record in one release and later releases are post-processing (invariant "
-                "P, spec §4), so each release is calibrated to (eps, delta) per record; the "
-                "plain composition of all T releases is in privacy/ledger's *_all columns",
+    key_help = {"T": "rounds (each agent consumes h records per round; at most dola.passes "
+                "passes over its records)",
+                "eps": "each agent's total for every one of its records: a pass puts each record "
+                "in one release and the other releases are post-processing for it (invariant "
+                "P, spec §4), so a record's dola.passes releases are calibrated together to "
+                "(eps, delta); the plain composition of all T releases is in privacy/ledger's "
+                "*_all columns",
                 "n": "'all' (dola streams from the start of each shard)",
                 "record_every": "rounds between records"}
     default_metric = "regret"
@@ -278,6 +294,20 @@ class Dola(Method):
             raise err(path, "dola.rho", "must be >= 0")
         if values["dola.graph"] == "from_file" and not values["dola.graph_file"]:
             raise err(path, "dola.graph_file", "graph = 'from_file' needs the edge-list path")
+        for key, kinds in (("dola.graph", [values["dola.graph"]]),
+                           ("sweep.graph", values.get("sweep.graph") or [])):
+            for kind in kinds:
+                try:
+                    tp.parse_graph_spec(str(kind), legacy=tp.KINDS)
+                except ValueError as e:
+                    raise err(path, key, str(e)) from None
+                if kind in ("shard",) or str(kind).startswith("knn:"):
+                    if values["dola.pool_owners"]:
+                        raise err(path, key, f"{kind!r} is a graph on the shard file's owners; "
+                                  "with pool_owners an agent streams several owners: choose a "
+                                  "graph built for the agents (e.g. 'medium', 'erdos_renyi:p')")
+        if isinstance(values["dola.passes"], bool) or values["dola.passes"] < 1:
+            raise err(path, "dola.passes", "must be an integer >= 1 (1: a single pass)")
         if values["dola.step"] == "strong" and values["dola.lam"] == 0:
             raise err(path, "dola.step", "strong steps 1/(lam t) need lam > 0 (the paper's error: "
                       "the plain hinge is not strongly convex)")
@@ -353,10 +383,21 @@ class Dola(Method):
         if (kind, m) not in prep.graphs:
             j = ctx.job
             p = j["dola.graph_p"]
-            g = on_root(ctx.comm, lambda: tp.make_graph(kind, m, j["seed"],
-                                                   degree=float(j["dola.graph_degree"]),
-                                                   p=None if p == "auto" else float(p),
-                                                   path=j["dola.graph_file"] or None))
+            shard = ctx.shard
+
+            def build() -> tp.Graph:
+                try:
+                    return tp.make_graph(kind, m, j["seed"],
+                                         degree=float(j["dola.graph_degree"]),
+                                         p=None if p == "auto" else float(p),
+                                         path=j["dola.graph_file"] or None,
+                                         descriptors=lambda: read_descriptors(shard),
+                                         stored=lambda: stored_graph(shard))
+                except (DataError, JobError) as e:  # e.g. not connected, no descriptors
+                    raise JobError(f"job file {j.path}: key 'dola.graph' ({kind!r}): {e}"
+                                   ) from None
+
+            g = on_root(ctx.comm, build)
             prep.graphs[kind, m] = ctx.comm.bcast(g, root=0)
         return prep.graphs[kind, m]
 
@@ -368,22 +409,26 @@ class Dola(Method):
         groups = owner_groups(shard.n_agents, m, j["dola.pool_owners"])
         h = self._batch(j, variant)
         sizes = group_sizes(prep.sizes, groups)
-        rounds = min(n // h for n in sizes)
+        rounds = min(n // h for n in sizes)  # rounds of one pass
         T = j["T"]
-        if T > rounds:
+        passes = int(j["dola.passes"])
+        if -(-T // passes) > rounds:
             if j["n_beyond_shard"] != "cap":
-                raise JobError(f"job file {j.path}: key 'T': {T} rounds of h = {h} need "
-                               f"{T * h} records per agent, but the smallest agent holds "
-                               f"{min(sizes)} (one pass at most: set T <= {rounds}, or "
-                               "n_beyond_shard = 'cap' to run one full pass)")
-            T = rounds
+                more = -(-T // rounds)
+                raise JobError(f"job file {j.path}: key 'T': {T} rounds of h = {h} in "
+                               f"{passes} pass(es) need {-(-T // passes) * h} records per agent "
+                               f"and pass, but the smallest agent holds {min(sizes)}: set T <= "
+                               f"{rounds * passes}, raise dola.passes (T = {T} needs passes >= "
+                               f"{more}: each record then enters {more} releases, calibrated "
+                               "together), or n_beyond_shard = 'cap' to run the passes in full")
+            T = rounds * passes
         lam = float(j["dola.lam"])
         step = j["dola.step"]
         if step == "auto":
             step = "strong" if lam > 0 and variant != "sparse" else "convex"
         r = j["dola.radius"]
         radius = (1.0 / math.sqrt(lam) if lam > 0 else 10.0) if r == "auto" else float(r)
-        n_used = tuple([T * h] * m)
+        n_used = tuple([-(-T // passes) * h] * m)  # one pass: ceil(T / passes) rounds
         key = (groups, n_used, lam)
         if key not in prep.comparators:
             records = consumed_records(ctx, groups, n_used, prep.sizes,
@@ -403,7 +448,7 @@ class Dola(Method):
             activation=j["dola.activation"], p_act=float(j["dola.p_act"]),
             window=j["dola.window"], weights=j["dola.weights"], ref_agent=j["dola.ref_agent"],
             exact_regret=j["dola.regret"] == "exact" and w_star is not None, seed=j["seed"],
-            run_ids=ctx.run_ids, record_every=j["record_every"])
+            run_ids=ctx.run_ids, record_every=j["record_every"], passes=passes)
         if variant == "gaussian" and j["privacy.calibration"] == "paper":
             for e in set(rc.eps):  # calibration errors (e.g. classical at eps >= 1) before running
                 dola.gauss_std(algo.gauss_mode, 2 * algo.L_data / h, e, algo.delta, T,
@@ -413,10 +458,19 @@ class Dola(Method):
 
     def plans(self, ctx: Context, prep: Prepared, rc: Resolved, s: DolaSettings
               ) -> list[contract.Plan]:
-        """Per agent, the releases one record is in: one (a single pass; invariant P makes the
-        later ones post-processing), over the records it consumes."""
+        """Per agent, the releases one record is in: one per pass (dola.passes; invariant P
+        makes the others post-processing for it), over the records it consumes."""
         mech = "gaussian" if s.algo.variant == "gaussian" else "laplace"
-        return owner_plans(ctx, rc, s.n_used, mech, 1, scope="record")
+        return owner_plans(ctx, rc, s.n_used, mech, s.algo.passes, scope="record")
+
+    def release_signal(self, ctx: Context, prep: Prepared, rc: Resolved, s: DolaSettings
+                       ) -> tuple[list[float], int, list[int]]:
+        """A round's step alpha_t g (||g|| <= L, h records) against its noise: Laplace
+        sensitivity 2 alpha_t sqrt(d) L / h (L1 from L2), Gaussian 2 alpha_t L / h; every agent
+        releases T times (w_hat averages the rounds)."""
+        a = s.algo
+        rel = (2.0 if a.variant == "gaussian" else 2.0 * math.sqrt(a.n_features)) / a.h
+        return [rel] * a.m, a.n_features, [a.T] * a.m
 
     def calibrated(self, ctx: Context, prep: Prepared, rc: Resolved, s: DolaSettings,
                    cals: list) -> DolaSettings:
@@ -434,7 +488,8 @@ class Dola(Method):
                 "T_requested": s.T_requested, "comparator": s.comparator,
                 "graph": s.graph.describe(), **{f"mix_{k}": v for k, v in mix.items()},
                 "test_error_majority": prep.majority_error, "certified": a.certified,
-                "invariant_P": a.invariant_P, "single_pass": True,
+                "invariant_P": a.invariant_P, "single_pass": a.passes == 1,
+                "rounds_per_pass": a.rounds_per_pass,
                 "evaluation_only": EVALUATION_ONLY}
 
     def expected_records(self, ctx: Context, s: DolaSettings) -> int:
@@ -448,8 +503,8 @@ class Dola(Method):
                                             two_hop=a.weights == "mh_active"))
         # no try/finally: freeing the window is collective, and a rank that raised must reach the
         # CLI's Abort rather than wait in Win.Free for ranks still computing
-        reader = PooledReader(ctx.shard, s.groups, prep.sizes,
-                              prep.records.get((s.groups, s.n_used)))
+        reader = dola.pass_reader(a, PooledReader(ctx.shard, s.groups, prep.sizes,
+                                                  prep.records.get((s.groups, s.n_used))))
         block = dola.Block(a, s.graph, net, dola.Stream(net.agents, a.h, a.T, a.n_features,
                                                         reader), s.w_star)
         t0 = time.perf_counter()
@@ -490,17 +545,35 @@ class Dola(Method):
         out.add("models/w_bar", last["_w_bar"], what="network mean of the final clean iterates")
         if s.w_star is not None:
             out.add("reference/w_star", s.w_star, solver=s.comparator)
+            if prep.test is not None and tap.evaluating():
+                err = dola.test_error(prep.test[0], prep.test[1], np.atleast_2d(s.w_star))
+                out.add("reference/test_error_star", float(err[0]), evaluation_only=True,
+                        what="error of w_star (the non-private optimum of the same objective) "
+                        "on the global test set")
         out.add("graph/edges", s.graph.edges.astype(np.int64))
         if s.graph.positions is not None:
             out.add("graph/positions", s.graph.positions)
         eps_rel, delta_rec = self._per_release(a)
         out.attrs.update(
             eps_per_release=eps_rel,
-            eps_per_record=eps_rel if a.certified and a.invariant_P else math.nan,
-            delta_per_record=delta_rec,
+            eps_per_record=self._per_record(a, eps_rel) if a.certified and a.invariant_P
+            else math.nan,
+            delta_per_record=(delta_rec if a.passes == 1 or not delta_rec else
+                              max(c.plan.delta for c in a.calibration) if a.calibrated
+                              else a.passes * delta_rec),
             exchange_seconds=float(max(e[0] for e in exch)), exchanges=int(max(e[1] for e in exch)),
             seconds=round(time.perf_counter() - t0, 3))
         return out
+
+    @staticmethod
+    def _per_record(a: dola.Settings, eps_rel: float) -> float:
+        """What a record's `passes` releases compose to: one release's eps (a single pass), the
+        calibrated target (the largest agent eps) or, under the paper's rule, basic
+        composition (passes x eps per release; privacy/ledger has the tight totals). The
+        delta beside it (delta_per_record) likewise."""
+        if a.passes == 1:
+            return eps_rel
+        return max(a.eps) if a.calibrated else a.passes * eps_rel
 
     @staticmethod
     def _per_release(a: dola.Settings) -> tuple[float, float]:
@@ -518,6 +591,14 @@ class Dola(Method):
         if a.calibrated:
             rule = a.calibration[0].rule
             mech = "Gaussian noise in the step" if a.variant == "gaussian" else "Laplace"
+            if a.passes > 1:
+                return (f"each agent's records are (eps, delta)-DP each (replace-one):{cert} "
+                        f"{a.passes} passes put every record in exactly {a.passes} releases "
+                        "(one per pass) and, by invariant P, the other releases are "
+                        "post-processing of released vectors and other records, so a "
+                        f"record's guarantee composes those {a.passes} releases ({mech}, "
+                        f"calibrated together by {rule}; scope record); the *_all columns "
+                        "compose all T releases (valid, very loose)")
             return (f"each agent's records are (eps, delta)-DP each (replace-one):{cert} a single "
                     "pass puts every record in exactly one release and, by invariant P, later "
                     "releases are post-processing of released vectors and other records, so one "
@@ -526,6 +607,12 @@ class Dola(Method):
                     "(valid, very loose for a single pass)")
         per = (f"(eps, {a.delta:g})-DP (Gaussian, {a.gauss_mode})" if a.variant == "gaussian"
                else "eps-DP (Laplace)")
+        if a.passes > 1:
+            return (f"the paper's rule: per release {per} for the record(s) of that round;"
+                    f"{cert} {a.passes} passes + invariant P: every record is in exactly "
+                    f"{a.passes} releases, which its guarantee composes (privacy/ledger's "
+                    "totals of scope record; attrs eps_per_record: their basic composition); "
+                    "the *_all columns compose all T releases of an agent (valid, very loose)")
         return (f"the paper's rule: per release {per} for the record(s) of that round;{cert} "
                 "single pass + invariant P: every record is in exactly one release, so each "
                 "record gets the per-release guarantee (attrs eps_per_record, the totals of "

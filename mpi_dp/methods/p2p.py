@@ -1,7 +1,10 @@
 """Method entry of personalised private peer-to-peer coordinate descent (seed 004).
 
-Every owner of the shard file is a peer with its own model; peers sit on the public similarity
-graph stored in the shard file (/public/graph_edges, graph_weights). Each rank hosts a block of
+Every owner of the shard file is a peer with its own model; peers sit on a public similarity
+graph: the one stored in the shard file (/public/graph_edges, graph_weights; `p2p.graph =
+"shard"`, the default) or one built from the job's seed (`p2p.graph`: knn:K on the shard's public
+agent descriptors, complete, erdos_renyi:p, random_geometric[:r], an edge list; comm.topology),
+on rank 0 and broadcast, so every rank count gets the same graph. Each rank hosts a block of
 peers; a peer broadcasts its model into its neighbours' mailboxes (comm.rma: one MPI window per
 rank, passive-target Lock/Put/Unlock) and reads its own mailbox when it wakes. `clock = replay`
 (default) runs the seeded schedule in conflict-free rounds (bitwise equal to the serial
@@ -12,7 +15,9 @@ checkpoints: a resumed live configuration restarts from its start).
 Variants: cd (Algorithm 1 at eps = inf, Algorithm 2 otherwise), admm (the gossip-ADMM baseline,
 non-private, simulated on rank 0), local_dp (every peer perturbs its own records once, then trains
 its local model). Every configuration also records the purely local models and a trivial
-predictor as baselines, and (evaluation-only) the optimum Q* of objective (2).
+predictor as baselines, and (evaluation-only) the optimum Q* of objective (2); where the shard file
+holds a global test set, every peer's final model is also scored on it (test_global_error, beside
+the set's own majority class / mean), on rank 0.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import dataclasses
 import math
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +38,19 @@ from mpi4py import MPI
 from ..algorithms import p2p_baselines as B
 from ..algorithms import p2p_cd as C
 from ..comm import rma
+from ..comm import topology as tp
 from ..comm.graph import block_starts
 from ..comm.rma import bcast_csr, on_root
 from ..data import ShardFile
-from ..data.graphs import read_graph
+from ..data.graphs import (
+    EDGES,
+    WEIGHTS,
+    graph_arrays,
+    has_graph,
+    read_descriptors,
+    read_graph,
+    stored_graph,
+)
 from ..errors import DataError, JobError
 from ..jobspec import Key, err
 from ..models import p2p as M
@@ -58,7 +73,14 @@ _NUM = (int, float)
 EVALUATION_ONLY = (
     "evaluation-only: Q, gap (Q - Q*), losses and the test metrics read every peer's model and "
     "data on the host ranks; Q* and theta_star are solved on rank 0 from every peer's records; "
-    "the local models and the trivial baseline are never released")
+    "the local models and the trivial baseline are never released; test_global_error scores "
+    "every peer's final model on the shard file's global test set on rank 0")
+#: p2p.graph spellings (comm.topology.parse_graph_spec; dola's own kinds are not p2p's)
+GRAPH_HELP = (
+    "the peers' public similarity graph: " + tp.SPELLINGS + ". A built graph comes from the "
+    "job's seed on rank 0 (the same on any rank count), must be connected, and weighs 1 per edge "
+    "unless its edge list gives weights; the output records it (attrs graph, graph_kind, "
+    "graph_edges, graph_mean_degree)")
 
 SECTION = {
     "loss": Key((str,), "auto", "per-example loss: auto (logistic for a binary shard, quadratic "
@@ -116,6 +138,7 @@ SECTION = {
                     "score is the mean squared error with every error clipped to +-val_clip "
                     "(its sensitivity val_clip^2 / m_val); 'auto': 1 for a binary shard (the "
                     "error rate, sensitivity 1 / m_val), required for regression"),
+    "graph": Key((str,), "shard", GRAPH_HELP),
     "shard": Key((str,), "", "shard file of this configuration (default: the job's shard); "
                  "sweep it ([sweep] shard = [...]) to average over random splits (Table 1's "
                  "five) or to compare dimensions (Fig. 2c)"),
@@ -140,6 +163,8 @@ class Data:
     yv: list | None = None
     m_all: np.ndarray | None = None  # records in the shard file (m + the validation share)
     graph: M.Graph | None = None  # the checked graph of W, built once (`_problem`)
+    graph_info: dict | None = None  # what the output records about the graph (public)
+    test_global: tuple | None = None  # the shard file's global test set (rank 0 only)
 
 
 @dataclasses.dataclass
@@ -159,6 +184,14 @@ class P2PSettings:
     smooth: str
     clock: str
     variant: str
+
+
+def _nanmean(a: Any) -> float:
+    """np.nanmean as a float (NaN, without a warning, when every entry is NaN: a shard without
+    per-peer test records)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(np.nanmean(a))
 
 
 def _lam(spec: Any, m: np.ndarray) -> np.ndarray:
@@ -218,6 +251,10 @@ class P2P(Method):
             raise err(path, "p2p.eps_ws", "must be > 0")
         if values["p2p.tau"] < 0 or not values["p2p.wall_budget"] > 0:
             raise err(path, "p2p.tau", "tau must be >= 0 and wall_budget > 0")
+        try:
+            tp.parse_graph_spec(values["p2p.graph"])
+        except ValueError as e:
+            raise err(path, "p2p.graph", str(e)) from None
         if values["n"] != "all" or values["sweep.n"]:
             raise err(path, "n", "p2p peers use all their records; leave n = 'all'")
         if values.get("owners", "all") != "all" or values.get("sweep.owners"):
@@ -272,15 +309,76 @@ class P2P(Method):
         return shard
 
     def _load_hosted(self, ctx: Context, path: str) -> Data:
-        """Collective: the graph read and checked on rank 0 and broadcast, every peer's m_i
-        gathered from the ranks hosting it, then each rank's own peers' records."""
+        """Collective: the graph read or built and checked on rank 0 and broadcast (with the
+        global test set, kept there), every peer's m_i gathered from the ranks hosting it, then
+        each rank's own peers' records."""
         comm = ctx.comm
-        W = bcast_csr(comm, on_root(comm, lambda: read_graph(self._open(ctx, path))))
+
+        def public() -> tuple[sp.csr_matrix, dict[str, Any], tuple | None]:
+            shard = self._open(ctx, path)
+            return (*self._peer_graph(ctx, shard), self._global_test(ctx, shard))
+
+        got = on_root(comm, public)
+        W = bcast_csr(comm, None if got is None else got[0])
+        info = comm.bcast(None if got is None else got[1], root=0)
+        test = None if got is None else got[2]
         shard = ctx.agree(lambda: self._open(ctx, path))
         m_all = (ctx.sizes if shard is ctx.shard and ctx.sizes is not None
                  else shard_sizes(comm, shard))
-        return ctx.agree(lambda: self._load(ctx, path, hosted=True, W=W, m_all=m_all,
-                                            shard=shard))
+        d = ctx.agree(lambda: self._load(ctx, path, hosted=True, W=W, m_all=m_all,
+                                         shard=shard))
+        d.graph_info, d.test_global = info, test
+        return d
+
+    @staticmethod
+    def _peer_graph(ctx: Context, shard: ShardFile) -> tuple[sp.csr_matrix, dict[str, Any]]:
+        """The peers' graph W (symmetric CSR, sorted indices) of p2p.graph and what the output
+        records about it: the shard file's stored graph ('shard', read as it always was) or
+        one built by comm.topology from the seed (weight 1 per edge where it has none)."""
+        j = ctx.job
+        spec = j["p2p.graph"]
+        if spec == "shard":
+            if not has_graph(shard):
+                raise JobError(
+                    f"job file {j.path}: key 'p2p.graph': 'shard' (the default) reads the graph "
+                    f"stored in the shard file, but {shard.path} has no public graph (/public/"
+                    "graph_edges, graph_weights: only `mpi-dp data synth --task p2p` and the "
+                    "movielens recipe write one); set p2p.graph to a graph built for the job: "
+                    "'complete', "
+                    "'erdos_renyi:p' (e.g. 'erdos_renyi:0.2'), 'random_geometric', 'knn:K' (needs "
+                    "public /public/agent_descriptors) or an edge-list path ('i j [w]' per line)")
+            W = read_graph(shard)
+            info: dict[str, Any] = {"kind": "shard", "source": "the shard file's /public/"
+                                    "graph_edges and graph_weights (its weights)"}
+        else:
+            try:
+                g = tp.make_graph(spec, shard.n_agents, int(j["seed"]),
+                                  descriptors=lambda: read_descriptors(shard),
+                                  stored=lambda: stored_graph(shard))
+            except (JobError, DataError) as e:
+                raise JobError(f"job file {j.path}: key 'p2p.graph': {e}") from None
+            W = g.weight_matrix()
+            info = g.describe()
+            info["weights"] = ("the edge list's" if g.weights is not None
+                               else "1 per edge (an unweighted graph)")
+        deg = np.diff(W.indptr)
+        info.update(spec=spec, m=int(W.shape[0]), n_edges=int(W.nnz // 2),
+                    mean_degree=float(deg.mean()) if deg.size else 0.0,
+                    min_degree=int(deg.min()) if deg.size else 0,
+                    max_degree=int(deg.max()) if deg.size else 0)
+        return W, info
+
+    @staticmethod
+    def _global_test(ctx: Context, shard: ShardFile) -> tuple[np.ndarray, np.ndarray] | None:
+        """The shard file's global test set (dense X, y), checked, or None without one."""
+        if not shard.has_global_test:
+            return None
+        X, y = shard.read_test()
+        X = X.toarray() if sp.issparse(X) else np.asarray(X, dtype=np.float64)
+        if shard.task == "binary" and not np.all(np.isin(y, (-1.0, 1.0))):
+            raise JobError(f"job file {ctx.job.path}: {shard.path}: the global test set has "
+                           f"labels {np.unique(y)[:4].tolist()}; binary p2p needs -1/+1")
+        return X, y
 
     def _load(self, ctx: Context, path: str, hosted: bool, W: sp.csr_matrix | None = None,
               m_all: np.ndarray | None = None, shard: ShardFile | None = None) -> Data:
@@ -288,7 +386,7 @@ class P2P(Method):
         (`hosted`) or of all of them."""
         j = ctx.job
         shard = self._open(ctx, path) if shard is None else shard
-        W = read_graph(shard) if W is None else W
+        W = self._peer_graph(ctx, shard)[0] if W is None else W
         n = shard.n_agents
         m_all = shard.sizes().astype(np.int64) if m_all is None else m_all
         frac = float(j["p2p.validation"])
@@ -347,7 +445,8 @@ class P2P(Method):
     def header(self, ctx: Context, prep: Prepared) -> str:
         d = next(iter(prep.data.values()))
         deg = np.diff(d.W.indptr)
-        return (f"p={ctx.shard.n_features}; graph of {d.W.shape[0]} peers, mean degree "
+        kind = (d.graph_info or {}).get("kind", "?")
+        return (f"p={ctx.shard.n_features}; {kind} graph of {d.W.shape[0]} peers, mean degree "
                 f"{deg.mean():.1f}; clock {ctx.job['p2p.clock']}")
 
     # -- configuration -------------------------------------------------------------------
@@ -404,6 +503,14 @@ class P2P(Method):
     def _cap(self, ctx: Context, value: Any, n: int) -> int:
         """T_i of a T_agent value ('auto': ceil(T / n))."""
         return math.ceil(ctx.job["T"] / n) if value == "auto" else int(value)
+
+    def release_signal(self, ctx: Context, prep: Prepared, rc: Resolved, s: P2PSettings
+                       ) -> tuple[list[float], int] | None:
+        """cd: a wake-up's local gradient, a mean of m_i per-example gradients clipped to L0 (L1),
+        against Laplace noise of sensitivity 2 L0 / m_i. local_dp and admm: not defined."""
+        if s.variant != "cd":
+            return None
+        return [2.0 / float(m) for m in prep.data[s.path].m_all], int(ctx.shard.n_features)
 
     def plans(self, ctx: Context, prep: Prepared, rc: Resolved, s: P2PSettings
               ) -> list[contract.Plan] | None:
@@ -477,7 +584,14 @@ class P2P(Method):
                 "lam_rule": str(ctx.job["p2p.lam"]), "smoothness": s.smooth, "clock": s.clock,
                 "method_variant": s.variant, "certified": a.certified,
                 "evaluation_only": EVALUATION_ONLY, "n_peers": d.W.shape[0],
-                "graph_edges": int(d.W.nnz // 2)}
+                "graph_edges": int(d.W.nnz // 2), **self._graph_attrs(d)}
+
+    @staticmethod
+    def _graph_attrs(d: Data) -> dict[str, Any]:
+        """The graph as public attributes: its description (JSON), kind and mean degree."""
+        info = d.graph_info or {}
+        return {"graph": info, "graph_kind": str(info.get("kind", "")),
+                "graph_mean_degree": float(info.get("mean_degree", math.nan))}
 
     def expected_records(self, ctx: Context, s: P2PSettings) -> int:
         ev = s.algo.record_every or s.algo.T
@@ -502,6 +616,8 @@ class P2P(Method):
             d = prep.data[s.path]
             prep.full[s.path] = self._load(ctx, s.path, hosted=False, W=d.W, m_all=d.m_all)
             prep.full[s.path].graph = d.graph
+            prep.full[s.path].graph_info = d.graph_info
+            prep.full[s.path].test_global = d.test_global
         return prep.full[s.path]
 
     def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: P2PSettings,
@@ -843,11 +959,30 @@ class P2P(Method):
         out.add("per_agent/test_metric_trivial", final["metric_trivial"],
                 what=final["trivial_name"])
         out.add("per_agent/m", d.m)
+        if (d.graph_info or {}).get("kind", "shard") != "shard":  # a graph built for the job
+            arrays = graph_arrays(d.W)
+            out.add("graph/edges", arrays[EDGES], what="the peers' graph built for the job "
+                    "(p2p.graph; attrs graph): pairs i < j (public)")
+            out.add("graph/weights", arrays[WEIGHTS], what="W_ij of each edge (1 unless the "
+                    "edge list gave weights)")
+        if "global" in final:
+            g = final["global"]
+            out.add("per_agent/test_global_error", g["error"], what=g["name"] + " (R, n): "
+                    "each peer's final model on the shard file's global test set "
+                    "(evaluation-only)")
+            out.add("per_agent/test_global_error_local", g["local"], what="the purely local "
+                    "models on the global test set")
+            out.attrs.update(test_global_metric=g["name"], test_global_trivial=g["trivial_name"],
+                             test_global_error=float(np.mean(g["error"])),
+                             test_global_error_local=float(np.mean(g["local"])),
+                             test_global_error_trivial=g["trivial"],
+                             test_global_error_star=g["star"],
+                             test_global_records=g["records"])
         out.attrs.update(metric=final["metric_name"], trivial=final["trivial_name"],
-                         test_metric=float(np.nanmean(final["metric"])),
-                         test_metric_local=float(np.nanmean(final["metric_local"])),
-                         test_metric_trivial=float(np.nanmean(final["metric_trivial"])),
-                         test_metric_star=float(np.nanmean(final["metric_star"]))
+                         test_metric=_nanmean(final["metric"]),
+                         test_metric_local=_nanmean(final["metric_local"]),
+                         test_metric_trivial=_nanmean(final["metric_trivial"]),
+                         test_metric_star=_nanmean(final["metric_star"])
                          if "metric_star" in final else math.nan,
                          Q_star=ref.get("Q_star", math.nan), Q_loc=ref["Q_loc"],
                          Q_zero=ref["Q_zero"], val_metric=final.get("val_metric", math.nan))
@@ -937,6 +1072,10 @@ class P2P(Method):
         return p2p_report.plot_p2p(result, prefix)
 
 
+#: test records x peers per block of the global test scores (32 MiB of float64)
+GLOBAL_BLOCK = 2**22
+
+
 class Evaluator:
     """Evaluation-only metrics: every rank scores its hosted peers, rank 0 sums in peer order."""
 
@@ -967,6 +1106,41 @@ class Evaluator:
             maj = 1.0 if np.mean(ytr > 0) >= 0.5 else -1.0
             return float(np.mean(y == maj))
         return float(np.sqrt(np.mean((y - np.mean(ytr)) ** 2)))
+
+    def global_scores(self, theta: np.ndarray, test: tuple | None) -> dict[str, Any] | None:
+        """Every peer's models theta (R, n, p) and its local model scored on the global test
+        set `test` (rank 0, evaluation-only): error rate of sign(<theta_i, x>) (0 predicts +1)
+        for a binary shard, RMSE for regression; with the trivial baseline, the set's own
+        majority class / mean. None without a global test set."""
+        if test is None:
+            return None
+        X, y = test
+        binary = self.d.task == "binary"
+
+        def score(th: np.ndarray) -> np.ndarray:  # th (n, p) -> (n,), by blocks of peers
+            out = np.empty(th.shape[0])
+            step = max(1, GLOBAL_BLOCK // max(1, len(y)))
+            for a in range(0, th.shape[0], step):
+                Z = X @ th[a:a + step].T
+                out[a:a + step] = (np.mean(np.where(Z >= 0, 1.0, -1.0) != y[:, None], axis=0)
+                                   if binary else np.sqrt(np.mean((Z - y[:, None]) ** 2, axis=0)))
+            return out
+
+        err = np.stack([score(theta[r]) for r in range(theta.shape[0])])
+        loc = score(np.asarray(self.ref["theta_loc"]).reshape(self.P.n, self.P.p))
+        if binary:
+            trivial = float(min(np.mean(y > 0), np.mean(y < 0)))
+        else:
+            trivial = float(np.sqrt(np.mean((y - np.mean(y)) ** 2)))
+        star = self.ref.get("theta_star")  # the non-private optimum Theta*
+        star_err = (math.nan if star is None else
+                    float(np.mean(score(np.asarray(star).reshape(self.P.n, self.P.p)))))
+        return {"error": err, "local": loc, "trivial": trivial, "records": int(len(y)),
+                "star": star_err,
+                "name": ("error rate on the global test set" if binary
+                         else "RMSE on the global test set"),
+                "trivial_name": ("the global test set's majority class" if binary
+                                 else "the global test set's mean")}
 
     def _mine(self, theta: dict[int, np.ndarray]) -> dict[int, tuple]:
         P = self.P
@@ -1028,9 +1202,11 @@ class Evaluator:
             return None
         theta, lo, met = self._assemble(parts)
         Q = self._Q(theta, lo)
-        vals: dict[str, Any] = {"Q": Q, "test_metric": np.nanmean(met, axis=0),
-                                "test_metric_min": np.nanmin(met, axis=0),
-                                "test_metric_max": np.nanmax(met, axis=0)}
+        with warnings.catch_warnings():  # peers without test records: NaN, not a warning
+            warnings.simplefilter("ignore", RuntimeWarning)
+            vals: dict[str, Any] = {"Q": Q, "test_metric": np.nanmean(met, axis=0),
+                                    "test_metric_min": np.nanmin(met, axis=0),
+                                    "test_metric_max": np.nanmax(met, axis=0)}
         if "Q_star" in self.ref:
             vals["gap"] = Q - self.ref["Q_star"]
         return vals
@@ -1060,6 +1236,9 @@ class Evaluator:
             out["metric_star"] = ms
         if val is not None:
             out["val_metric"] = val
+        glob = self.global_scores(theta, self.d.test_global)
+        if glob is not None:
+            out["global"] = glob
         return out
 
     def metrics_all(self, full: Data, theta: np.ndarray) -> dict[str, Any]:
@@ -1074,8 +1253,12 @@ class Evaluator:
         ml = np.array([self._metric(i, self.ref["theta_loc"][i][None], full.Xt[i],
                                     full.yt[i])[0] for i in range(n)])
         mt = np.array([self._trivial(i, full.Xt[i], full.yt[i], full.y[i]) for i in range(n)])
-        return {"theta": theta, "metric": met.T, "metric_local": ml, "metric_trivial": mt,
-                "metric_name": self.metric_name, "trivial_name": self.trivial_name}
+        out = {"theta": theta, "metric": met.T, "metric_local": ml, "metric_trivial": mt,
+               "metric_name": self.metric_name, "trivial_name": self.trivial_name}
+        glob = self.global_scores(theta, full.test_global)
+        if glob is not None:
+            out["global"] = glob
+        return out
 
 
 METHOD = P2P()

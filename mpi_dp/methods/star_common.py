@@ -25,6 +25,7 @@ from ..algorithms.common import (
     is_classification,
 )
 from ..data import ShardFile
+from ..data.bounds import row_norm_bound
 from ..errors import JobError
 from ..jobspec import Job
 from ..models import linear, reference
@@ -46,6 +47,7 @@ class PublicConstants:
     xi: float
     L: float
     public_clip_fraction: float
+    source: str = "the job file"  # where xi and L came from (attribute constants_from)
 
 
 def public_grad_norms(loss: str, Xp, yp: np.ndarray, theta: np.ndarray) -> np.ndarray:
@@ -63,6 +65,30 @@ def public_grad_norms(loss: str, Xp, yp: np.ndarray, theta: np.ndarray) -> np.nd
     return norms
 
 
+def bound_constants(job: Job, shard: ShardFile, xi: Any, L: Any) -> PublicConstants:
+    """xi and L from the shard's public row-norm bound B (no public records): a logistic or hinge
+    gradient is y s x with |s| <= 1, so its L1 norm is at most ||x||_1 <= sqrt(p) B (nothing is
+    clipped); L = c B^2 + lam bounds the Hessian (c = 1/4 logistic, 1 hinge as a curvature
+    scale). The squared loss's gradient also scales with the target and theta: no such bound."""
+    B = row_norm_bound(shard)
+    loss = job["loss"]
+    if B is None or loss == "squared":
+        why = ("the squared loss's gradient has no bound from the features alone"
+               if B is not None else "nor a public bound on the records' norms (/public/"
+               "row_norm_max, written by `data prepare --row-norm l2`)")
+        raise JobError(f"job file {job.path}: xi = 'auto' and step.L = 'public' need public "
+                       f"records (/public/X, /public/y) in the shard file {shard.path}, which has "
+                       f"none, {why}; prepare it with --public M, or set xi and step.L (or "
+                       "step.rho) to numbers")
+    if xi == "auto":
+        xi = math.sqrt(shard.n_features) * B
+    if L == "public":
+        L = {"logistic": 0.25, "hinge": 1.0}[loss] * B * B + float(job["lam"])
+    return PublicConstants(float(xi), float(L) if not isinstance(L, str) else math.nan, 0.0,
+                           f"the shard's public row-norm bound B = {B:g} (xi = sqrt(p) B, L = "
+                           "c B^2 + lam)")
+
+
 def public_constants(job: Job, shard: ShardFile) -> PublicConstants:
     """(xi, L, clip fraction at xi on public records) from the job or the public records."""
     xi, L = job["xi"], job["step.L"]
@@ -71,9 +97,7 @@ def public_constants(job: Job, shard: ShardFile) -> PublicConstants:
         return PublicConstants(float(xi), float(L) if not isinstance(L, str) else math.nan,
                                math.nan)
     if not shard.has_public:
-        raise JobError(f"job file {job.path}: xi = 'auto' and step.L = 'public' need public records "
-                       f"(/public/X, /public/y) in the shard file {shard.path}, which has none; "
-                       "set xi and step.L (or step.rho) to numbers")
+        return bound_constants(job, shard, xi, L)
     Xp, yp = shard.read_public()
     loss, lam, tmax = job["loss"], job["lam"], job["theta_max"]
     if L == "public":
@@ -87,7 +111,7 @@ def public_constants(job: Job, shard: ShardFile) -> PublicConstants:
             raise JobError(f"job file {job.path}: xi = 'auto' gave {xi}: the public gradients are "
                            "all zero; set xi to a number")
         frac = float(np.mean(norms > xi))
-    return PublicConstants(float(xi), float(L), frac)
+    return PublicConstants(float(xi), float(L), frac, "the shard's public records")
 
 
 def check_loss_and_labels(ctx: Context) -> None:

@@ -89,10 +89,16 @@ class SyncStar(StarMethod):
                    cals: list) -> sync_star.Settings:
         return dataclasses.replace(s, calibration=tuple(cals))
 
+    def release_signal(self, ctx: Context, prep: Prepared, rc: Resolved, s: sync_star.Settings
+                       ) -> tuple[list[float], int]:
+        """A mean of n_i gradients clipped to xi, sensitivity 2 xi / n_i."""
+        return [2.0 / n for n in rc.n[: len(rc.eps)]], ctx.shard.n_features
+
     def record_attrs(self, ctx: Context, prep: Prepared, rc: Resolved,
                      s: sync_star.Settings) -> dict[str, Any]:
         return {**settings_attrs(s), **calibration_attrs(list(s.calibration)),
                 "public_clip_fraction": prep.public.public_clip_fraction,
+                "constants_from": prep.public.source,
                 "step_rule": ("mu_k = rho/(k T^2)" if s.variant == "alg1"
                               else "mu_k = rho/(T sqrt(k))"),
                 **utility_attrs(s.loss, prep.evalset), "evaluation_only": EVALUATION_ONLY}
