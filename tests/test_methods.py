@@ -109,7 +109,8 @@ def test_one_default_per_knob():
     assert (admm.Settings.__dataclass_fields__["rho_mode"].default,
             admm.Settings.__dataclass_fields__["sens_mode"].default) == ("dynamic_1", "global")
     pairs = [(admm_entry.SECTION, admm.Settings, {k: k for k in admm_entry.SECTION
-                                                  if k not in ("rho", "sens_mode")}),
+                                                  if k not in ("rho", "sens_mode",
+                                                               "reference_iters")}),
         (async_entry.SECTION, async_star.Settings, {k: k for k in (
             "mode", "scheduler", "clock_unit_s", "poll_interval_s", "noise_shape")})]
     for section, settings, fields in pairs:

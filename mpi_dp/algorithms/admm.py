@@ -279,14 +279,17 @@ def baselines(star: Star, agents: list[Agent], s: Settings, test: tuple | None
     return out
 
 
-def reference_optimum(star: Star, agents: list[Agent], s: Settings, tol: float = 1e-9
-                      ) -> np.ndarray:
+def reference_optimum(star: Star, agents: list[Agent], s: Settings, max_iter: int,
+                      tol: float = 1e-8) -> tuple[np.ndarray, int, float]:
     """The non-private optimum w* of F (the same objective, box included) over every agent's
-    records (collective; evaluation-only: it reads un-noised data). L-BFGS-B runs on every rank
-    in lockstep: each evaluation sums the agents' loss and gradient in agent order on the server
-    and broadcasts them, so every rank takes the same steps and w* is the same bits on any
-    number of ranks."""
-    from ..models.reference import minimize_smooth
+    records (collective; evaluation-only: it reads un-noised data), with the iterations taken
+    and the final projected gradient's largest entry. One L-BFGS-B run (gradient `tol`, at most
+    `max_iter` iterations: a full pass over the records each) on every rank in lockstep: each
+    evaluation sums the agents' loss and gradient in agent order on the server and broadcasts
+    them, so every rank takes the same steps and w* is the same bits on any number of ranks."""
+    import scipy.optimize
+
+    from ..models.reference import projected_gradient
 
     J, K, size = s.J, s.K, 1 + s.J * s.K
 
@@ -305,7 +308,14 @@ def reference_optimum(star: Star, agents: list[Agent], s: Settings, tol: float =
         return f, total[1:] / s.I + 2.0 * s.gamma * w
 
     bound = math.inf if s.box is None else float(s.box)
-    return minimize_smooth(fg, J * K, bound, solver="scipy", tol=tol).reshape(J, K)
+    res = scipy.optimize.minimize(
+        fg, np.zeros(J * K), jac=True, method="L-BFGS-B",
+        bounds=None if math.isinf(bound) else [(-bound, bound)] * (J * K),
+        options={"maxiter": max_iter, "maxfun": 2 * max_iter, "ftol": 1e-13, "gtol": tol,
+                 "maxcor": 30})
+    pg = projected_gradient(res.x, res.jac, bound)
+    return (np.asarray(res.x, dtype=np.float64).reshape(J, K), int(res.nit),
+            float(np.max(np.abs(pg), initial=0.0)))
 
 
 def train_error(star: Star, agents: list[Agent], s: Settings, W: np.ndarray) -> float | None:

@@ -109,6 +109,10 @@ SECTION = {
     "dp_delta": Key(_NUM, _d("dp_delta"), "OutP's per-iteration delta: of the paper rule's "
                     "(eps_bar, dp_delta) Gaussian, and of Huang et al.'s step schedule 1/eta^t "
                     "(under a calibrated rule: at the per-iteration eps of the calibrated sigma)"),
+    "reference_iters": Key((int,), 100, "iterations (full passes) of the L-BFGS-B that solves "
+                           "the non-private optimum w* beside test_error (evaluation-only; stops "
+                           "earlier at gradient 1e-8; attrs w_star_iterations, w_star_gradient); "
+                           "0: no w*"),
     "budget_eps": Key(_NUM, _d("budget_eps"), "privacy.calibration = 'paper' only: each agent's "
                       "total over all iterations by basic composition: a release beyond it is "
                       "refused and the run ends there (inf: no cap, the paper's per-iteration "
@@ -191,6 +195,8 @@ class Admm(Method):
                       f"{rho!r}")
         if not isinstance(rho, str) and not 0 < rho < math.inf:
             raise err(path, "admm.rho", "a constant penalty must be a positive number")
+        if values["admm.reference_iters"] < 0:
+            raise err(path, "admm.reference_iters", "must be 0 (no w*) or more iterations")
         for key in ("admm.gamma", "admm.rho_c1", "admm.rho_c2"):
             if not 0 <= values[key] < math.inf:
                 raise err(path, key, "must be a finite number >= 0")
@@ -336,12 +342,13 @@ class Admm(Method):
         agents = ctx.agree(lambda: [admm.Agent(i, X[: rc.n[i]], y[: rc.n[i]], s)
                                     for i, (X, y) in prep.local.items()])
         w_star = star_err = None
-        if tap.evaluating():
+        iters = ctx.job["admm.reference_iters"]
+        if tap.evaluating() and iters > 0:
             key = (s.n, s.gamma, s.box)
             if key not in prep.optima:
-                w = admm.reference_optimum(ctx.star, agents, s)
-                prep.optima[key] = (w, admm.train_error(ctx.star, agents, s, w))
-            w_star, star_err = prep.optima[key]
+                w, nit, grad = admm.reference_optimum(ctx.star, agents, s, iters)
+                prep.optima[key] = (w, admm.train_error(ctx.star, agents, s, w), nit, grad)
+            w_star, star_err, nit, grad = prep.optima[key]
         out = admm.run_config(ctx.star, agents, s, prep.test, recorder, label=label,
                               progress=ctx.progress)
         if out is None:
@@ -364,6 +371,7 @@ class Admm(Method):
         if w_star is not None:
             for name, value in optimum_utility(w_star, star_err, prep.test).items():
                 res.add(f"reference/{name}", value, evaluation_only=True, what=BASELINE_WHAT[name])
+            res.attrs.update(w_star_iterations=nit, w_star_gradient=grad)
         res.attrs.update(eps_total_basic=float(np.max(out["eps_total_basic"])),
                          seconds=round(out["seconds"], 3), ended_at=out["ended_at"],
                          end_reason=out["end_reason"])

@@ -68,12 +68,13 @@ def public_grad_norms(loss: str, Xp, yp: np.ndarray, theta: np.ndarray) -> np.nd
 def bound_constants(job: Job, shard: ShardFile, xi: Any, L: Any) -> PublicConstants:
     """xi and L from the shard's public row-norm bound B (no public records): a logistic or hinge
     gradient is y s x with |s| <= 1, so its L1 norm is at most ||x||_1 <= sqrt(p) B (nothing is
-    clipped); L = c B^2 + lam bounds the Hessian (c = 1/4 logistic, 1 hinge as a curvature
-    scale). The squared loss's gradient also scales with the target and theta: no such bound."""
+    clipped); L = c B^2 + lam bounds the Hessian (c = 1/4 logistic, 2 squared, 1 hinge as a
+    curvature scale). The squared loss's gradient also scales with the target and theta: its xi
+    has no such bound."""
     B = row_norm_bound(shard)
     loss = job["loss"]
-    if B is None or loss == "squared":
-        why = ("the squared loss's gradient has no bound from the features alone"
+    if B is None or (xi == "auto" and loss == "squared"):
+        why = ("the squared loss's gradient has no bound from the features alone (set xi)"
                if B is not None else "nor a public bound on the records' norms (/public/"
                "row_norm_max, written by `data prepare --row-norm l2`)")
         raise JobError(f"job file {job.path}: xi = 'auto' and step.L = 'public' need public "
@@ -83,7 +84,7 @@ def bound_constants(job: Job, shard: ShardFile, xi: Any, L: Any) -> PublicConsta
     if xi == "auto":
         xi = math.sqrt(shard.n_features) * B
     if L == "public":
-        L = {"logistic": 0.25, "hinge": 1.0}[loss] * B * B + float(job["lam"])
+        L = {"logistic": 0.25, "squared": 2.0, "hinge": 1.0}[loss] * B * B + float(job["lam"])
     return PublicConstants(float(xi), float(L) if not isinstance(L, str) else math.nan, 0.0,
                            f"the shard's public row-norm bound B = {B:g} (xi = sqrt(p) B, L = "
                            "c B^2 + lam)")
