@@ -54,16 +54,7 @@ KNOWN_COLUMNS = {"adult.data": 15, "adult.test": 15}  # UCI Adult: 14 attributes
 #: problems in files this change could not edit (owned by other work at the time), as (where the
 #: command is, a piece of it): skipped by the main test, which warns about an entry that no longer
 #: matches a command. Remove an entry once its file is fixed.
-KNOWN_ELSEWHERE: dict[tuple[str, str], str] = {
-    ("`mpi-dp data prepare --help`", "--names @adult_names.txt"):
-        "mpi_dp/data/prepare_cli.py epilog: adult_names.txt is not in the repository",
-    ("`mpi-dp forecast fit --help`", "results/lgrid.h5"):
-        "mpi_dp/analysis/forecast_cli.py epilog: no job writes results/lgrid.h5",
-    ("jobs/audit_p2p_faithful.toml", "(memory: see audit_p2p)"):
-        "jobs/audit_p2p_faithful.toml comment: a remark in parentheses on the command line",
-    ("jobs/p2p_table1_movielens.toml", "(or use ../shared/data/ml-100k.tar.xz"):
-        "jobs/p2p_table1_movielens.toml comment: a remark in parentheses on the command line",
-}
+KNOWN_ELSEWHERE: dict[tuple[str, str], str] = {}
 
 
 # --- extraction ----------------------------------------------------------------------------------
@@ -316,6 +307,9 @@ def _produced(commands: list[Command]) -> set[str]:
         ns = _parse(c.argv)
         if isinstance(ns, argparse.Namespace):
             made |= _outputs(ns)
+    for text, _ in _sources():  # a shell redirection that writes a file: printf ... > FILE
+        for m in re.finditer(r"(?m)(?:^\s*|(?:printf|echo|cat)\b[^\n]*\s)>\s*([\w./-]+)", text):
+            made.add(_norm(m.group(1)))
     for job in (ROOT / "jobs").glob("*.toml"):  # jobs/README.md: `mpi-dp run jobs/JOB.toml`
         j = _job(str(job.relative_to(ROOT)))
         made |= {j["output"], f"results/{j['name']}_audit.h5"}

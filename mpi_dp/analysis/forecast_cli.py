@@ -30,8 +30,8 @@ result files; `predict` evaluates the fit for a proposed coalition and says, per
 joining beats the owner's isolated model theta*_i (value of collaboration).
 
 Examples:
-  mpi-dp forecast fit results/lgrid.h5
-  mpi-dp forecast predict --fit results/lgrid.forecast.json --n 10000 --owners 8 --eps 1
+  mpi-dp forecast fit results/async_fig45_grid.h5
+  mpi-dp forecast predict --fit results/async_fig45_grid.forecast.json --n 10000 --owners 8 --eps 1
 """
 
 FIT_DESCRIPTION = """\
@@ -52,8 +52,8 @@ the floors per (N, n); kappa of psi(theta*_i) ~ kappa/n_i from reference/psi_iso
 The sweep must include eps = inf (e.g. --set 'sweep.eps=[0.1, 1, 10, inf]').
 
 Examples:
-  mpi-dp forecast fit results/lgrid.h5
-  mpi-dp forecast fit results/lgrid.h5 results/lcollab.h5 --out fits/lending.json
+  mpi-dp forecast fit results/async_fig45_grid.h5
+  mpi-dp forecast fit results/async_fig45_grid.h5 results/async_fig6_collab.h5 --out fits/lending.json
 """
 
 PREDICT_DESCRIPTION = """\
@@ -67,8 +67,9 @@ psi(theta*_i) is kappa / n_i from the fit unless --psi-isolated gives it. The he
 (leave-one-out) error of the fit is printed with the prediction.
 
 Examples:
-  mpi-dp forecast predict --fit lgrid.forecast.json --n 10000 10000 10000 --eps 1 1 1
-  mpi-dp forecast predict --fit lgrid.forecast.json --n 10000 --owners 16 --eps 2.5 --kind log
+  mpi-dp forecast predict --fit results/async_fig45_grid.forecast.json --n 10000 10000 10000 --eps 1 1 1
+  mpi-dp forecast predict --fit results/async_fig45_grid.forecast.json --n 10000 --owners 16 \\
+      --eps 2.5 --kind log
   mpi-dp forecast predict --fit f.json --n 20000 5000 --eps 1 inf --psi-isolated 0.02 0.3
 """
 

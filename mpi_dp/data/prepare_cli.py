@@ -36,6 +36,9 @@ examples:
       --pca 10 --out data/my.h5
   mpi-dp data prepare csv visits.csv.gz --target los --partition key --key hospital \\
       --min-records 500 --public 2000 --out data/visits.h5
+  printf '%s\\n' age workclass fnlwgt education education-num marital-status occupation \\
+      relationship race sex capital-gain capital-loss hours-per-week native-country income \\
+      > adult_names.txt                                   # UCI Adult: 15 columns, no header
   mpi-dp data prepare csv adult.data --no-header --names @adult_names.txt --target income \\
       --target-map '{{">50K": 1, ">50K.": 1, "<=50K": -1, "<=50K.": -1}}' --task binary \\
       --na-values '?' --test-file adult.test --test-skip-rows 1 --agents 8 --public 1000
