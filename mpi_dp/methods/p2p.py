@@ -42,6 +42,7 @@ from ..comm import topology as tp
 from ..comm.graph import block_starts
 from ..comm.rma import bcast_csr, on_root
 from ..data import ShardFile
+from ..data.bounds import row_norm_bound
 from ..data.graphs import (
     EDGES,
     WEIGHTS,
@@ -94,8 +95,9 @@ SECTION = {
                       "row_norm: alpha_i does not read private data) or data (the paper: "
                       "lmax(X_i^T X_i), data-dependent step)", ("bound", "data")),
     "row_norm": Key(_NUM + (str,), "auto", "public bound on every record's L2 norm: 'auto' = the "
-                    "shard's public item_norm_max if present, else 1 (rows normalised to norm <= "
-                    "1); checked against the data before the run"),
+                    "shard's public item_norm_max if present, else its row_norm_max (`data "
+                    "prepare --row-norm`), else 1 (rows normalised to norm <= 1); checked "
+                    "against the data before the run"),
     "T_agent": Key((int, str), "auto", "T_i, wake-ups of each peer: 'auto' = ceil(T / n) when "
                    "private (the paper's T/n) and no cap at eps = inf; a number caps every peer"),
     "allocation": Key((str,), "equal", "budget split over a peer's T_i wake-ups: equal (every "
@@ -412,8 +414,10 @@ class P2P(Method):
                 Xt[i], yt[i] = shard.read_agent_test(i)
         rn = j["p2p.row_norm"]
         if rn == "auto":
+            bound = row_norm_bound(shard)
             rn = (float(shard.read_public_extra("item_norm_max").ravel()[0])
-                  if "item_norm_max" in shard.public_extra_names() else 1.0)
+                  if "item_norm_max" in shard.public_extra_names()
+                  else bound if bound is not None else 1.0)
         bad = [(i, float(np.linalg.norm(X[i], axis=1).max())) for i in mine if m[i] and
                np.linalg.norm(X[i], axis=1).max() > rn * (1 + 1e-9)]
         nonfinite = [i for i in mine if m[i] and not (np.all(np.isfinite(X[i])) and
