@@ -10,7 +10,6 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
-import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
@@ -51,6 +50,14 @@ Rank 0 is the learner; owners are split in blocks over the other ranks. Results 
 identical for any number of ranks. The result file is written as the run goes: if the run is
 stopped, the iterations done so far stay readable.
 
+Before the first iteration a run prints its estimated result size, memory and time; it refuses
+a job past the node's memory, and past the free disk space or a month unless --force.
+SIGTERM or Ctrl-C stops every rank at its next record after a checkpoint (status
+'interrupted', exit 143 / 130); --resume continues it. A full disk stops with the complete
+configurations readable (exit 2); free space and --resume. Exit status: 0 done, 2 a mistake in
+the job or data (one line; MPI_DP_TRACEBACK=1 adds the traceback), 1 a bug in mpi_dp (its
+traceback, tagged with the rank), 143 / 130 interrupted.
+
 Splitting a sweep: --configs A:B or --config-block I/N runs one block of the configurations into
 a part file (each configuration at its own index /configs/00A...); `mpi-dp merge OUT PARTS...`
 combines the parts into the file the whole job writes (the same datasets, bit for bit):
@@ -61,47 +68,81 @@ On Slurm: sbatch --array=0-3 slurm/sweep.sbatch jobs/demo.toml [run options], th
 """
 
 
+#: how to continue a stopped job (printed with the interruption)
+RESUME_HINT = ("continue it with the same command and --resume (complete configurations are "
+               "kept, the stopped one continues from its last checkpoint)")
+
+
 def _under_mpi(fn) -> int:
-    """Run a collective command: agreed user errors print once, a rank that raises (or a
-    SIGTERM from Slurm/mpiexec) stops every rank, never a hang."""
+    """Run a collective command: agreed user errors print once; a first SIGTERM/SIGINT (Slurm's
+    warning, mpiexec passing on a kill, Ctrl-C) stops every rank at its next record with the
+    result file saying 'interrupted' (exit 143 / 130); a rank that raises stops every rank,
+    never a hang: a user error (MpiDpError) in one line, anything else is a bug and prints its
+    rank-tagged traceback."""
     from mpi4py import MPI
 
+    from .comm import stop
     from .runner import AgreedError
 
     comm = MPI.COMM_WORLD
-
-    def _term(signum, frame):  # Slurm/mpiexec send SIGTERM: close the result file cleanly
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, _term)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    stop.install()
     try:
         fn(comm)
     except AgreedError as e:
         # raised on every rank alike (the checks are collective): one message, from rank 0
-        if comm.Get_rank() == 0:
+        if rank == 0:
             print(f"mpi-dp: error: {e}", file=sys.stderr, flush=True)
+            _traceback_if_asked(rank, size)
         return 2
-    except KeyboardInterrupt:
-        if comm.Get_rank() == 0:
-            print("mpi-dp: interrupted; the result file keeps the iterations done so far",
-                  file=sys.stderr, flush=True)
-        if comm.Get_size() > 1:
-            if comm.Get_rank() != 0:
+    except stop.Interrupted as e:  # every rank stopped together: no abort needed
+        if rank == 0:
+            print(f"mpi-dp: interrupted ({e}); {RESUME_HINT}", file=sys.stderr, flush=True)
+        return e.exit_status
+    except KeyboardInterrupt:  # a second signal: at once, wherever each rank was
+        if rank == 0:
+            print(f"mpi-dp: interrupted at once; the result file keeps what was recorded; "
+                  f"{RESUME_HINT}", file=sys.stderr, flush=True)
+        if size > 1:
+            if rank != 0:
                 time.sleep(2.0)  # let the learner close the result file before the abort
-            comm.Abort(130)
-        return 130
-    except BaseException as e:  # a rank that raises: stop every rank, never hang
-        where = f" on rank {comm.Get_rank()}" if comm.Get_size() > 1 else ""
-        what = str(e) if isinstance(e, MpiDpError) else f"{type(e).__name__}: {e}"
-        print(f"mpi-dp: error{where}: {what}", file=sys.stderr, flush=True)
-        if os.environ.get("MPI_DP_TRACEBACK") or not isinstance(e, MpiDpError):
-            traceback.print_exc()
-        if comm.Get_size() > 1:
-            sys.stderr.flush()
-            time.sleep(0.5)  # let mpiexec forward the message before the abort kills the ranks
-            comm.Abort(1)
-        return 1
+            comm.Abort(stop.EXIT_INT)
+        return stop.EXIT_INT
+    except MpiDpError as e:  # a user error found by one rank during the computation
+        where = f" on rank {rank}" if size > 1 else ""
+        print(f"mpi-dp: error{where}: {e}", file=sys.stderr, flush=True)
+        _traceback_if_asked(rank, size)
+        return _abort(comm, 2)
+    except BaseException as e:  # a bug: its traceback, tagged with the rank, then stop all
+        where = f" on rank {rank}" if size > 1 else ""
+        print(f"mpi-dp: internal error{where}: {type(e).__name__}: {e}\n"
+              f"{_tagged_traceback(rank, size)}"
+              "mpi-dp: this is a bug in mpi_dp, not in your job: please report it with the "
+              "traceback above", file=sys.stderr, flush=True)
+        return _abort(comm, 1)
     return 0
+
+
+def _tagged_traceback(rank: int, size: int) -> str:
+    """The current exception's traceback, each line tagged with the rank under MPI."""
+    tag = f"[rank {rank}] " if size > 1 else ""
+    return "".join(f"{tag}{line}\n" for line in traceback.format_exc().rstrip().splitlines())
+
+
+def _traceback_if_asked(rank: int, size: int) -> None:
+    """MPI_DP_TRACEBACK=1: a user error's traceback too (debugging mpi_dp itself)."""
+    if os.environ.get("MPI_DP_TRACEBACK"):
+        print(_tagged_traceback(rank, size), end="", file=sys.stderr, flush=True)
+
+
+def _abort(comm, status: int) -> int:
+    """Stop every rank of a multi-rank job from the one that failed (the others may wait in a
+    collective), after mpiexec had the time to forward the message."""
+    if comm.Get_size() > 1:
+        sys.stderr.flush()
+        time.sleep(0.5)
+        comm.Abort(status)
+    return status
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -111,7 +152,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                            progress=not args.quiet, overwrite=args.overwrite,
                                            resume=args.resume or False,
                                            configs=args.configs or args.config_block,
-                                           task_file=args.task_file))
+                                           task_file=args.task_file, force=args.force))
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
@@ -324,6 +365,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "output; results/x.h5 -> results/x.task0.h5 ...), the names `mpi-dp merge "
                      "OUT` looks for")
     run.add_argument("--quiet", action="store_true", help="no progress messages")
+    run.add_argument("--force", action="store_true",
+                     help="start even when the estimate printed before the first iteration says "
+                     "the result will not fit on its disk or the job would run over a month "
+                     "(a job past the node's memory never starts)")
     run.set_defaults(func=_cmd_run)
 
     aud = sub.add_parser(
@@ -510,11 +555,8 @@ def main(argv: list[str] | None = None) -> int:
     except MpiDpError as e:
         print(f"mpi-dp: error: {e}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, ValueError) as e:
+    except FileNotFoundError as e:
         print(f"mpi-dp: error: {e}", file=sys.stderr)
-        return 2
-    except KeyError as e:  # e.g. a metric the result file does not have (the message names it)
-        print(f"mpi-dp: error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -523,6 +565,11 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{e.filename}: " if e.filename else ""
         print(f"mpi-dp: error: cannot write or read {where}{e.strerror or e}", file=sys.stderr)
         return 2
+    except Exception as e:  # a bug: only MpiDpError (and I/O on the user's paths) is the user's
+        print(f"mpi-dp: internal error: {type(e).__name__}: {e}\n{_tagged_traceback(0, 1)}"
+              "mpi-dp: this is a bug in mpi_dp, not in your command: please report it with the "
+              "traceback above", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -33,3 +33,14 @@ class ProtocolError(MpiDpError):
 
 class MergeError(MpiDpError):
     """Part files that cannot be merged into one result (mpi-dp merge); the message says why."""
+
+
+class DiskFullError(MpiDpError):
+    """The file system of a result file ran out of space; what was complete stays readable."""
+
+
+class ResultError(MpiDpError, KeyError):
+    """A result file lacks what was asked of it (a metric, a configuration). Also a KeyError, for
+    code that looks things up; its message is the plain text (not a KeyError's quoted repr)."""
+
+    __str__ = BaseException.__str__

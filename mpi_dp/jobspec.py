@@ -20,7 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-import tomllib
+try:  # Python >= 3.11
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as the tomli package
+    import tomli as tomllib  # type: ignore[no-redef]
 
 from .errors import JobError
 
@@ -574,6 +577,9 @@ def read(path: str | Path, overrides: Sequence[str], methods: Mapping[str, Metho
         raise JobError(f"job file {spath} not found") from None
     except OSError as e:
         raise JobError(f"job file {spath}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise JobError(f"job file {spath}: not a UTF-8 text file (byte {e.start}); a job file "
+                       "is TOML text, e.g. jobs/demo.toml") from None
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

@@ -21,19 +21,28 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .comm import stop
 from .comm.agree import AgreedError, collective
 from .comm.star import Star
 from .data import ShardFile
-from .errors import JobError
+from .errors import DiskFullError, JobError
 from .job import load_job
 from .jobspec import Job, resolve_per_owner
 from .methods import REGISTRY, Context, Method, Outcome, Resolved
 from .methods.base import shard_sizes
 from .privacy import accountants, contract, noise_signal
-from .results import provenance
-from .results.output import OutputLock, check_output, check_resume, partial_path
+from .results import footprint, provenance
+from .results.output import (
+    OutputLock,
+    SpaceReserve,
+    check_output,
+    check_resume,
+    no_space,
+    partial_path,
+    quiet_full_disk_deallocs,
+)
 from .results.parts import BlockSpec, task_path
-from .results.recorder import ConfigRecorder, ResultFile
+from .results.recorder import ConfigRecorder, ResultFile, checkpoint_every_s
 
 __all__ = ["AgreedError", "collective", "resolve_configs", "run_job"]
 
@@ -77,7 +86,7 @@ def resolve_configs(job: Job, shard: ShardFile, sizes: np.ndarray | None = None
 def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = None,
             comm: MPI.Comm | None = None, progress: bool = True, overwrite: bool = False,
             resume: bool | str = False, configs: BlockSpec | None = None,
-            task_file: bool = False) -> Path:
+            task_file: bool = False, force: bool = False) -> Path:
     """Run a job file under MPI (collective over `comm`); returns the result path.
 
     The result is written to PATH.partial under an exclusive lock and renamed to PATH when the
@@ -88,11 +97,17 @@ def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = N
 
     `configs` (--configs A:B, --config-block I/N) runs only that block of the configurations,
     each written at its own index, into a part file recording the block (`mpi-dp merge`
-    combines the parts); `task_file` names it PATH.taskI.h5 (block I of --config-block)."""
+    combines the parts); `task_file` names it PATH.taskI.h5 (block I of --config-block).
+
+    Before the output is touched, the job's result size, memory and time are estimated
+    (results.footprint): past the node's memory it stops; past the free disk space or a month
+    it stops unless `force`. A full disk during the run leaves the complete configurations
+    readable (PATH.reserve is given back so the file closes) and stops with DiskFullError."""
     comm = comm or MPI.COMM_WORLD
     rank = comm.Get_rank()
     overrides = list(overrides) + ([f'output="{out}"'] if out else [])
     job = collective(comm, lambda: load_job(path, overrides))
+    collective(comm, checkpoint_every_s)  # a bad MPI_DP_CHECKPOINT_S stops before anything
 
     def select() -> tuple[tuple[int, int] | None, Path]:
         if task_file and (configs is None or configs.task is None):
@@ -118,14 +133,15 @@ def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = N
     resume = comm.bcast(collective(comm, claim), root=0)
     try:
         task = configs.task if configs is not None else None
-        return _run_locked(job, comm, progress, resume, final, block, task)
+        return _run_locked(job, comm, progress, resume, final, block, task, force)
     finally:
         if lock is not None:
             lock.release()
 
 
 def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool, final: Path,
-                block: tuple[int, int] | None, task: tuple[int, int] | None) -> Path:
+                block: tuple[int, int] | None, task: tuple[int, int] | None,
+                force: bool = False) -> Path:
     """run_job once the output `final` is claimed: validate, write PATH.partial, rename when
     complete. Only the configurations in `block` (all if None) run."""
     rank = comm.Get_rank()
@@ -142,15 +158,45 @@ def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool, final: P
     # every configuration's settings and noise calibration, agreed and checked before the
     # output exists
     settings = [ctx.agree(lambda rc=rc: method.settings(ctx, prepared, rc)) for rc in configs]
-    settings, cals = calibrate(ctx, method, prepared, configs, settings)
-    signal = noise_to_signal(ctx, method, prepared, configs, settings, cals)
+    # what the job will cost (result size, memory, time), checked before the noise calibration
+    # (a T of 1e12 would compose privacy losses for hours) and before the output is touched
+    hosts = comm.allgather(socket.gethostname())
+    lo, hi = block if block is not None else (0, len(configs))
+    fp = footprint.job_footprint(comm, [ctx.agree(
+        lambda rc=rc, s=s: method.footprint(ctx, prepared, rc, s))
+        for rc, s in zip(configs, settings, strict=True) if lo <= rc.index < hi])
+    reserve = SpaceReserve(final) if rank == 0 else None
 
-    hosts = comm.gather(socket.gethostname(), root=0)
-    owners = collective(comm, lambda: owner_values(shard) if rank == 0 else {})
+    def check_and_reserve() -> None:
+        if rank == 0:
+            footprint.check(fp, final, max(hosts.count(h) for h in hosts), force, progress)
+            reserve.hold()
+    collective(comm, check_and_reserve)
+    try:
+        settings, cals = calibrate(ctx, method, prepared, configs, settings)
+        signal = noise_to_signal(ctx, method, prepared, configs, settings, cals)
+        return _write(job, comm, method, ctx, prepared, configs, settings, signal, hosts, resume,
+                      final, block, task, reserve, progress)
+    finally:
+        if reserve is not None:
+            reserve.release()
+
+
+def _write(job: Job, comm: MPI.Comm, method: Method, ctx: Context, prepared: Any,
+           configs: list[Resolved], settings: list[Any], signal: dict, hosts: list[str] | None,
+           resume: bool, final: Path, block: tuple[int, int] | None,
+           task: tuple[int, int] | None, reserve: SpaceReserve | None, progress: bool) -> Path:
+    """The result file: open (or reopen), run the configurations, close with the status."""
+    rank, shard, run_ids = comm.Get_rank(), ctx.shard, ctx.run_ids
+    if rank == 0:
+        quiet_full_disk_deallocs()
+    owners = collective(comm, lambda: {**owner_values(shard), **shard_digest(shard)}
+                        if rank == 0 else {})
     result = collective_open(job if rank == 0 else None, len(configs), comm, hosts, resume,
                              final, block, task, owners)
     done = set(comm.bcast(result.completed if result is not None and resume else [], root=0))
     lo, hi = block if block is not None else (0, len(configs))
+    full, kept = False, 0
     if rank == 0 and progress and resume:
         print(f"mpi-dp: resuming {partial_path(final)}: {len(done)} of {hi - lo} "
               "configuration(s) complete, the others run (again)", file=sys.stderr, flush=True)
@@ -165,28 +211,46 @@ def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool, final: P
               f"  writing {partial_path(final)} (renamed to {final.name} when "
               "complete)", file=sys.stderr, flush=True)
     t_start = time.perf_counter()
-    status = "failed"
+    status, why = "failed", None
     try:
         for rc, s in zip(configs, settings, strict=True):
             if lo <= rc.index < hi and rc.index not in done:
+                stop.check(comm)  # a stop asked during set-up or the last configuration
                 _run_one(method, ctx, prepared, rc, s, len(configs), result,
                          signal.get(rc.index, {}))
         status = "complete"
-    except KeyboardInterrupt:
-        status = "interrupted"
+    except (stop.Interrupted, KeyboardInterrupt) as e:
+        status, why = "interrupted", str(e) or "interrupted"
         raise
+    except BaseException as e:
+        full = result is not None and no_space(e)
+        if full and reserve is not None:
+            reserve.release()  # room for HDF5 to close the file with what was complete
+        why = (f"no space left on device writing {result.path}" if full
+               else f"{type(e).__name__}: {e}"[:2000])
+        kept = len(result.complete_indices()) if full else 0
+        if not full:
+            raise
     finally:
         if result is not None:
-            result.close(status, wall_seconds=round(time.perf_counter() - t_start, 3),
-                         end_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+            ends = {"wall_seconds": round(time.perf_counter() - t_start, 3),
+                    "end_time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            if full:
+                result.close_on_full_disk(why, **ends)
+            else:
+                result.close(status, reason=why, **ends)
             if status == "complete":
                 os.replace(result.path, final)  # only a finished job takes the name
         if rank == 0 and progress and status == "complete":
             print(f"mpi-dp: done in {time.perf_counter() - t_start:.1f} s -> {final}",
                   file=sys.stderr, flush=True)
-        elif rank == 0 and result is not None and status != "complete":
+        elif rank == 0 and result is not None and status != "complete" and not full:
             print(f"mpi-dp: {status}: what the job did is in {result.path} (mpi-dp analyze "
                   f"reads it); {final} was not touched", file=sys.stderr, flush=True)
+    if full:
+        raise DiskFullError(f"no space left on device writing {partial_path(final)}: the "
+                            f"{kept} complete configuration(s) in it stay readable; free space "
+                            "and run the same command with --resume to finish the job")
     return final
 
 
@@ -339,6 +403,14 @@ def owner_values(shard: ShardFile) -> dict[str, str]:
         return {}
     key = shard.attrs.get("partition_key", "")
     return {"owner_key": str(key), "owner_values": json.dumps(values)}
+
+
+def shard_digest(shard: ShardFile) -> dict[str, str]:
+    """Provenance of the data: the shard file's path and SHA-256 (which bytes a result used)."""
+    try:
+        return {"data_path": str(shard.path), "data_sha256": provenance.sha256(shard.path)}
+    except OSError as e:
+        raise JobError(f"cannot read the shard file {shard.path}: {e.strerror or e}") from None
 
 
 def collective_open(job: Job | None, n_configs: int, comm: MPI.Comm,

@@ -3,6 +3,7 @@ message a user reads, and no result file (nor PATH.partial) left behind."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -213,3 +214,214 @@ def test_under_mpiexec_every_rank_stops_and_one_message_is_printed(files, case):
 
 def test_the_table_is_large_enough():
     assert len(RUN_CASES) + len(OTHER_CASES) >= 40
+
+
+# -- faults that lose nothing (a full disk, a stop signal, absurd numbers, a bug) ------------------
+FAULT_JOB = """name = "f"
+algorithm = "sync_star"
+variant = "alg2"
+data = "{data}"
+seed = 3
+runs = {runs}
+T = {T}
+eps = 1.0
+loss = "squared"
+lam = 1e-2
+theta_max = 1e6
+xi = "auto"
+record_every = {record_every}
+[sweep]
+eps = [1.0, 2.0, 4.0]
+"""
+
+
+def _fault_job(d: Path, runs: int = 2, T: int = 40, record_every: int = 2) -> Path:
+    job = d / "fault.toml"
+    job.write_text(FAULT_JOB.format(data=d / "good.h5", runs=runs, T=T, record_every=record_every))
+    return job
+
+
+def _same_datasets(a: Path, b: Path) -> None:
+    from helpers import read_datasets
+
+    x, y = read_datasets(a), read_datasets(b)
+    assert sorted(x) == sorted(y)
+    for k in x:
+        assert x[k].tobytes() == y[k].tobytes(), k
+
+
+@pytest.fixture()
+def small_disk(tmp_path):
+    """A 7 MiB tmpfs (root only): a result that needs more fills it."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("a full disk needs a small tmpfs: mounting one needs root")
+    cp = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=7m", "tmpfs", str(mnt)],
+                        capture_output=True, text=True)
+    if cp.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({cp.stderr.strip()})")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_full_disk_keeps_what_was_complete_and_resume_finishes_it_bit_for_bit(
+        files, tmp_path, small_disk):
+    """The result needs ~7 MB on a 7 MiB disk (4 MiB of it held by PATH.reserve): the estimate
+    refuses; with --force the run fills the disk in its second configuration, stops with one
+    line naming the path, and the partial file holds the first configuration complete and
+    readable; after space is freed --resume (on another rank count) equals an uninterrupted run."""
+    job = _fault_job(files, runs=20, T=1500, record_every=1)
+    out = small_disk / "x.h5"
+    cp = mpi_run(2, ["run", str(job), "--out", str(out), "--quiet"], cwd=files)
+    assert cp.returncode == 2 and "pass --force" in cp.stderr and "free" in cp.stderr, cp.stderr
+    assert not any(small_disk.iterdir())
+    cp = mpi_run(2, ["run", str(job), "--out", str(out), "--quiet", "--force"], cwd=files)
+    assert cp.returncode == 2, cp.stderr
+    assert "Traceback" not in cp.stderr, cp.stderr
+    errors = [ln for ln in cp.stderr.splitlines() if "mpi-dp: error" in ln]
+    assert len(errors) == 1 and "no space left on device" in errors[0], cp.stderr
+    assert f"{out}.partial" in errors[0] and "--resume" in errors[0]
+    assert sorted(p.name for p in small_disk.iterdir()) == ["x.h5.partial"]  # no reserve, lock
+    with h5py.File(f"{out}.partial", "r", locking=False) as f:
+        assert f.attrs["status"] == "failed" and "no space" in f.attrs["status_reason"]
+        assert f["configs/000"].attrs["config_complete"]
+        assert f["configs/000/metrics/psi"].shape == (1501, 20)
+    moved = tmp_path / "x.h5"  # "free space": continue it on a disk with room
+    shutil.copy(f"{out}.partial", f"{moved}.partial")
+    cp = mpi_run(3, ["run", str(job), "--out", str(moved), "--quiet", "--resume"], cwd=files)
+    assert cp.returncode == 0, cp.stderr
+    whole = tmp_path / "whole.h5"
+    cp = mpi_run(2, ["run", str(job), "--out", str(whole), "--quiet"], cwd=files)
+    assert cp.returncode == 0, cp.stderr
+    _same_datasets(whole, moved)
+
+
+def test_sigterm_stops_every_rank_at_a_record_and_resume_finishes_it_bit_for_bit(files, tmp_path):
+    """SIGTERM to mpiexec mid-configuration (what Slurm's warning or a time limit sends): every
+    rank stops at the next record after a checkpoint, the file says 'interrupted', the lock is
+    gone, the log says how to resume, the exit status is 143; --resume equals an uninterrupted
+    run bit for bit."""
+    import signal
+    import time
+
+    from helpers import MPIEXEC, wait_for_progress
+
+    job = _fault_job(files, runs=2, T=400000, record_every=50)
+    out = tmp_path / "t.h5"
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", MPI_DP_CHECKPOINT_S="1000")
+    proc = subprocess.Popen([MPIEXEC, "-n", "3", sys.executable, "-m", "mpi_dp", "run", str(job),
+                             "--out", str(out), "--set", "T=3000"], cwd=files, env=env,
+                            stderr=subprocess.PIPE, text=True)
+    wait_for_progress(Path(f"{out}.partial"), "progress_record", 5)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and "interrupted" in err and "--resume" in err, err
+    assert not Path(f"{out}.lock").exists() and not Path(f"{out}.reserve").exists()
+    with h5py.File(f"{out}.partial", "r", locking=False) as f:
+        assert f.attrs["status"] == "interrupted" and "SIGTERM" in f.attrs["status_reason"]
+        stopped = int(f.attrs["progress_config"])
+        assert "checkpoint" in f[f"configs/{stopped:03d}"]  # stopped inside a configuration
+    cp = mpi_run(2, ["run", str(job), "--out", str(out), "--set", "T=3000", "--resume"],
+                 cwd=files)
+    assert cp.returncode == 0 and "resumed from its checkpoint" in cp.stderr, cp.stderr
+    whole = tmp_path / "whole.h5"
+    cp = mpi_run(3, ["run", str(job), "--out", str(whole), "--set", "T=3000", "--quiet"],
+                 cwd=files)
+    assert cp.returncode == 0, cp.stderr
+    _same_datasets(whole, out)
+
+
+def test_an_eps_so_large_the_noise_vanishes_runs_and_is_accounted_exactly(files):
+    job = _fault_job(files)
+    out = files / "huge_eps.h5"
+    cp = _cli(files, "run", str(job), "--out", str(out), "--quiet", "--set", "sweep.eps=[1e300]")
+    assert cp.returncode == 0 and "Traceback" not in cp.stderr, cp.stderr
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "complete"
+        ledger = f["configs/000/privacy/ledger"][()]
+    assert np.all(np.isfinite(ledger["eps_basic"])) and np.all(ledger["target_eps"] == 1e300)
+    cp = _cli(files, "analyze", str(out))
+    assert cp.returncode == 0 and "Traceback" not in cp.stderr, cp.stderr
+
+
+@pytest.mark.parametrize("key,value,says", [
+    ("T", "1000000000000", "would run about"),
+    ("runs", "100000000", "of memory"),
+])
+def test_absurd_numbers_are_refused_before_anything_runs(files, key, value, says):
+    job = _fault_job(files)
+    out = files / "absurd.h5"
+    cp = _cli(files, "run", str(job), "--out", str(out), "--set", f"{key}={value}")
+    assert cp.returncode == 2, cp.stderr
+    errors = [ln for ln in cp.stderr.splitlines() if ln.startswith("mpi-dp: error")]
+    assert len(errors) == 1 and says in errors[0] and "Traceback" not in cp.stderr, cp.stderr
+    assert not out.exists() and not Path(f"{out}.partial").exists()
+    assert "estimated before starting" not in cp.stderr  # refused: no estimate line to trust
+
+
+def test_the_estimate_is_printed_before_the_first_iteration(files):
+    job = _fault_job(files)
+    cp = _cli(files, "run", str(job), "--out", str(files / "estimate.h5"), "--overwrite")
+    assert cp.returncode == 0, cp.stderr
+    est = cp.stderr.index("estimated before starting: result file about")
+    assert est < cp.stderr.index("[1/3")
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_a_bug_inside_a_method_prints_its_traceback_and_the_file_says_failed(files, ranks):
+    """Only MpiDpError is a user error: an injected KeyError (a bug) prints its rank-tagged
+    traceback, exits 1, and the result file records 'failed' with the exception."""
+    job = _fault_job(files)
+    out = files / f"bug{ranks}.h5"
+    cp = mpi_run(ranks, ["run", str(job), "--out", str(out), "--quiet", "--overwrite"], cwd=files,
+                 env={"MPI_DP_TEST_RAISE_AT": "1:3"})
+    assert cp.returncode == 1, cp.stderr
+    assert "internal error" in cp.stderr and "KeyError: 'typo_key'" in cp.stderr, cp.stderr
+    assert "Traceback" in cp.stderr and "this is a bug in mpi_dp" in cp.stderr
+    if ranks > 1:
+        assert "[rank 0] Traceback" in cp.stderr
+    assert "mpi-dp: error" not in cp.stderr  # not shown as the user's mistake
+    assert not Path(f"{out}.lock").exists()
+    with h5py.File(f"{out}.partial", "r", locking=False) as f:
+        assert f.attrs["status"] == "failed"
+        assert f.attrs["status_reason"] == "KeyError: 'typo_key'"
+        assert f["configs/000"].attrs["config_complete"]
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan"])
+def test_a_bad_checkpoint_interval_is_one_line(files, value):
+    job = _fault_job(files)
+    out = files / "ckpt.h5"
+    cp = subprocess.run([sys.executable, "-m", "mpi_dp", "run", str(job), "--out", str(out)],
+                        cwd=files, capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, MPI_DP_CHECKPOINT_S=value))
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr
+    errors = [ln for ln in cp.stderr.splitlines() if ln.startswith("mpi-dp: error")]
+    assert len(errors) == 1 and "MPI_DP_CHECKPOINT_S" in errors[0], cp.stderr
+    assert not out.exists() and not Path(f"{out}.partial").exists()
+
+
+def test_the_result_names_the_bytes_of_its_shard_and_the_accountant_version(files):
+    import hashlib
+    from importlib.metadata import version
+
+    with h5py.File(files / "result.h5", "r") as f:
+        prov = dict(f["provenance"].attrs)
+    assert prov["data_sha256"] == hashlib.sha256((files / "good.h5").read_bytes()).hexdigest()
+    assert prov["dp_accounting"] == version("dp-accounting")
+
+
+def test_the_job_parser_works_without_tomllib(files):
+    """Python 3.10 has no tomllib: the package falls back to tomli (declared for < 3.11)."""
+    pytest.importorskip("tomli", reason="tomli (the Python 3.10 fallback) is not installed")
+    code = ("import sys; sys.modules['tomllib'] = None\n"
+            "from mpi_dp.job import load_job\n"
+            "job = load_job('job.toml', [])\n"
+            "assert 'tomli' in sys.modules and job['T'] == 3, job['T']\n"
+            "print('ok')")
+    cp = subprocess.run([sys.executable, "-c", code], cwd=files, capture_output=True, text=True,
+                        timeout=120)
+    assert cp.returncode == 0 and cp.stdout.strip() == "ok", cp.stderr

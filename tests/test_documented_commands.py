@@ -43,7 +43,11 @@ from pathlib import Path
 
 import h5py
 import pytest
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
 
 from mpi_dp.cli import build_parser
 

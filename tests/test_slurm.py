@@ -103,3 +103,52 @@ def test_a_requeued_job_resumes_and_equals_an_uninterrupted_run(tmp_path, small_
     assert sorted(a) == sorted(b)
     for k in a:
         assert a[k].tobytes() == b[k].tobytes(), k
+
+
+def test_a_time_limit_stops_at_a_record_requeues_and_resumes_bit_for_bit(tmp_path, small_shards):
+    """--time=1 with the script's warning 40 s before it (--signal=B:USR1@40): every rank stops at
+    its next record after a checkpoint, the file says 'interrupted', the script requeues the job
+    (given 5 minutes now, so the next attempt ends), the next attempt resumes and appends to the
+    same log; the result equals an uninterrupted run bit for bit. (Resuming inside a
+    configuration after SIGTERM: test_bad_inputs.py.)"""
+    from helpers import mpi_run, read_datasets
+
+    # longer than the 20 s before the warning, even on a quiet machine
+    job = write_job(tmp_path / "tl.toml", small_shards, runs=2, T=12000, record_every=200,
+                    sweep={"eps": [1.0, 2.0]})
+    out = tmp_path / "tl_result.h5"
+    env = dict(os.environ, MPI_DP_VENV=str(Path(sys.executable).parent.parent))
+    sub = subprocess.run(["sbatch", "--parsable", "--ntasks=2", "--time=1",
+                          "--signal=B:USR1@40", "--export=ALL", f"--chdir={tmp_path}",
+                          str(SCRIPT), str(job), "--out", str(out)],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert sub.returncode == 0, sub.stderr
+    jid = sub.stdout.strip().split(";")[0]
+    whole = tmp_path / "whole.h5"  # meanwhile, the uninterrupted run
+    cp = mpi_run(2, ["run", str(job), "--out", str(whole), "--quiet"])
+    assert cp.returncode == 0, cp.stderr
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 2 * HANG_GUARD_S:
+        q = subprocess.run(["squeue", "-h", "-j", jid, "-o", "%T"], capture_output=True,
+                           text=True)
+        if not q.stdout.strip():
+            break
+        if "PENDING" in q.stdout:  # requeued: it would wait ~2 minutes (BeginTime)
+            subprocess.run(["scontrol", "update", f"JobId={jid}", "TimeLimit=5",
+                            "StartTime=now"], capture_output=True, timeout=60)
+        time.sleep(2)
+    else:
+        raise AssertionError(f"Slurm job {jid} did not finish")
+    log = (tmp_path / f"slurm-mpi_dp-{jid}.out").read_text()
+    # stopped at a record (or, if the warning came during set-up, before the first configuration)
+    assert "time limit in 60 s" in log and "interrupted (stopped by SIGTERM)" in log, log
+    assert "requeueing job" in log, log
+    assert "mpi-dp: done" in log and "Traceback" not in log, log
+    assert log.index("requeueing job") < log.index("resuming")  # one log, both attempts
+    with h5py.File(out, "r", locking=False) as f:
+        assert f.attrs["status"] == "complete" and f.attrs["resumed"] >= 1
+    assert not Path(f"{out}.lock").exists()
+    a, b = read_datasets(whole), read_datasets(out)
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k].tobytes() == b[k].tobytes(), k

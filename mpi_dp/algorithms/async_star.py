@@ -29,6 +29,7 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
+from ..comm import stop
 from ..comm.p2p_star import ANSWERED, DECLINED, LAST_ANSWER, OwnerClocks, P2PStar
 from ..comm.schedule import LoggedSchedule, Scheduler
 from ..comm.star import Star
@@ -502,6 +503,7 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
              if s.mode == "replay" else None)
     trace = Trace(R, s.T) if saved is None else saved["trace"]
     dropped = np.zeros(0)
+    stopped = 0  # the signal that stopped the learner (comm.stop), told to the hosts below
     if s.mode == "live":
         kernels.warm_up()  # compile or load the kernels before the clocks start
         link.start_clock()
@@ -523,6 +525,8 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
                                         np.array(s.rates) if s.rates else None))
                 _replay_learner(link, answer, learner, sched, s, trace, records, label,
                                 progress, t0, owners, saved)
+        except stop.Interrupted as e:
+            stopped = e.signum
         finally:
             if s.mode == "live":
                 dropped = link.stop_and_drain()
@@ -535,6 +539,9 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
         link.serve_live(s.protocol, clocks, answer, s.runs)
     else:
         link.serve(answer, lambda: _owner_states(owners))
+    stopped = star.comm.bcast(stopped, root=0)
+    if stopped:  # every rank stops with the learner, after its checkpoint
+        raise stop.Interrupted(stopped)
 
     records.finish(oracle, link.is_learner, star)
     logs = star.gather_objects([(o.ledger, o.clipped) for o in owners.values()])
@@ -607,11 +614,15 @@ def _replay_learner(link: P2PStar, answer, learner: Learner, sched, s: Settings,
             trace.end_reason = (f"every run ended by k={int(trace.ended_at.max())}: no owner "
                                 "left with budget")
             break
-        if k % s.record_every == 0 and k < s.T and rec is not None and rec.checkpoint_due():
-            rec.save_state({"k": k, "alive": alive, "theta_L": learner.theta_L,
-                            "theta_loc": learner.theta_loc, "sched": sched, "trace": trace,
-                            "records": records.state(),
-                            "owners": dict(link.snapshot(lambda: _owner_states(owners)))})
+        if k % s.record_every == 0 and k < s.T and (stop.requested() or (
+                rec is not None and rec.checkpoint_due())):
+            snap = dict(link.snapshot(lambda: _owner_states(owners)))
+            if rec is not None:
+                rec.save_state({"k": k, "alive": alive, "theta_L": learner.theta_L,
+                                "theta_loc": learner.theta_loc, "sched": sched, "trace": trace,
+                                "records": records.state(), "owners": snap})
+            if stop.requested():  # the hosts learn it when the learner stops them (run_config)
+                raise stop.Interrupted(stop.requested())
 
 
 def _live_learner(link: P2PStar, learner: Learner, s: Settings, trace: Trace, records: _Records,
@@ -674,6 +685,8 @@ def _live_loop(link: P2PStar, learner: Learner, s: Settings, trace: Trace, recor
             if progress and (now - last_print > 10.0 or k == s.T):
                 _progress(label, k, s.T, records.last_psi, t0)
                 last_print = now
+            if stop.requested() and k < s.T:  # live: no checkpoint, a resume restarts it
+                raise stop.Interrupted(stop.requested())
     if k < s.T:
         trace.ended_at[:] = k
         trace.end_reason = f"ended at k={k}: every owner spent its budget"

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 import numpy as np
 import scipy.sparse as sp
 
+from ..comm import stop
 from ..comm.star import Star
 from ..errors import JobError
 from ..models import linear, reference
@@ -420,14 +421,19 @@ class Checkpointed:
 
 
 def save_checkpoint(star: Star, recorder, k: int, T: int, owners: list, **learner) -> None:
-    """Collective, at a record: when the learner's recorder says a checkpoint is due (and the
-    configuration is not ending), store the learner's state with every owner's `state()`."""
-    if not star.comm.bcast(recorder is not None and recorder.checkpoint_due() and k < T, root=0):
+    """Collective, at a record: when the learner's recorder says a checkpoint is due or a stop
+    was asked (comm.stop; not at the last record), store the learner's state with every owner's
+    `state()`; after a stop's checkpoint every rank raises Interrupted."""
+    if k >= T:
         return
-    states = star.gather_objects([(o.agent, o.state()) for o in owners])
-    if star.is_learner:
-        recorder.save_state({**learner, "k": k,
-                             "owners": dict(st for part in states for st in part)})
+    save, signum = stop.at_record(star.comm, recorder is not None and recorder.checkpoint_due())
+    if save:
+        states = star.gather_objects([(o.agent, o.state()) for o in owners])
+        if star.is_learner and recorder is not None:
+            recorder.save_state({**learner, "k": k,
+                                 "owners": dict(st for part in states for st in part)})
+    if signum:
+        raise stop.Interrupted(signum)
 
 
 def load_checkpoint(star: Star, recorder, owners: Iterable, label: str, progress: bool,

@@ -199,8 +199,12 @@ def agent_budgets(s: Settings, problem: M.Problem, schedule: np.ndarray) -> list
 
 
 def laplace_scale(L0: float, e: float, m_i: int) -> float:
-    """s_i = 2 L0 / (e m_i) (Theorem 1); 0 at e = inf (no noise)."""
-    return 0.0 if math.isinf(e) else 2.0 * L0 / (e * m_i)
+    """s_i = 2 L0 / (e m_i) (Theorem 1); 0 at e = inf (no noise). An e whose product with m_i
+    overflows (e near the largest float) divides twice instead, so s_i stays positive."""
+    if math.isinf(e):
+        return 0.0
+    den = float(e) * m_i  # a Python float: inf on overflow, no warning
+    return 2.0 * L0 / den if math.isfinite(den) else 2.0 * L0 / float(e) / m_i
 
 
 # -- private warm start (Algorithm 4) -------------------------------------------------------

@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mpi_dp.analysis.load import ConfigView, Result, ResultFileError  # noqa: E402
-from mpi_dp.analysis.style import DPI, aligned, cell, title  # noqa: E402
+from mpi_dp.analysis.style import DPI, aligned, cell, on_eps_axis, title  # noqa: E402
 from mpi_dp.analysis.table import FLAG, beats, ref_scalar  # noqa: E402
 
 ALGORITHM = "admm"
@@ -462,7 +462,7 @@ def plot_error_vs_eps(result: Result, path: Path) -> Path | None:
     Returns None without test-error records at two finite eps_bar values or one plus a level.
     """
     rows = [r for r in admm_table(result) if r["records"] > 0 and math.isfinite(r["mean"])]
-    finite = [r for r in rows if math.isfinite(r["eps_bar"]) and r["eps_bar"] > 0]
+    finite = [r for r in rows if on_eps_axis(r["eps_bar"])]  # negligible noise: left off
     inf_rows = [r for r in rows if math.isinf(r["eps_bar"])]
     refs = sorted({round(r["nonprivate_ref"], 12) for r in admm_table(result)
                    if r["nonprivate_ref"] is not None and math.isfinite(r["nonprivate_ref"])})

@@ -28,7 +28,7 @@ from scipy import stats  # noqa: E402
 
 from mpi_dp.analysis.fit import _final_data  # noqa: E402
 from mpi_dp.analysis.load import ConfigView, Result, ResultFileError  # noqa: E402
-from mpi_dp.analysis.style import DPI, log_edges, title  # noqa: E402
+from mpi_dp.analysis.style import DPI, log_edges, on_eps_axis, title  # noqa: E402
 
 METRIC = "psi"
 MAX_LABELS = 20  # label the gaining owners on the facility figure up to this many
@@ -275,8 +275,8 @@ def plot_collaboration_map(result: Result, prefix: str | Path) -> list[Path]:
     Needs >= 2 distinct N and >= 2 distinct eps among equal-eps configurations with a finite
     mean. Writes `<prefix>_collab_map.png`.
     """
-    table = [r for r in collaboration_table(result) if np.isfinite(r["mean"]) and r["eps"] > 0
-             and np.isfinite(r["eps"])]
+    table = [r for r in collaboration_table(result) if np.isfinite(r["mean"])
+             and on_eps_axis(r["eps"])]
     Ns = np.unique([r["N"] for r in table]).astype(float)
     es = np.unique([r["eps"] for r in table])
     if Ns.size < 2 or es.size < 2:

@@ -12,15 +12,15 @@ import numpy as np  # noqa: E402
 
 from mpi_dp.analysis.forecast import BoundFit, ForecastError, fit_bound, regressors  # noqa: E402
 from mpi_dp.analysis.load import Result  # noqa: E402
-from mpi_dp.analysis.style import DPI, title  # noqa: E402
+from mpi_dp.analysis.style import DPI, on_eps_axis, title  # noqa: E402
 
 MAX_CURVES = 8
 
 
 def _equal_points(fit: BoundFit, source: str) -> list[dict]:
-    """Points of `source` whose owners share one eps and one n."""
+    """Points of `source` whose owners share one eps (one drawn on an eps axis) and one n."""
     return [p for p in fit.points if p["source"] == source and len(set(p["eps"])) == 1
-            and len(set(p["n"])) == 1 and np.isfinite(p["eps"][0])]
+            and len(set(p["n"])) == 1 and on_eps_axis(p["eps"][0])]
 
 
 def _thin(keys: list, limit: int = MAX_CURVES) -> list:

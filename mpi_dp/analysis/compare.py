@@ -22,7 +22,7 @@ import h5py
 import numpy as np
 
 from mpi_dp.analysis.load import ConfigView, Result, open_result
-from mpi_dp.analysis.style import DPI, aligned, cell
+from mpi_dp.analysis.style import DPI, EPS_AXIS_MAX, aligned, cell, on_eps_axis
 from mpi_dp.errors import MpiDpError
 
 METRICS = ("auto", "test_error", "rmse")
@@ -372,11 +372,31 @@ def plot_compare(rows: list[Row], metric: str, path: str | Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.backend_bases import FigureCanvasBase
     from matplotlib.ticker import FixedLocator, NullLocator
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    drawn = [r for r in rows if r.value(metric) is not None and (r.eps > 0 or math.isinf(r.eps))]
+    if path.is_dir():
+        raise CompareError(f"--out {path} is a directory; give the figure's file name, e.g. "
+                           f"{path / 'compare.png'}")
+    if not path.suffix:
+        path = path.with_suffix(".png")  # what savefig writes: name the file it writes
+    elif path.suffix.lower()[1:] not in FigureCanvasBase.get_supported_filetypes():
+        raise CompareError(f"--out {path}: {path.suffix} is not a figure format; give a .png, "
+                           ".pdf or .svg file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        why = (f"{blocker} is a file, not a directory" if blocker is not None else
+               f"{e.strerror or e} ({e.filename or path.parent})")
+        raise CompareError(f"cannot write the figure {path}: {why}; choose another --out"
+                           ) from None
+    drawn = [r for r in rows if r.value(metric) is not None
+             and (on_eps_axis(r.eps) or math.isinf(r.eps))]
+    # a finite eps beyond style.EPS_AXIS_MAX (negligible noise) stays in the table only
+    off_axis = sum(1 for r in rows if r.value(metric) is not None
+                   and EPS_AXIS_MAX < r.eps < math.inf)
     finite = [r.eps for r in drawn if math.isfinite(r.eps)]
     # decades around the finite eps (a PLD total of 0.0999999 for a target of 0.1 stays in 0.1)
     lo = 10 ** math.floor(math.log10(min(finite)) + 1e-4) if finite else 0.1
@@ -437,7 +457,9 @@ def plot_compare(rows: list[Row], metric: str, path: str | Path) -> Path:
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xticklabels([f"{d:g}" for d in decades] + ["inf\n(no noise)"])
     ax.set_xlim(lo / 10 ** 0.3, x_inf * 10 ** 0.3)
-    ax.set_xlabel("eps: the largest owner's total (privacy ledger, PLD)")
+    ax.set_xlabel("eps: the largest owner's total (privacy ledger, PLD)" + (
+        f"; {off_axis} configuration(s) of eps > {EPS_AXIS_MAX:g} (negligible noise) not drawn"
+        if off_axis else ""))
     ax.set_ylabel(("test error" if metric == "test_error" else "RMSE")
                   + " of the final model (median, min..max over runs)")
     if not drawn:

@@ -27,6 +27,8 @@ from typing import Any
 
 import matplotlib
 
+from ..errors import ResultError
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
@@ -359,7 +361,7 @@ def table3_text(result: Result) -> list[str]:
 def _metric_available(result: Result, metric: str) -> None:
     if not any(_has(c, metric) for c in result.configs):
         names = sorted({n for c in result.configs for n in c.metric_names()} - {"iteration"})
-        raise KeyError(f"{result.path}: no configuration has metric {metric!r}; available: "
+        raise ResultError(f"{result.path}: no configuration has metric {metric!r}; available: "
                        f"{', '.join(names) or 'none'}")
 
 

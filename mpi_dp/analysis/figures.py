@@ -20,7 +20,7 @@ from mpi_dp.analysis.fit import (  # noqa: E402
     loglog_slope,
 )
 from mpi_dp.analysis.load import ConfigView, Result  # noqa: E402
-from mpi_dp.analysis.style import DPI, log_edges, title  # noqa: E402
+from mpi_dp.analysis.style import DPI, log_edges, on_eps_axis, title  # noqa: E402
 
 MAX_BANDS = 10
 
@@ -82,11 +82,11 @@ def plot_vs(
 ) -> Path | None:
     """Final mean (SE bars) vs eps (`along`="eps", one line per n) or vs n (one line per eps)."""
     eq = _equal_rows(fm)
-    finite = eq & np.isfinite(fm.eps[:, 0]) & (fm.eps[:, 0] > 0)
+    e0, n0 = fm.eps[:, 0], fm.n[:, 0].astype(float)
+    finite = eq & on_eps_axis(e0)  # a negligible-noise eps (style.EPS_AXIS_MAX) is left off
     floor = _floor_index(fm)
     M0 = _floor_values(fm.mean, floor)
     dse = _diff_se(fm, floor)
-    e0, n0 = fm.eps[:, 0], fm.n[:, 0].astype(float)
     x_all, key_all = (e0, n0) if along == "eps" else (n0, e0)
     keys = np.unique(key_all[finite])
     groups = [np.flatnonzero(finite & (key_all == kv)) for kv in keys]
@@ -142,7 +142,7 @@ def _scenario_groups(fm: FinalMeans) -> list[np.ndarray]:
     out = []
     for rows in keys.values():
         rows_a = np.asarray(rows)
-        ok = rows_a[np.isfinite(fm.eps[rows_a, 0]) & np.isfinite(fm.mean[rows_a])]
+        ok = rows_a[on_eps_axis(fm.eps[rows_a, 0]) & np.isfinite(fm.mean[rows_a])]
         if np.unique(fm.n[ok, 0]).size >= 2 and np.unique(fm.eps[ok, 0]).size >= 2:
             out.append(ok)
     return out

@@ -233,7 +233,7 @@ def predictor(eps: np.ndarray, n: np.ndarray) -> np.ndarray:
     """P = sum_i eps_i^-2 / (sum_i n_i)^2 per row of (C, N) arrays (or one (N,) vector)."""
     eps = np.atleast_2d(np.asarray(eps, dtype=float))
     n = np.atleast_2d(np.asarray(n, dtype=float))
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):  # eps beyond 1e154: eps^-2 is 0
         inv = np.where(np.isnan(eps), 0.0, 1.0 / eps**2)
     return inv.sum(axis=1) / n.sum(axis=1) ** 2
 

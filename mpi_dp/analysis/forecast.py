@@ -45,9 +45,10 @@ class ForecastError(MpiDpError, ValueError):
 
 
 def inv_eps_sq_sum(eps: Sequence[float] | np.ndarray) -> float:
-    """S = sum_i 1/eps_i^2; an owner with eps = inf (no privacy) contributes 0."""
+    """S = sum_i 1/eps_i^2; an owner with eps = inf (no privacy) contributes 0, and so (to
+    rounding) does one with eps beyond 1e154, where eps^2 overflows."""
     e = np.asarray(eps, dtype=float)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):
         return float(np.sum(np.where(np.isinf(e), 0.0, 1.0 / e**2)))
 
 
@@ -331,7 +332,11 @@ class BoundFit:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ForecastError(f"{name}: not an mpi-dp forecast file (format != {FORMAT!r}); "
                                 "write one with `mpi-dp forecast fit RESULT.h5`")
-        if int(data.get("format_version", 0)) > FORMAT_VERSION:
+        version = data.get("format_version", 0)
+        if not isinstance(version, int):
+            raise ForecastError(f"{name}: format_version {version!r} is not an integer; write the "
+                                "file again with `mpi-dp forecast fit RESULT.h5`")
+        if version > FORMAT_VERSION:
             raise ForecastError(f"{name}: forecast format_version {data['format_version']} is newer "
                                 "than this reader; upgrade mpi_dp")
         data = {k: v for k, v in data.items() if k not in ("format", "format_version")}
@@ -354,7 +359,15 @@ class BoundFit:
         path = Path(path)
         if not path.exists():
             raise ForecastError(f"forecast file not found: {path}")
-        return cls.from_json(path.read_text(), name=str(path))
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ForecastError(f"forecast file {path}: cannot read: {exc.strerror or exc}"
+                                ) from None
+        except UnicodeDecodeError:
+            raise ForecastError(f"{path}: not JSON (binary content); give the .forecast.json "
+                                "that `mpi-dp forecast fit RESULT.h5` wrote") from None
+        return cls.from_json(text, name=str(path))
 
 
 def _kappa(pairs: list[tuple[int, float]]) -> tuple[float | None, float | None]:

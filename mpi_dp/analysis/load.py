@@ -9,14 +9,14 @@ from typing import Any
 import h5py
 import numpy as np
 
-from mpi_dp.errors import MpiDpError
+from mpi_dp.errors import MpiDpError, ResultError
 from mpi_dp.results.output import partial_path, progress_text, writer_gone
 from mpi_dp.results.recorder import ARRAYS
 
 try:  # Python >= 3.11
     import tomllib as _toml
-except ImportError:  # pragma: no cover - Python 3.10
-    _toml = None
+except ImportError:  # pragma: no cover - Python 3.10: the same parser as tomli
+    import tomli as _toml
 
 FORMAT = "mpi_dp.results"
 FORMAT_VERSION = 1
@@ -119,7 +119,7 @@ class ConfigView:
         """Per-run metric `name` as float64 (records, runs)."""
         m = self._metrics()
         if m is None or name not in m:
-            raise KeyError(
+            raise ResultError(
                 f"{self._path}: configuration {self.index} has no metric {name!r}; "
                 f"available: {', '.join(self.metric_names()) or 'none'}"
                 + ("" if self.metric_names() else " (run with record_every = 0: no records; "
@@ -127,7 +127,7 @@ class ConfigView:
             )
         d = m[name]
         if d.ndim != 2:
-            raise KeyError(f"{self._path}: metric {name!r} is not per-run (records, runs) data")
+            raise ResultError(f"{self._path}: metric {name!r} is not per-run (records, runs) data")
         return np.asarray(d[: self.n_records()], dtype=np.float64)
 
     def final(self, name: str = "psi") -> np.ndarray:
@@ -181,12 +181,19 @@ class Result:
                 self.path = partial
             else:
                 raise ResultNotFoundError(f"result file not found: {self.path}")
+        if self.path.is_dir():
+            raise ResultFileError(f"{self.path} is a directory; give a result file written by "
+                                  "mpi-dp run (e.g. results/demo.h5)")
         try:
             self._f = _open_h5(self.path)
         except OSError as exc:
             raise ResultFileError(f"{self.path}: not a readable HDF5 file ({exc})") from exc
         try:
             self._load()
+        except (OSError, RuntimeError) as exc:  # HDF5's errors on damaged metadata
+            self._f.close()
+            raise ResultFileError(f"{self.path}: the result file is damaged: its attributes or "
+                                  f"configurations cannot be read ({exc})") from None
         except BaseException:
             self._f.close()
             raise

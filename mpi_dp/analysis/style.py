@@ -15,6 +15,18 @@ from mpi_dp.analysis.load import Result
 
 #: Resolution of every PNG written by the analysis.
 DPI = 120
+#: The largest eps drawn on an eps axis. Beyond it the noise is negligible (such a configuration
+#: is the eps = inf one to many digits) and matplotlib's log axes overflow (from about 1e280):
+#: those configurations stay in every table and fit and are left off the figures' eps axes.
+EPS_AXIS_MAX = 1e100
+
+
+def on_eps_axis(eps: Any) -> Any:
+    """Whether eps (a number, or elementwise for an array) is drawn on an eps axis: 0 < eps <=
+    EPS_AXIS_MAX (so never eps = inf, NaN or a negligible-noise eps)."""
+    e = np.asarray(eps, dtype=float)
+    out = (e > 0) & (e <= EPS_AXIS_MAX)
+    return bool(out) if out.ndim == 0 else out
 
 
 def title(result: Result, what: str) -> str:

@@ -19,16 +19,15 @@ class AgreedError(MpiDpError):
 def collective(comm: MPI.Comm, fn: Callable[[], T_]) -> T_:
     """Run fn on every rank; if it raises a user error on any rank, raise it on all ranks.
 
-    User errors are MpiDpError and the OSError / ValueError / KeyError of bad input; anything
-    else is a bug and propagates (the CLI then aborts the MPI job).
+    Only MpiDpError is a user error (code that reads user input turns its OSError, ValueError
+    or KeyError into one, naming the file or key); anything else is a bug and propagates: the
+    CLI prints its rank-tagged traceback and stops every rank.
     """
     result, err = None, None
     try:
         result = fn()
     except MpiDpError as e:
         err = str(e)
-    except (OSError, ValueError, KeyError) as e:
-        err = f"{type(e).__name__}: {e}"
     errors = comm.allgather(err)
     first = next((e for e in errors if e), None)
     if first:

@@ -276,9 +276,15 @@ def from_file(path: str | Path, m: int) -> Graph:
     weighs 1); without any weight the graph is unweighted."""
     p = Path(path)
     try:
-        lines = p.read_text().splitlines()
+        text = p.read_text()
     except OSError as e:
         raise JobError(f"graph file {p}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        text = None
+    if text is None or "\0" in text:
+        raise JobError(f"graph file {p} is not a text edge list (binary content); give a text "
+                       "file with one edge 'i j [w]' per line")
+    lines = text.splitlines()
     pairs: list[tuple[int, int]] = []
     weights: list[float] = []
     weighted = False
@@ -294,7 +300,7 @@ def from_file(path: str | Path, m: int) -> Graph:
             w = float(parts[2]) if len(parts) == 3 else 1.0
         except ValueError:
             raise JobError(f"graph file {p}, line {no}: expected two agent ids and an optional "
-                           f"weight 'i j [w]', got {line!r}") from None
+                           f"weight 'i j [w]', got {line[:80]!r}") from None
         if not (0 <= i < m and 0 <= j < m):
             raise JobError(f"graph file {p}, line {no}: agent ids must be in 0..{m - 1} (the job "
                            f"has {m} agents), got {i} {j}")

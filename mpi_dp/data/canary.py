@@ -90,6 +90,7 @@ def make_worlds(source: str | pathlib.Path, out_dir: str | pathlib.Path, owner: 
         raise DataError(f"canary shape must be one of {list(SHAPES)}, got {shape!r}")
     source, out_dir = pathlib.Path(source), pathlib.Path(out_dir)
     with ShardFile(source) as shard:
+        shard.check_sizes()  # an empty owner is named in the user's file, not in a world copy
         if not 0 <= owner < shard.n_agents:
             raise DataError(f"canary owner {owner} is not in 0..{shard.n_agents - 1} of {source}")
         m = int(shard.sizes([owner])[0])

@@ -351,6 +351,8 @@ def _check_partition_args(args: argparse.Namespace) -> None:
         raise DataError("--min-records applies to --partition key only")
     if args.partition == "key" and not args.key:
         raise DataError("--partition key needs --key COLUMN")
+    if args.public < 0:
+        raise DataError(f"--public {args.public}: must be 0 (no public hold-out) or more records")
 
 
 def parse_names(arg: str) -> list[str]:
@@ -621,6 +623,14 @@ def build_file(args: argparse.Namespace) -> Prepared:
         notes.append(f"the target has only 2 values ({', '.join(f'{v:g}' for v in np.unique(y))}); "
                      "add --task binary if this is a classification")
     n = X.shape[0]
+    if args.public >= n:
+        dropped = sum(t.info.get("rows_dropped", {}).values())
+        after = f" (after dropping {dropped:,} row{'s' * (dropped != 1)})" if dropped else ""
+        what = (f"asks for {args.public:,} public records but {path} has only {n:,} rows{after}"
+                if args.public > n else f"takes all {n:,} rows of {path}{after} as public "
+                "records, leaving none for the owners")
+        raise DataError(f"--public {args.public:,} {what}: give --public M below {n:,} (the "
+                        "owners hold the other rows), or no --public")
     pub = np.arange(n - args.public, n) if args.public else None
     split = _test_split(args, n, pub)
     fit = None if split is None else np.setdiff1d(np.arange(n), split)

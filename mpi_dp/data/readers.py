@@ -99,6 +99,23 @@ def _require_file(path: Path) -> None:
         raise DataError(f"{path}: is not a regular file")
 
 
+#: the first bytes of every HDF5 file
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def _require_text_file(path: Path, kind: str) -> None:
+    """_require_file, and refuse an HDF5 file (a shard or result file) given as `kind` text."""
+    _require_file(path)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(_HDF5_SIGNATURE))
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read file ({exc.strerror or exc})") from None
+    if head == _HDF5_SIGNATURE:
+        raise DataError(f"{path}: is an HDF5 file, not {kind} text (a shard file is prepared "
+                        "already: give it to a job as data = \"...\")")
+
+
 def _read_bytes(path: Path) -> bytes:
     """The decompressed content of `path` (.gz, .bz2, .xz by suffix; plain otherwise)."""
     _require_file(path)
@@ -248,6 +265,9 @@ def _sniff(path: Path, fmt: CsvFormat) -> str | None:
     line = _first_line(path, fmt.skip_rows)
     if not line:
         return None
+    if "\0" in line:
+        raise DataError(f"{path}: holds binary data (NUL bytes), not CSV text; is it the right "
+                        "file? (a compressed file needs its suffix: .gz, .bz2, .xz)")
     try:
         sniffed = csv.Sniffer().sniff(line).delimiter
     except csv.Error:
@@ -379,7 +399,7 @@ def _check_shape(rows: pd.DataFrame, long_rows: list[int], width: int, where: st
 def _read_rows(path: Path, fmt: CsvFormat) -> tuple[list[str], pd.DataFrame, list[int], dict[str, Any]]:
     """Parse a CSV file into named string columns: (names, rows, long row field counts, what was
     read and how: file record, parser, encoding, delimiter, skipped lines, header notes)."""
-    _require_file(path)
+    _require_text_file(path, "CSV")
     where = str(path)
     sniffed = _sniff(path, fmt) if fmt.delimiter is None else None
     if fmt.decimal == "," and sniffed == ",":
@@ -1233,6 +1253,7 @@ def read_libsvm(path: str | Path, n_features: int | None = None) -> Table:
     the largest index. Labels are kept as written (float64).
     """
     path = Path(path)
+    _require_text_file(path, "LIBSVM")
     text, _ = _decode(_read_bytes(path))
     labels_s, line_nos, tokens, counts = _libsvm_tokens(text)
     if not labels_s:

@@ -30,11 +30,12 @@ ranks can read one file on a network filesystem, and each rank reads only its ow
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import h5py
@@ -277,8 +278,18 @@ def write_shards(
             raise DataError(f"attribute {key!r} is reserved by the shard format")
         extra_attrs[key] = _attr_value(key, value)
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    if path.is_dir():
+        raise DataError(f"output {path} is a directory; give the shard file's path, e.g. "
+                        f"{path / 'data.h5'}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        why = (f"{blocker} is a file, not a directory" if blocker is not None else
+               f"{exc.strerror or exc} ({exc.filename or path.parent})")
+        raise DataError(f"cannot write the shard file {path}: {why}; choose another --out"
+                        ) from None
     os.close(fd)
     tmp = pathlib.Path(tmp_name)
     try:
@@ -370,6 +381,9 @@ class ShardFile:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._path = pathlib.Path(path)
+        if self._path.is_dir():
+            raise ShardError(f"shard file '{self._path}' is a directory; give the HDF5 shard file "
+                             "(one that mpi-dp data synth or mpi-dp data prepare wrote)")
         if not self._path.is_file():
             raise ShardError(f"shard file '{self._path}' not found")
         try:
@@ -385,17 +399,31 @@ class ShardFile:
             self._tests: dict[int, bool] = {}
         except OSError as exc:
             raise ShardError(
-                f"shard file '{self._path}' is not a readable HDF5 file ({exc})"
+                f"shard file '{self._path}' is not a readable HDF5 file ({exc}); a CSV or LIBSVM "
+                "file becomes a shard file with mpi-dp data prepare csv|libsvm FILE"
             ) from None
         try:
-            self._attrs = {k: _plain(v) for k, v in self._f.attrs.items()}
-            self._validate_root()
+            with self._reading("its root attributes or agent groups"):
+                self._attrs = {k: _plain(v) for k, v in self._f.attrs.items()}
+                self._validate_root()
         except BaseException:
             self._f.close()
             raise
 
     def _fail(self, problem: str) -> ShardError:
         return ShardError(f"shard file '{self._path}': {problem}")
+
+    @contextlib.contextmanager
+    def _reading(self, what: str) -> Iterator[None]:
+        """HDF5's own errors while reading `what` (damaged metadata or data: OSError,
+        RuntimeError, and the KeyError h5py raises when an object it lists cannot be opened) as
+        a ShardError naming the file. Callers test for what may be absent before opening it."""
+        try:
+            yield
+        except (OSError, RuntimeError, KeyError) as exc:
+            why = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+            raise self._fail(f"is damaged: {what} cannot be read ({why}); write the file again "
+                             "(mpi-dp data prepare / mpi-dp data synth)") from None
 
     def _validate_root(self) -> None:
         fmt = self._attrs.get("format")
@@ -587,16 +615,38 @@ class ShardFile:
             try:  # the low-level API: a tenth of the high-level lookup (sizes of every agent)
                 if self._agents_gid is None:
                     self._agents_gid = self._f["agents"].id
-                n = self._sizes[i] = int(np.asarray(_attr_read(h5py.h5g.open(
-                    self._agents_gid, str(i).encode()), b"n")).ravel()[0])
+                raw = np.asarray(_attr_read(h5py.h5g.open(
+                    self._agents_gid, str(i).encode()), b"n")).ravel()
+                # anything but one non-negative integer: the slow path below names the problem
+                if raw.size == 1 and raw.dtype.kind in "iu" and raw[0] >= 0:
+                    n = self._sizes[i] = int(raw[0])
             except (KeyError, ValueError, OSError, TypeError, IndexError):
                 n = None
         if n is None:
             g = self._group(i)
             if "n" not in g.attrs:
                 raise self._fail(f"agent {i} has no 'n' attribute")
-            n = self._sizes[i] = int(g.attrs["n"])
+            raw = np.asarray(g.attrs["n"]).ravel()
+            if raw.size != 1 or raw.dtype.kind not in "iu" or raw[0] < 0:
+                raise self._fail(f"agent {i}: attribute n = {_plain(g.attrs['n'])!r} is not a "
+                                 "record count (a non-negative integer)")
+            n = self._sizes[i] = int(raw[0])
         return n
+
+    def check_sizes(self, sizes: Iterable[int] | None = None) -> None:
+        """ShardError naming every owner that holds no records (`sizes`: every agent's n_i, as
+        `sizes()` reads them); the format needs at least one record per owner."""
+        sizes = self.sizes() if sizes is None else np.asarray(sizes)
+        empty = np.flatnonzero(np.asarray(sizes) == 0)
+        if empty.size:
+            shown = ", ".join(map(str, empty[:10].tolist())) + (" ..." if empty.size > 10 else "")
+            one = empty.size == 1
+            who = (f"owner {shown} holds" if one else
+                   f"{empty.size} of its {self.n_agents} owners hold")
+            raise self._fail(f"{who} no records (n = 0{'' if one else ': ' + shown}); every "
+                             f"owner needs at least one record: drop {'it' if one else 'them'} "
+                             "from the file or repartition the data into fewer owners (mpi-dp "
+                             "data prepare ... --agents N)")
 
     def sizes(self, ids: Iterable[int] | None = None) -> np.ndarray:
         """Record counts n_i (int64) of `ids` (default: all agents), from attributes only."""
@@ -721,23 +771,27 @@ class ShardFile:
         Raises ShardError naming the file and the first inconsistent agent.
         """
         for i in range(self.n_agents) if ids is None else ids:
-            g = self._group(i)
-            n = self._size(i)
-            if not self.is_sparse and self._dense_agent_ok(g.id, n, self.n_features):
+            with self._reading(f"agent {i}'s group /agents/{i}"):
+                self._check_agent(i)
+
+    def _check_agent(self, i: int) -> None:
+        g = self._group(i)
+        n = self._size(i)
+        if not self.is_sparse and self._dense_agent_ok(g.id, n, self.n_features):
+            return
+        rows = self._check_pair(g, "", f"agent {i}")
+        if rows != n:
+            raise self._fail(f"agent {i}: attribute n={n} but X has {rows} rows")
+        if "X_test" in g or "y_test" in g:
+            self._check_pair(g, "_test", f"agent {i}")
+        extra = g.get("extra")
+        for name in extra.keys() if isinstance(extra, h5py.Group) else ():
+            ds = extra[name]
+            if name.endswith(META_SUFFIX):
                 continue
-            rows = self._check_pair(g, "", f"agent {i}")
-            if rows != n:
-                raise self._fail(f"agent {i}: attribute n={n} but X has {rows} rows")
-            if "X_test" in g or "y_test" in g:
-                self._check_pair(g, "_test", f"agent {i}")
-            extra = g.get("extra")
-            for name in extra.keys() if isinstance(extra, h5py.Group) else ():
-                ds = extra[name]
-                if name.endswith(META_SUFFIX):
-                    continue
-                if not isinstance(ds, h5py.Dataset) or ds.ndim == 0 or ds.shape[0] != n:
-                    raise self._fail(f"agent {i}: extra array {name!r} has shape "
-                                     f"{getattr(ds, 'shape', None)}, expected {n} entries")
+            if not isinstance(ds, h5py.Dataset) or ds.ndim == 0 or ds.shape[0] != n:
+                raise self._fail(f"agent {i}: extra array {name!r} has shape "
+                                 f"{getattr(ds, 'shape', None)}, expected {n} entries")
 
     @staticmethod
     def _dense_agent_ok(gid: h5py.h5g.GroupID, n: int, d: int) -> bool:
@@ -765,16 +819,18 @@ class ShardFile:
         the solver as a traceback)."""
         budget = KEEP_BYTES
         for i in range(self.n_agents) if ids is None else ids:
-            parts = [("", self.read_agent(i))]
+            with self._reading(f"owner {i}'s records"):
+                parts = [("", self.read_agent(i))]
+                if self.has_test(i):
+                    parts.append(("test ", self.read_agent_test(i)))
             X, y = parts[0][1]
             size = (X.data.nbytes if sp.issparse(X) else X.nbytes) + y.nbytes
             if not sp.issparse(X) and size <= budget:  # kept for the run's own read
                 budget -= size
                 X.flags.writeable = y.flags.writeable = False
                 self._kept[int(i)] = (X, y)
-            if self.has_test(i):
-                test = self.read_agent_test(i)
-                parts.append(("test ", test))
+            if len(parts) > 1:
+                test = parts[1][1]
                 size = sum(a.nbytes for a in test) if not sp.issparse(test[0]) else budget + 1
                 if size <= budget:
                     budget -= size
@@ -801,20 +857,44 @@ class ShardFile:
     @property
     def has_public(self) -> bool:
         """Whether the file holds public records (/public/X and /public/y)."""
-        return "public" in self._f and "X" in self._f["public"] and "y" in self._f["public"]
+        with self._reading("/public"):
+            return "public" in self._f and "X" in self._f["public"] and "y" in self._f["public"]
 
     def read_public(self) -> ArrayPair:
         """The public (X, y) every agent and the learner may see."""
         if not self.has_public:
             raise self._fail("has no public records (/public/X, /public/y)")
-        g = self._f["public"]
-        return self._read_matrix(g, "X", "public"), np.asarray(g["y"][()], np.float64)
+        return self._read_whole_pair(self._f["public"], "public records (/public)")
+
+    def _read_whole_pair(self, g: h5py.Group, what: str) -> ArrayPair:
+        """(X, y) of a public or global test group, checked against the file: X numeric with
+        n_features columns, y numeric with one label per row, all finite (ShardError naming the
+        group)."""
+        with self._reading(what):
+            for name in ("X", "y"):
+                obj = g[name]
+                if isinstance(obj, h5py.Dataset) and obj.dtype.kind not in "biuf":
+                    raise self._fail(f"{what}: {name} holds {obj.dtype} values, not numbers")
+            X = self._read_matrix(g, "X", what)
+            y = np.asarray(g["y"][()], np.float64)
+        if X.ndim != 2 or X.shape[1] != self.n_features:
+            raise self._fail(f"{what}: X has shape {X.shape}, expected (m, {self.n_features}) "
+                             f"(the file's n_features)")
+        if y.shape != (X.shape[0],):
+            raise self._fail(f"{what}: y has shape {y.shape} but X has {X.shape[0]} rows (one "
+                             "label per record)")
+        for name, a in (("X", X.data if sp.issparse(X) else X), ("y", y)):
+            if not np.all(np.isfinite(a)):
+                raise self._fail(f"{what}: {name} holds {np.count_nonzero(~np.isfinite(a))} NaN "
+                                 "or infinite value(s); the data must be finite")
+        return X, y
 
     def public_extra_names(self) -> list[str]:
         """Names of the extra public datasets (everything under /public except X and y)."""
-        if "public" not in self._f:
-            return []
-        return sorted(k for k in self._f["public"].keys() if k not in ("X", "y"))
+        with self._reading("/public"):
+            if "public" not in self._f:
+                return []
+            return sorted(k for k in self._f["public"].keys() if k not in ("X", "y"))
 
     def read_public_extra(self, name: str) -> np.ndarray:
         """An extra public dataset, e.g. a PCA basis or theta_true."""
@@ -822,7 +902,8 @@ class ShardFile:
             raise self._fail(
                 f"has no public extra dataset {name!r}; available: {self.public_extra_names()}"
             )
-        return np.asarray(self._f["public"][name][()])
+        with self._reading(f"/public/{name}"):
+            return np.asarray(self._f["public"][name][()])
 
     # -- partition by key --
     def partition_values(self) -> list[str] | None:
@@ -846,11 +927,11 @@ class ShardFile:
     @property
     def has_global_test(self) -> bool:
         """Whether the file holds a test set of the whole dataset (/test/X, /test/y)."""
-        return "test" in self._f and "X" in self._f["test"] and "y" in self._f["test"]
+        with self._reading("/test"):
+            return "test" in self._f and "X" in self._f["test"] and "y" in self._f["test"]
 
     def read_test(self) -> ArrayPair:
         """The global test set (X, y), e.g. MNIST's own test set."""
         if not self.has_global_test:
             raise self._fail("has no global test set (/test/X, /test/y)")
-        g = self._f["test"]
-        return self._read_matrix(g, "X", "global test set"), np.asarray(g["y"][()], np.float64)
+        return self._read_whole_pair(self._f["test"], "global test set (/test)")

@@ -188,6 +188,9 @@ class Admm(Method):
     paper_rule_name = "per_iteration"
     default_metric = "test_error"
 
+    def model_size(self, ctx: Context, prep: Prepared) -> int:
+        return int(ctx.shard.n_features) * int(prep.K)
+
     def validate(self, values: dict[str, Any], path: str) -> None:
         rho = values["admm.rho"]
         if isinstance(rho, str) and rho not in ("auto", "dynamic_1", "dynamic_2"):

@@ -100,6 +100,10 @@ def _rates(job: Job, N: int, n_file: int) -> tuple[float, ...]:
 def load_logged_schedule(job: Job, index: int) -> tuple[np.ndarray, np.ndarray]:
     """(owner (k,), time (k,)) served in run 0 of configuration `index` of async.schedule_from."""
     path = job["async.schedule_from"]
+    if not Path(path).is_file():
+        what = "is a directory" if Path(path).is_dir() else "not found"
+        raise JobError(f"job file {job.path}: key 'async.schedule_from': {path} {what}; give "
+                       "the async_star result file whose schedule to replay")
     try:
         with h5py.File(path, "r", locking=False) as f:
             g = f[f"configs/{index:03d}"] if "configs" in f else f
@@ -110,8 +114,8 @@ def load_logged_schedule(job: Job, index: int) -> tuple[np.ndarray, np.ndarray]:
             owner = np.asarray(g["schedule/owner"][0], dtype=np.int64)
             t = np.asarray(g["schedule/time"][0], dtype=np.float64)
     except OSError as e:
-        raise JobError(f"job file {job.path}: key 'async.schedule_from': cannot read {path}: "
-                       f"{e}") from None
+        raise JobError(f"job file {job.path}: key 'async.schedule_from': {path} is not a "
+                       f"readable HDF5 file ({e})") from None
     keep = owner >= 0
     return owner[keep], t[keep]
 
@@ -152,6 +156,9 @@ class AsyncStar(StarMethod):
                   "composition, Theorem 1): b_i = 2 xi m_i / (n_i eps_i)")
     paper_rule_name = "basic_split"
 
+    #: the trace of every iteration and run: owner, time, answer norm (8 bytes each) and more
+    PER_ITERATION_BYTES = 40.0
+
     def validate(self, values: dict[str, Any], path: str) -> None:
         rates = values["async.rates"]
         for r in rates if isinstance(rates, list) else [rates]:
@@ -188,6 +195,8 @@ class AsyncStar(StarMethod):
         s = settings_for(ctx.job, rc.eps, rc.n, ctx.shard.n_agents, prep.public.xi, prep.rho,
                          ctx.shard.n_features, ctx.run_ids, variant=rc.variant)
         async_star.check_settings(s, ctx.job.path, ctx.comm.Get_size())
+        if ctx.job["async.schedule_from"] and ctx.star.is_learner:
+            load_logged_schedule(ctx.job, rc.index)  # a bad file stops before any output
         return s
 
     def plans(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S) -> list[contract.Plan]:

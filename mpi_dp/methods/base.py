@@ -36,6 +36,7 @@ from ..data import ShardFile
 from ..errors import JobError
 from ..jobspec import Config, Job, Key
 from ..privacy import Ledger, contract
+from ..results.footprint import Footprint, config_footprint, hosted
 
 
 @dataclasses.dataclass
@@ -73,6 +74,7 @@ def shard_sizes(comm: Any, shard: ShardFile) -> np.ndarray:
         shard.sizes(range(starts[rank], starts[rank + 1])), dtype=np.int64))
     out = np.empty(n, dtype=np.int64)
     comm.Allgatherv(mine, [out, np.diff(starts), starts[:-1], MPI.INT64_T])
+    collective(comm, lambda: shard.check_sizes(out))  # an owner without records: one message
     return out
 
 
@@ -256,6 +258,21 @@ class Method:
     def expected_records(self, ctx: Context, s: Any) -> int:
         """Records a configuration writes (sizes the HDF5 chunks)."""
         return ctx.job["T"] // max(1, ctx.job["record_every"]) + 2
+
+    #: bytes a configuration keeps in memory per iteration on a rank (a trace, a schedule)
+    PER_ITERATION_BYTES = 0.0
+
+    def footprint(self, ctx: Context, prepared: Any, rc: Resolved, s: Any) -> Footprint:
+        """This rank's estimated cost of one configuration (results.footprint), checked before
+        the output is touched; `model_size` is the model's coordinates."""
+        a, n = hosted(ctx)
+        return config_footprint(int(ctx.job["T"]), ctx.runs, self.expected_records(ctx, s),
+                                self.model_size(ctx, prepared), a, n, ctx.shard.n_agents,
+                                self.PER_ITERATION_BYTES * ctx.runs)
+
+    def model_size(self, ctx: Context, prepared: Any) -> int:
+        """Coordinates of one model (features; a multinomial model: features x classes)."""
+        return int(ctx.shard.n_features)
 
     def run_config(self, ctx: Context, prepared: Any, rc: Resolved, s: Any, recorder: Any,
                    label: str) -> Outcome | None:

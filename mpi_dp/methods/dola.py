@@ -23,6 +23,7 @@ import scipy.sparse as sp
 
 from ..algorithms import dola
 from ..comm import graph as cg
+from ..comm import stop
 from ..comm import topology as tp
 from ..comm.rma import on_root
 from ..data import ShardFile
@@ -521,11 +522,16 @@ class Dola(Method):
                       file=sys.stderr, flush=True)
         def checkpoint() -> None:
             """Collective, at a record before T: every agent's state when the root's recorder
-            says a checkpoint is due (keyed by agent id: any rank count resumes it)."""
-            if net.bcast_object(recorder is not None and recorder.checkpoint_due()):
+            says a checkpoint is due or a stop was asked (keyed by agent id: any rank count
+            resumes it); after a stop's checkpoint every rank raises Interrupted."""
+            save, signum = stop.at_record(net.comm, recorder is not None
+                                          and recorder.checkpoint_due())
+            if save:
                 st = block.state()
-                if st is not None:
+                if st is not None and recorder is not None:
                     recorder.save_state(st)
+            if signum:
+                raise stop.Interrupted(signum)
 
         t_resumed = block.restore(recorder.saved_state() if recorder is not None else None)
         if t_resumed is not None and ctx.progress and net.is_root:

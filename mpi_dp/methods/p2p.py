@@ -37,7 +37,7 @@ from mpi4py import MPI
 
 from ..algorithms import p2p_baselines as B
 from ..algorithms import p2p_cd as C
-from ..comm import rma
+from ..comm import rma, stop
 from ..comm import topology as tp
 from ..comm.graph import block_starts
 from ..comm.rma import bcast_csr, on_root
@@ -58,6 +58,7 @@ from ..models import p2p as M
 from ..models import p2p_reference as REF
 from ..privacy import contract
 from ..privacy import kairouz as K
+from ..results.footprint import Footprint
 from ..rng import stream
 from .base import (
     Context,
@@ -224,6 +225,13 @@ class P2P(Method):
                   "T_i wake-ups, split by p2p.allocation (Algorithm 3); a private warm start "
                   "adds eps_ws")
     paper_rule_name = "theorem1"
+
+    #: the wake-up schedule and its replay rounds, per tick (not per run)
+    PER_ITERATION_BYTES = 0.0
+
+    def footprint(self, ctx: Context, prep: Prepared, rc: Resolved, s: P2PSettings) -> Footprint:
+        base = super().footprint(ctx, prep, rc, s)
+        return dataclasses.replace(base, memory_bytes=base.memory_bytes + 48.0 * s.algo.T)
 
     def validate(self, values: dict[str, Any], path: str) -> None:
         if not values["p2p.mu"] > 0:
@@ -414,10 +422,8 @@ class P2P(Method):
                 Xt[i], yt[i] = shard.read_agent_test(i)
         rn = j["p2p.row_norm"]
         if rn == "auto":
-            bound = row_norm_bound(shard)
-            rn = (float(shard.read_public_extra("item_norm_max").ravel()[0])
-                  if "item_norm_max" in shard.public_extra_names()
-                  else bound if bound is not None else 1.0)
+            item, bound = row_norm_bound(shard, "item_norm_max"), row_norm_bound(shard)
+            rn = item if item is not None else bound if bound is not None else 1.0
         bad = [(i, float(np.linalg.norm(X[i], axis=1).max())) for i in mine if m[i] and
                np.linalg.norm(X[i], axis=1).max() > rn * (1 + 1e-9)]
         nonfinite = [i for i in mine if m[i] and not (np.all(np.isfinite(X[i])) and
@@ -836,14 +842,17 @@ class P2P(Method):
             """Collective, after round r's record: every peer's state when rank 0's recorder
             says a checkpoint is due (not at the last round)."""
             assert rounds is not None
-            if not comm.bcast(recorder is not None and recorder.checkpoint_due()
-                              and r < rounds.count - 1, root=0):
+            if r >= rounds.count - 1:
                 return
-            parts = comm.gather(block.state(), root=0)
-            puts = comm.reduce(boxes.puts, root=0)
-            if parts is not None:
-                recorder.save_state({"round": r, "puts": puts + puts0,
-                                     "peers": {i: v for part in parts for i, v in part.items()}})
+            save, signum = stop.at_record(comm, recorder is not None and recorder.checkpoint_due())
+            if save:
+                parts = comm.gather(block.state(), root=0)
+                puts = comm.reduce(boxes.puts, root=0)
+                if parts is not None and recorder is not None:
+                    recorder.save_state({"round": r, "puts": puts + puts0, "peers": {
+                        i: v for part in parts for i, v in part.items()}})
+            if signum:
+                raise stop.Interrupted(signum)
 
         if saved is None:
             record(0)

@@ -7,6 +7,11 @@
 - PLD: privacy loss distributions through dp-accounting (tight, pessimistic discretisation);
 - RDP: Renyi DP through dp-accounting, as a cross-check of the PLD figure.
 
+Negligible noise (a release of eps above EXACT_EPS, e.g. a job's eps = 1e8 or 1e300) is outside
+the numerical accountants' range (dp-accounting's PLD overflows or returns inf from about 700
+per release, RDP and e^eps from a little further on); there every accountant but basic reports
+the exact-regime total `exact` (see there), which is finite for every finite eps.
+
 Owners with equal budgets release equal events and share one computation, which is cached (by
 the exact events, so a ledger's totals never depend on what was composed before it): a PLD of
 1,000 Laplace releases costs about 0.02-2 s depending on the grid, so it is computed once per
@@ -24,12 +29,22 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from mpi_dp.privacy.events import Event, GaussianEvent, LaplaceEvent, PureEvent
+from mpi_dp.privacy.events import (
+    Event,
+    GaussianEvent,
+    LaplaceEvent,
+    PureEvent,
+    fsum,
+    gaussian_eps,
+)
 from mpi_dp.privacy.ledger import Ledger
 
 #: Finest PLD grid; coarser for large per-release eps (grid = max(this, smallest eps / 200)),
 #: which keeps big compositions fast while the pessimistic estimate stays an upper bound.
 PLD_MIN_INTERVAL = 1e-4
+#: Per-release eps beyond which the noise is negligible and composition is exact (`exact`): the
+#: PLD, RDP and advanced totals of a sequence holding such a release are `exact`'s.
+EXACT_EPS = 500.0
 
 ACCOUNTANTS_TEXT = ("basic: sum of per-release eps (and delta); advanced: Dwork-Rothblum-Vadhan at "
                     "delta' = delta - sum of per-release delta; pld: privacy loss distributions "
@@ -78,22 +93,60 @@ class Totals:
 
 def basic(pairs: Sequence[tuple[Event, int]]) -> tuple[float, float]:
     """(sum of eps, sum of delta) over (event, count) pairs."""
-    eps = math.fsum(c * ev.eps if c else 0.0 for ev, c in pairs)
-    return eps, math.fsum(c * ev.delta for ev, c in pairs)
+    eps = fsum(c * ev.eps if c else 0.0 for ev, c in pairs)
+    return eps, fsum(c * ev.delta for ev, c in pairs)
+
+
+def _negligible(pairs: Sequence[tuple[Event, int]]) -> bool:
+    """Whether a released event's eps is finite and above EXACT_EPS (the exact regime)."""
+    return any(c > 0 and EXACT_EPS < ev.eps < math.inf for ev, c in pairs)
+
+
+def exact(pairs: Sequence[tuple[Event, int]], delta: float) -> float:
+    """eps at `delta` of releases in the exact regime (some release of eps > EXACT_EPS, where the
+    numerical accountants overflow): the Gaussian releases composed exactly, as ONE Gaussian of
+    noise multiplier (sum_j count_j / z_j^2)^-1/2 at `delta` (events.gaussian_eps: analytic, or
+    its closed-form upper bound for negligible noise), plus the sum of the eps of every other
+    release (basic composition, which spends no delta). A valid (eps, delta) bound for any
+    sequence; for negligible noise it is the tight total as a float (k Laplace releases of eps
+    e compose to k e minus O(k + log 1/delta), and k e is what k e - O(k) rounds to once e is
+    huge), and it is what the PLD, RDP and advanced columns show in that regime (advanced
+    composition, whose e^eps term overflows, is never below basic composition there). inf
+    when a release is not private, 0 when nothing is released."""
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+    fixed = _trivial(pairs)
+    if fixed is not None:
+        return fixed
+    live = [(ev, c) for ev, c in pairs if c > 0 and ev.eps > 0]
+    inv_sq = fsum(c * _inv_sq(ev.noise_multiplier) for ev, c in live
+                  if isinstance(ev, GaussianEvent))
+    pure = fsum(c * ev.eps for ev, c in live if not isinstance(ev, GaussianEvent))
+    gauss = gaussian_eps(1.0 / math.sqrt(inv_sq), float(delta)) if inv_sq else 0.0
+    return pure + gauss
+
+
+def _inv_sq(noise_multiplier: float) -> float:
+    """1 / z^2 (inf, never an OverflowError, where it exceeds the largest float)."""
+    r = 1.0 / noise_multiplier
+    return r * r
 
 
 def advanced(pairs: Sequence[tuple[Event, int]], delta: float) -> float:
-    """Advanced composition at total `delta` (inf when delta is not above the per-release deltas)."""
+    """Advanced composition at total `delta` (inf when delta is not above the per-release
+    deltas); `exact` in the exact regime (a release of eps > EXACT_EPS)."""
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
     live = [(ev, c) for ev, c in pairs if c > 0]
     if not live:
         return 0.0
-    slack = delta - math.fsum(c * ev.delta for ev, c in live)
+    if _negligible(live):
+        return exact(live, delta)
+    slack = delta - fsum(c * ev.delta for ev, c in live)
     if slack <= 0 or any(ev.eps > 700 for ev, _ in live):  # e^eps overflows (inf included)
         return math.inf
-    sq = math.fsum(c * ev.eps**2 for ev, c in live)
-    drift = math.fsum(c * ev.eps * math.expm1(ev.eps) for ev, c in live)
+    sq = fsum(c * ev.eps**2 for ev, c in live)
+    drift = fsum(c * ev.eps * math.expm1(ev.eps) for ev, c in live)
     return math.sqrt(2 * math.log(1 / slack) * sq) + drift
 
 
@@ -128,10 +181,12 @@ def _pld_of(ev: Event, count: int, grid: float):
 
 def pld(pairs: Sequence[tuple[Event, int]], delta: float) -> float:
     """Tight eps at `delta` from privacy loss distributions (dp-accounting's public PLD API:
-    pessimistic discretisation, so an upper bound)."""
+    pessimistic discretisation, so an upper bound); `exact` in the exact regime."""
     fixed = _trivial(pairs)
     if fixed is not None:
         return fixed
+    if _negligible(pairs):
+        return exact(pairs, delta)
     live = [(ev, c) for ev, c in pairs if c > 0 and ev.eps > 0]
     grid = max(PLD_MIN_INTERVAL, min(ev.eps for ev, _ in live) / 200)
     total = None
@@ -142,10 +197,13 @@ def pld(pairs: Sequence[tuple[Event, int]], delta: float) -> float:
 
 
 def rdp(pairs: Sequence[tuple[Event, int]], delta: float) -> float:
-    """eps at `delta` from Renyi DP (dp-accounting's default orders)."""
+    """eps at `delta` from Renyi DP (dp-accounting's default orders); `exact` in the exact
+    regime."""
     fixed = _trivial(pairs)
     if fixed is not None:
         return fixed
+    if _negligible(pairs):
+        return exact(pairs, delta)
     from dp_accounting import NeighboringRelation
     from dp_accounting.rdp import rdp_privacy_accountant
 

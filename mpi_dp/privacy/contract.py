@@ -15,6 +15,12 @@ chooses the per-release noise so that the plan's composition meets (eps, delta):
   eps_bar of seed 002, the per-release eps of seed 003, the Theorem-1 split of seed 004); the
   method computes it its own way, bit for bit as before, and the ledger shows what it achieves.
 
+Negligible noise (a plan whose eps per calibrated release exceeds accountants.EXACT_EPS, e.g.
+eps = 1e8 or 1e300) is calibrated in closed form, with no search (`_exact`): composition is exact
+there (accountants.exact) and the pld rule's noise is the pure split k / eps (Laplace) or the
+Gaussian whose composition is eps exactly (events.gaussian_noise_multiplier); the noise is tiny
+but positive, never an overflow, and what the ledger reports totals eps to rounding.
+
 Calibrations depend on the plan alone and are cached per distinct plan (owners with equal budgets
 and equal plans share one search; never one per owner per run). Sensitivities do not enter: the
 calibration fixes the noise multiplier (noise scale / sensitivity), and each release's noise is
@@ -27,10 +33,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from mpi_dp.privacy import accountants
-from mpi_dp.privacy.events import Event, GaussianEvent, LaplaceEvent, gaussian_eps
+from mpi_dp.privacy.events import (
+    Event,
+    GaussianEvent,
+    LaplaceEvent,
+    fsum,
+    gaussian_eps,
+    gaussian_noise_multiplier,
+)
 
 #: calibration rules of the job key privacy.calibration (the default first)
 RULES = ("pld", "basic", "paper")
@@ -135,7 +151,7 @@ class Calibration:
 
     def scale(self, sensitivity: float) -> float:
         """The noise scale of a release of `sensitivity` (Laplace b, Gaussian sigma)."""
-        return self.noise_multiplier * float(sensitivity)
+        return honest_scale(self.noise_multiplier, float(sensitivity))
 
     def event(self, sensitivity: float, *, scale: float | None = None,
               data_dependent: bool = False, certified: bool = True) -> Event:
@@ -173,6 +189,25 @@ class Calibration:
                 f"(eps={p.eps:g}, delta={p.delta:g}); {per}{tot}")
 
 
+def honest_scale(noise_multiplier: float | np.ndarray, sensitivity: float | np.ndarray
+                 ) -> float | np.ndarray:
+    """noise_multiplier x sensitivity, never below its exact value where the product leaves the
+    normal floats (negligible noise on a tiny sensitivity: rounded up to the next float, at least
+    the smallest positive one), so the release is never less private than calibrated and never
+    silently noiseless (a scale of 0 would be eps = inf); elsewhere the plain product."""
+    if np.ndim(noise_multiplier) == 0 and np.ndim(sensitivity) == 0:  # the scalar hot path
+        x = float(noise_multiplier) * float(sensitivity)
+        if x < _FLOAT_MIN and noise_multiplier > 0 and sensitivity > 0:
+            x = math.nextafter(x, math.inf)
+        return x
+    out = np.multiply(noise_multiplier, sensitivity, dtype=np.float64)
+    tiny = (out < _FLOAT_MIN) & (np.asarray(noise_multiplier) > 0) & (np.asarray(sensitivity) > 0)
+    return np.where(tiny, np.nextafter(out, np.inf), out) if np.any(tiny) else out
+
+
+_FLOAT_MIN = sys.float_info.min
+
+
 def _release_eps(mechanism: str, nm: float, delta: float) -> float:
     if nm == 0:
         return math.inf
@@ -198,7 +233,7 @@ def planned_pairs(plan: Plan, nm: float, releases: int | None = None) -> list[tu
 
 
 def _fixed_eps(plan: Plan) -> tuple[float, float]:
-    return (math.fsum(ev.eps for ev in plan.fixed), math.fsum(ev.delta for ev in plan.fixed))
+    return (fsum(ev.eps for ev in plan.fixed), fsum(ev.delta for ev in plan.fixed))
 
 
 def _basic(plan: Plan) -> float:
@@ -210,9 +245,7 @@ def _basic(plan: Plan) -> float:
     e = eps_left / plan.releases
     if plan.mechanism == "laplace":
         return 1.0 / e
-    from dp_accounting import gaussian_mechanism
-
-    return float(gaussian_mechanism.get_sigma_gaussian(e, delta_left / plan.releases))
+    return gaussian_noise_multiplier(e, delta_left / plan.releases)
 
 
 def _no_room(plan: Plan, eps_fixed: float) -> str:
@@ -257,11 +290,35 @@ def _search(total: Callable[[float], float], x0: float, target: float) -> float:
     return max(best, root) if f(max(best, root)) <= target else best
 
 
+def _exact(plan: Plan) -> float:
+    """The tight noise multiplier where the noise is negligible (accountants.exact composes the
+    plan exactly): Laplace k / (eps - what the fixed releases take); Gaussian: the k releases
+    are one Gaussian of noise z / sqrt(k) (with any fixed Gaussian merged in the same way) whose
+    eps at delta is what the fixed pure releases leave (events.gaussian_noise_multiplier)."""
+    k, d = plan.releases, plan.delta
+    fixed = [(ev, 1) for ev in plan.fixed]
+    if plan.mechanism == "laplace":
+        left = plan.eps - accountants.exact(fixed, d)
+        if not left > 0:
+            raise ValueError(_no_room(plan, _fixed_eps(plan)[0]))
+        return k / left
+    pure = fsum(ev.eps for ev in plan.fixed if not isinstance(ev, GaussianEvent))
+    fixed_inv_sq = fsum((1.0 / ev.noise_multiplier) * (1.0 / ev.noise_multiplier)
+                        for ev in plan.fixed if isinstance(ev, GaussianEvent) and ev.eps > 0)
+    z = gaussian_noise_multiplier(plan.eps - pure, d) if plan.eps > pure else 0.0
+    room = (1.0 / z) * (1.0 / z) - fixed_inv_sq if z > 0 else 0.0
+    if not room > 0:
+        raise ValueError(_no_room(plan, _fixed_eps(plan)[0]))
+    return math.sqrt(k / room)
+
+
 def _pld(plan: Plan) -> float:
     """The noise multiplier of the tight calibration (see the module docstring)."""
     eps_f, _ = _fixed_eps(plan)
     if plan.fixed and accountants.pld([(ev, 1) for ev in plan.fixed], plan.delta) >= plan.eps:
         raise ValueError(_no_room(plan, eps_f))
+    if (plan.eps - eps_f) / plan.releases > accountants.EXACT_EPS:  # negligible noise
+        return _exact(plan)
 
     def total(x: float) -> float:
         nm = 1.0 / x
@@ -271,10 +328,7 @@ def _pld(plan: Plan) -> float:
         x0 = max((plan.eps - eps_f) / plan.releases, 1e-300) if plan.eps > eps_f else \
             plan.eps / plan.releases
     else:  # k Gaussians are one of noise z / sqrt(k): the exact (analytic) start
-        from dp_accounting import gaussian_mechanism
-
-        sigma = gaussian_mechanism.get_sigma_gaussian(max(plan.eps - eps_f, plan.eps / 2),
-                                                      plan.delta)
+        sigma = gaussian_noise_multiplier(max(plan.eps - eps_f, plan.eps / 2), plan.delta)
         x0 = 1.0 / (sigma * math.sqrt(plan.releases))
     return 1.0 / _search(total, x0, plan.eps)
 

@@ -21,6 +21,16 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 
+def fsum(values: Any) -> float:
+    """math.fsum (exactly rounded), but +-inf where the exact sum of finite values lies beyond the
+    largest float (math.fsum raises OverflowError there): totals of negligible-noise eps."""
+    xs = list(values)
+    try:
+        return math.fsum(xs)
+    except OverflowError:
+        return math.copysign(math.inf, sum(xs))
+
+
 def _check(name: str, value: float) -> float:
     value = float(value)
     if math.isnan(value) or value < 0:
@@ -82,17 +92,68 @@ class LaplaceEvent:
         return dp_event.LaplaceDpEvent(noise_multiplier=self.scale / self.l1_sensitivity)
 
 
-@functools.lru_cache(maxsize=4096)
-def gaussian_eps(noise_multiplier: float, delta: float) -> float:
-    """Exact eps of one Gaussian release with sigma / Delta_2 = noise_multiplier at `delta`
-    (Balle & Wang 2018, through dp-accounting)."""
+#: Below this noise multiplier (eps above about 5e7 per release) a Gaussian's eps is the closed
+#: form `gaussian_eps_bound`: dp-accounting's analytic search overflows there (from about 1e-10).
+GAUSSIAN_BOUND_NM = 1e-4
+#: Above this eps `gaussian_noise_multiplier` inverts the closed form (dp-accounting's
+#: get_sigma_gaussian overflows from about 5e7); its noise multipliers at 1e7 (2.2e-4) lie above
+#: GAUSSIAN_BOUND_NM, so eps(noise multiplier(eps)) <= eps on both sides of either switch.
+GAUSSIAN_BOUND_EPS = 1e7
+
+
+def _z(delta: float) -> float:
+    """Phi^-1(1 - delta), the standard normal quantile, accurate for tiny delta."""
+    from scipy.special import ndtri
+
+    return -float(ndtri(delta))
+
+
+def gaussian_eps_bound(noise_multiplier: float, delta: float) -> float:
+    """eps = mu + z sqrt(2 mu) of one Gaussian release, mu = 1 / (2 z_noise^2), z = Phi^-1(1 -
+    delta): an upper bound on its exact eps at `delta` for every noise multiplier (the privacy
+    loss is N(mu, 2 mu); at this eps the analytic delta(eps) = Phi(-z) - e^eps Phi(-z - sqrt(2
+    mu)) < delta) and within about 1 of it (relative 2e-8 at GAUSSIAN_BOUND_NM, exact in floating
+    point for the noise of huge eps). inf only where mu itself is not representable."""
     if noise_multiplier == 0.0:
         return math.inf
     if math.isinf(noise_multiplier):
         return 0.0
+    r = math.sqrt(0.5) / noise_multiplier  # sqrt(mu), without squaring a tiny noise multiplier
+    if math.isinf(r):
+        return math.inf
+    return max(r * r + _z(delta) / noise_multiplier, 0.0)
+
+
+@functools.lru_cache(maxsize=4096)
+def gaussian_eps(noise_multiplier: float, delta: float) -> float:
+    """Exact eps of one Gaussian release with sigma / Delta_2 = noise_multiplier at `delta`
+    (Balle & Wang 2018, through dp-accounting); below GAUSSIAN_BOUND_NM (negligible noise, eps
+    beyond 5e7) the closed-form upper bound `gaussian_eps_bound`, within about 1 of it."""
+    if noise_multiplier == 0.0:
+        return math.inf
+    if math.isinf(noise_multiplier):
+        return 0.0
+    if noise_multiplier < GAUSSIAN_BOUND_NM:
+        return gaussian_eps_bound(noise_multiplier, delta)
     from dp_accounting import gaussian_mechanism
 
     return float(gaussian_mechanism.get_epsilon_gaussian(noise_multiplier, delta))
+
+
+def gaussian_noise_multiplier(eps: float, delta: float) -> float:
+    """The smallest sigma / Delta_2 of a Gaussian release that is (eps, delta)-DP: dp-accounting's
+    analytic calibration (Balle & Wang 2018) up to GAUSSIAN_BOUND_EPS; beyond it the exact inverse
+    of `gaussian_eps_bound` (sqrt(mu) = eps / (z / sqrt 2 + sqrt(eps + z^2 / 2)), no overflow up
+    to the largest float eps), so gaussian_eps(result) <= eps to rounding. 0 for eps = inf."""
+    if math.isinf(eps):
+        return 0.0
+    if eps <= GAUSSIAN_BOUND_EPS:
+        from dp_accounting import gaussian_mechanism
+
+        return float(gaussian_mechanism.get_sigma_gaussian(eps, delta))
+    z = _z(delta)
+    root_mu = eps / (z / math.sqrt(2.0) + math.sqrt(eps + z * z / 2.0))
+    return math.sqrt(0.5) / root_mu
 
 
 @dataclass(frozen=True)

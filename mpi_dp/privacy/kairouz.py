@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from mpi_dp.privacy.events import fsum
+
 ALLOCATIONS = ("equal", "simple", "prop2_paper", "prop2_corrected")
 
 
@@ -25,14 +27,26 @@ def theorem1_eps(e: Sequence[float] | np.ndarray, delta_bar: float) -> float:
         raise ValueError("per-release eps must be >= 0")
     if not 0.0 <= delta_bar <= 1.0:
         raise ValueError(f"delta_bar must be in [0, 1], got {delta_bar}")
-    a = math.fsum(e)
+    a = fsum(e)  # inf, not OverflowError, beyond the largest float
     if delta_bar == 0.0 or not math.isfinite(a) or a == 0.0:
         return a
     drift = math.fsum(e * np.tanh(e / 2.0))
+    top = float(e.max())
+    if top > _SQUARE_MAX:  # negligible noise: e^2 would overflow; the same bounds, scaled by top
+        root = top * math.sqrt(math.fsum((e / top) ** 2))  # sqrt(sum e^2)
+        log_b = math.log(root) - math.log(delta_bar) + math.log1p(math.e * delta_bar / root)
+        b = drift + root * math.sqrt(2.0 * log_b)
+        c = drift + root * math.sqrt(2.0 * math.log(1.0 / delta_bar)) if delta_bar < 1 else drift
+        return min(a, b, c)
     sq = math.fsum(e * e)
     b = drift + math.sqrt(2.0 * sq * math.log(math.e + math.sqrt(sq) / delta_bar))
     c = drift + math.sqrt(2.0 * sq * math.log(1.0 / delta_bar)) if delta_bar < 1 else drift
     return min(a, b, c)
+
+
+#: Per-release eps above which theorem1_eps works with e / max(e) (e^2 summed over a sequence
+#: would overflow beyond about 1e154); at most this, bit for bit the formulas as written.
+_SQUARE_MAX = 1e100
 
 
 def equal_split(eps_bar: float, T_i: int, delta_bar: float, tol: float = 1e-12) -> float:

@@ -85,7 +85,8 @@ class Ledger:
         for ev, counts in self._counts.values():
             x = getattr(ev, field)
             if x:
-                with np.errstate(invalid="ignore"):  # 0 releases of an eps = inf event
+                with np.errstate(invalid="ignore", over="ignore"):  # 0 x inf; sums past the
+                    # largest float are inf, which is their value
                     total = total + np.where(counts > 0, counts * x, 0.0)
         return total
 
@@ -135,10 +136,11 @@ class Ledger:
 
     def _fits(self, eps: float, delta: float, idx: np.ndarray | slice) -> np.ndarray | bool:
         ok: np.ndarray | bool = True
-        if math.isfinite(self.budget_eps) and eps:
-            ok = self._run_eps[idx] + eps <= self._limit_eps
-        if delta and math.isfinite(self.budget_delta):
-            ok = ok & (self._run_delta[idx] + delta <= self._limit_delta)
+        with np.errstate(over="ignore"):  # a sum past the largest float is inf: it does not fit
+            if math.isfinite(self.budget_eps) and eps:
+                ok = self._run_eps[idx] + eps <= self._limit_eps
+            if delta and math.isfinite(self.budget_delta):
+                ok = ok & (self._run_delta[idx] + delta <= self._limit_delta)
         return ok
 
     def _plan_fits(self, last: list, idx: np.ndarray | slice | int,
@@ -173,7 +175,7 @@ class Ledger:
     def _cached(self, event: Event) -> list:
         """[event, eps, delta, counts entry or None] of the last event charged (repeated charges
         of one event object, an owner answering queries, skip re-deriving its key)."""
-        last = self.__dict__.get("_last")  # absent in a ledger pickled by an older version
+        last = self._last
         if last is None or last[0] is not event:
             kind = self._plan.kind(event) if self._plan is not None else "budget"
             last = self._last = [event, event.eps, event.delta, None, kind]
@@ -212,9 +214,10 @@ class Ledger:
             raise ValueError(f"run positions must be a 1-D array in 0..{self.runs - 1}")
         last = self._cached(event)
         eps, delta = last[1], last[2]
-        if ((eps and math.isfinite(self.budget_eps) and self._run_eps[r] + eps > self._limit_eps)
+        if ((eps and math.isfinite(self.budget_eps)  # Python floats: past the largest, inf
+             and float(self._run_eps[r]) + eps > self._limit_eps)
                 or (delta and math.isfinite(self.budget_delta)
-                    and self._run_delta[r] + delta > self._limit_delta)
+                    and float(self._run_delta[r]) + delta > self._limit_delta)
                 or (self._plan is not None and not self._plan_fits(last, r, None))):
             raise BudgetExceededError(self._refusal(event, r, note, last, None))
         self._record(event, last, r)
@@ -223,10 +226,11 @@ class Ledger:
                 record_pass: int | None = None) -> None:
         """One release of `event` (its `_cached` entry `last`) at run positions `idx` (or the one
         position): the running sums of the budget check, the releases and the event's counts."""
-        if last[1]:
-            self._run_eps[idx] += last[1]
-        if last[2]:
-            self._run_delta[idx] += last[2]
+        with np.errstate(over="ignore"):  # running sums past the largest float are inf
+            if last[1]:
+                self._run_eps[idx] += last[1]
+            if last[2]:
+                self._run_delta[idx] += last[2]
         self.releases[idx] += 1
         self._count(event, last)[idx] += 1
         if last[4] == "calibrated":
@@ -268,15 +272,6 @@ class Ledger:
             return f"{n} release{'s' if n != 1 else ''} of {field}={values.pop():.6g}"
         total = (self.spent_eps if field == "eps" else self.spent_delta)[r]
         return f"{n} releases totalling {field}={total:.6g}"
-
-    def __setstate__(self, state: dict) -> None:  # ledgers pickled before the contract
-        state.setdefault("target", None)
-        state.setdefault("context", ())
-        state.setdefault("_plan", None)
-        state.setdefault("_planned", np.zeros(state.get("runs", 1), dtype=np.int64))
-        state.setdefault("_pass_worst", {})
-        state["_last"] = None
-        self.__dict__.update(state)
 
     def __repr__(self) -> str:
         return (f"Ledger(agent={self.agent}, runs={self.runs}, spent_eps<={self.spent_eps.max():.6g}"

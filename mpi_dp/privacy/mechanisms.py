@@ -15,7 +15,7 @@ import numpy as np
 
 from mpi_dp.pcg import RunStreams, RunStreamsView, generator_laplace, generator_normal
 from mpi_dp.privacy import tap
-from mpi_dp.privacy.events import GaussianEvent, LaplaceEvent
+from mpi_dp.privacy.events import GaussianEvent, LaplaceEvent, gaussian_noise_multiplier
 
 #: a noise source: one stream per row, vectorised (RunStreams) or a list of numpy Generators
 Streams = RunStreams | RunStreamsView | Sequence[np.random.Generator]
@@ -34,7 +34,8 @@ def lap_scale(xi: float, T: int, n_i: int, eps: float) -> float:
 
     An owner answering T queries of its clipped mean gradient (L1 sensitivity 2 xi / n_i under
     replace-one neighbours) with this scale is eps-DP over all T answers (sequential composition).
-    Evaluated literally as ``2*xi*T/(n_i*eps)``; ``eps = inf`` (no privacy) gives 0.0.
+    Evaluated literally as ``2*xi*T/(n_i*eps)`` (``2*xi*T/eps/n_i`` where n_i * eps overflows);
+    ``eps = inf`` (no privacy) gives 0.0.
     """
     xi = _check_number("xi", xi)
     eps = _check_number("eps", eps)
@@ -48,7 +49,8 @@ def lap_scale(xi: float, T: int, n_i: int, eps: float) -> float:
         raise ValueError(f"eps must be > 0, got {eps}")
     if math.isinf(eps):
         return 0.0
-    return 2 * xi * T / (n_i * eps)
+    den = n_i * eps  # inf only for eps near the largest float: then divide twice, never 0
+    return 2 * xi * T / den if math.isfinite(den) else 2 * xi * T / eps / n_i
 
 
 def l1_sensitivity_mean(xi: float, n_i: int) -> float:
@@ -93,9 +95,8 @@ def gaussian_sigma(
     if math.isinf(eps):
         return 0.0
     if calibration == "analytic" or (calibration == "auto" and eps >= 1):
-        from dp_accounting import gaussian_mechanism
-
-        return float(gaussian_mechanism.get_sigma_gaussian(eps, delta)) * l2
+        # dp-accounting's analytic calibration; its closed-form inverse beyond eps = 1e7
+        return gaussian_noise_multiplier(eps, delta) * l2
     if eps >= 1 and not allow_large_eps:
         raise ValueError(
             f"the classical Gaussian calibration is valid only for eps < 1, got eps={eps}; use the "

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from mpi_dp.privacy import tap
+from mpi_dp.privacy.contract import honest_scale
 from mpi_dp.privacy.events import Event, GaussianEvent, LaplaceEvent
 from mpi_dp.privacy.ledger import Ledger
 from mpi_dp.privacy.mechanisms import (
@@ -142,7 +143,8 @@ class OwnerRelease:
             return scale
         if self.calibration is None:
             return 0.0
-        return self.calibration.noise_multiplier * np.asarray(sensitivity, dtype=np.float64) \
+        return honest_scale(self.calibration.noise_multiplier,
+                            np.asarray(sensitivity, dtype=np.float64)) \
             if np.ndim(sensitivity) else self.calibration.scale(float(sensitivity))
 
 

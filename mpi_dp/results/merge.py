@@ -117,7 +117,11 @@ def read_part(path: Path) -> Part:
     except OSError as e:
         raise MergeError(f"{path}: not a readable HDF5 file ({e})") from None
     with f:
-        attrs = {k: _plain(v) for k, v in f.attrs.items()}
+        try:
+            attrs = {k: _plain(v) for k, v in f.attrs.items()}
+        except (OSError, RuntimeError) as e:  # HDF5's errors on damaged metadata
+            raise MergeError(f"{path}: the part file is damaged: its attributes cannot be read "
+                             f"({e})") from None
         if attrs.get("format") != FORMAT:
             raise MergeError(f"{path}: not an mpi_dp result file")
         if attrs.get("status") != "complete":

@@ -10,6 +10,7 @@ releases the lock when the holder dies, so a killed job leaves no stale lock.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -19,10 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import JobError
+from ..errors import DiskFullError, JobError
 
 #: seconds without a heartbeat after which a running file on another host counts as stopped
 STALE_AFTER_S = 600.0
+#: bytes held in PATH.reserve beside a running job's result: given back when the disk fills,
+#: so that the result file can still be closed (HDF5 writes its metadata when it closes) and
+#: stays readable
+RESERVE_BYTES = 4 << 20
 
 
 def partial_path(final: str | Path) -> Path:
@@ -124,6 +129,17 @@ def check_resume(final: str | Path) -> None:
     if final.exists():
         raise JobError(f"both {final} and {partial} exist: resuming would replace the complete "
                        f"result; move one away first")
+    import h5py
+
+    if partial.is_dir():
+        raise JobError(f"cannot resume {partial}: it is a directory, not a stopped job's result "
+                       "file; move it away and run without --resume")
+    try:
+        with h5py.File(partial, "r", locking=False):
+            pass
+    except OSError as e:
+        raise JobError(f"cannot resume {partial}: it is not a readable HDF5 file ({e}); run "
+                       "with --overwrite instead of --resume to start afresh") from None
 
 
 def describe_partial(path: Path) -> str:
@@ -171,3 +187,77 @@ def writer_gone(attrs: dict[str, Any]) -> bool | None:
     if "heartbeat_unix" in attrs:
         return time.time() - float(attrs["heartbeat_unix"]) > STALE_AFTER_S
     return None
+
+
+def reserve_path(final: str | Path) -> Path:
+    final = Path(final)
+    return final.with_name(final.name + ".reserve")
+
+
+class SpaceReserve:
+    """RESERVE_BYTES allocated in PATH.reserve while a job writes PATH.partial (rank 0): when the
+    disk fills, `release` gives them back so that the result file closes cleanly with what was
+    complete; removed when the job ends."""
+
+    def __init__(self, final: str | Path, nbytes: int = RESERVE_BYTES) -> None:
+        self.path, self.nbytes, self.held = reserve_path(final), nbytes, False
+
+    def hold(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError as e:
+            raise JobError(f"cannot write beside the result: {self.path}: "
+                           f"{e.strerror or e}") from None
+        try:
+            try:
+                os.posix_fallocate(fd, 0, self.nbytes)
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", -1)):
+                    raise
+                os.pwrite(fd, bytes(self.nbytes), 0)  # a file system without fallocate
+        except OSError as e:
+            os.close(fd)
+            self.path.unlink(missing_ok=True)
+            if e.errno == errno.ENOSPC:
+                raise DiskFullError(f"no space left on device for {self.path.parent}: not even "
+                                    f"{self.nbytes >> 20} MiB free; free space or choose --out "
+                                    "elsewhere") from None
+            raise JobError(f"cannot write beside the result: {self.path}: "
+                           f"{e.strerror or e}") from None
+        os.close(fd)
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
+
+
+def no_space(e: BaseException | None) -> bool:
+    """Whether an exception (or one it was raised from) says the disk is full (ENOSPC; HDF5
+    reports it in its message text as errno = 28)."""
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, DiskFullError) or isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return True
+        text = str(e)
+        if f"errno = {errno.ENOSPC}," in text or "No space left on device" in text:
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
+def quiet_full_disk_deallocs() -> None:
+    """h5py closes a dataset when its Python object goes away and can only report a failed
+    write there as an 'Exception ignored' traceback; on a full disk that is the error the job
+    reports once, in one line (runner), so these are not printed. Any other stays printed."""
+    default = sys.unraisablehook
+    if getattr(default, "_mpi_dp", False):
+        return
+
+    def hook(u: Any) -> None:
+        if not no_space(u.exc_value):
+            default(u)
+
+    hook._mpi_dp = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook

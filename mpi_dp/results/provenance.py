@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
 import platform
 import subprocess
 import sys
@@ -45,12 +46,27 @@ def versions() -> dict[str, str]:
     except ImportError:  # pragma: no cover - mpi4py is a dependency
         out["mpi4py"] = "not installed"
     try:
+        from importlib.metadata import version
+
+        out["dp_accounting"] = version("dp-accounting")
+    except Exception:  # noqa: BLE001 - metadata of an odd install: say so, never fail a run
+        out["dp_accounting"] = "unknown"
+    try:
         import petsc4py
 
         out["petsc4py"] = petsc4py.__version__
     except ImportError:
         out["petsc4py"] = "not installed"
     return out
+
+
+def sha256(path: str | Path, chunk: int = 1 << 22) -> str:
+    """The SHA-256 of a file (the shard a result was computed from: which bytes, not which name)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def collect(n_ranks: int, hosts: list[str], seed: int, extra: dict[str, Any] | None = None

@@ -3,6 +3,7 @@
 Schema (format "mpi_dp.results", version 1) -- a contract analysis code relies on:
   /                       attrs format, format_version, job (TOML text), job_resolved (JSON),
                           algorithm, variant, status (running|complete|interrupted|failed),
+                          status_reason (interrupted: the signal; failed: the exception text),
                           n_configs, sweep (JSON); heartbeat: writer_host, writer_pid,
                           heartbeat_unix, progress_config, progress_record; a part file of
                           one block of the configurations (`run --configs A:B`) also
@@ -19,6 +20,9 @@ Schema (format "mpi_dp.results", version 1) -- a contract analysis code relies o
                           baselines majority_label, *_error_majority, *_error_zero,
                           *_error_star, train_mse_zero|mean|star (all evaluation-only)
   G attrs (also)          eval_set, prediction (classification), config_complete (resume)
+  G/checkpoint            while a configuration runs (methods that checkpoint inside it): the
+                          method's state as plain datasets (mpi_dp.results.checkpoint; attrs
+                          format_version, n_records, complete); removed when it completes
   G/privacy/ledger        per-agent ledger, every method (privacy.accountants.LEDGER_DTYPE: the
                           owner's target eps / delta, calibration rule and scope, mechanism,
                           releases, per-release eps and noise multiplier, the scope's totals by
@@ -34,10 +38,11 @@ writes PATH.partial and renames it to PATH when complete (mpi_dp.results.output)
 from __future__ import annotations
 
 import json
+import math
 import os
-import pickle
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -45,6 +50,9 @@ from typing import Any
 
 import h5py
 import numpy as np
+
+from ..errors import DiskFullError, JobError
+from .checkpoint import CheckpointError, read_state, write_state
 
 FORMAT = "mpi_dp.results"
 FORMAT_VERSION = 1
@@ -67,6 +75,10 @@ def _attr(v: Any) -> Any:
     return v
 
 
+#: where a checkpoint is written before it replaces `checkpoint` (ConfigRecorder.save_state)
+CHECKPOINT_NEW = "checkpoint_new"
+
+
 class ConfigRecorder:
     """Writes one configuration group: appends metric records, stores final arrays."""
 
@@ -87,20 +99,26 @@ class ConfigRecorder:
     # -- checkpoints inside a configuration (methods that support them) --------------------------
     def checkpoint_due(self) -> bool:
         """Whether a method should save its state now (every MPI_DP_CHECKPOINT_S seconds)."""
-        return time.monotonic() - self._saved_at >= CHECKPOINT_EVERY_S
+        return time.monotonic() - self._saved_at >= checkpoint_every_s()
 
     def save_state(self, state: Any) -> None:
-        """Store a method's state (pickled) with the number of records it goes with; a resume
-        continues from it. Removed when the configuration completes."""
-        blob = np.frombuffer(pickle.dumps(state, protocol=5), dtype=np.uint8)
-        if "checkpoint" not in self.group:
-            self.group.create_dataset("checkpoint", shape=(0,), maxshape=(None,), dtype="u1",
-                                      chunks=(1 << 16,))
-        ds = self.group["checkpoint"]
-        ds.resize((blob.size,))
-        ds[:] = blob
-        ds.attrs["n_records"] = self.n_records
-        self.group.file.flush()
+        """Store a method's state (plain datasets, mpi_dp.results.checkpoint) with the number of
+        records it goes with; a resume continues from it. Written whole as `checkpoint_new`
+        (attribute `complete` set last, flushed), then renamed to `checkpoint` over the previous
+        one, so a crash mid-write leaves no checkpoint a resume would trust (the previous one, or
+        none, is resumed). Removed when the configuration completes."""
+        g = self.group
+        if CHECKPOINT_NEW in g:  # an earlier write that did not finish
+            del g[CHECKPOINT_NEW]
+        new = g.create_group(CHECKPOINT_NEW)
+        write_state(new, state)
+        new.attrs["n_records"] = self.n_records
+        new.attrs["complete"] = True
+        g.file.flush()
+        if "checkpoint" in g:
+            del g["checkpoint"]
+        g.move(CHECKPOINT_NEW, "checkpoint")
+        g.file.flush()
         self._saved_at = time.monotonic()
 
     def saved_state(self) -> Any:
@@ -108,10 +126,22 @@ class ConfigRecorder:
         return self._resume_state
 
     def resume_from_checkpoint(self) -> None:
-        """Load the group's checkpoint and drop the records written after it."""
-        ds = self.group["checkpoint"]
-        n = int(ds.attrs["n_records"])
-        self._resume_state = pickle.loads(ds[()].tobytes())
+        """Load the group's checkpoint and drop the records written after it. A checkpoint this
+        version does not read (an older format: the pickled uint8 dataset of earlier versions,
+        another format_version, an unfinished write) is dropped with a note, and the
+        configuration restarts from its start (its records dropped too)."""
+        node = self.group["checkpoint"]
+        try:
+            if not (isinstance(node, h5py.Group) and node.attrs.get("complete", False)
+                    and "n_records" in node.attrs):
+                raise CheckpointError("not a complete checkpoint group")
+            state, n = read_state(node), int(node.attrs["n_records"])
+        except CheckpointError as e:
+            print(f"mpi-dp: [{self.group.name}] checkpoint of an older format: configuration "
+                  f"restarts from its start ({e})", file=sys.stderr, flush=True)
+            del self.group["checkpoint"]
+            state, n = None, 0
+        self._resume_state = state
         for name in list(self.metrics):
             if n == 0:  # `append` creates the datasets at the first record
                 del self.metrics[name]
@@ -174,10 +204,10 @@ class ConfigRecorder:
                 self.group.attrs[k] = v
 
 
-def _kill_at() -> tuple[int, int] | None:
+def _kill_at(var: str = "MPI_DP_TEST_KILL_AT") -> tuple[int, int] | None:
     """MPI_DP_TEST_KILL_AT=c:k: the writer SIGKILLs itself at record k of configuration c (a
     seam for the resume tests: a real kill at a reproducible point)."""
-    v = os.environ.get("MPI_DP_TEST_KILL_AT")
+    v = os.environ.get(var)
     if not v:
         return None
     c, k = v.split(":")
@@ -185,8 +215,28 @@ def _kill_at() -> tuple[int, int] | None:
 
 
 _KILL_AT = _kill_at()
-#: seconds between a method's checkpoints inside a configuration (MPI_DP_CHECKPOINT_S)
-CHECKPOINT_EVERY_S = float(os.environ.get("MPI_DP_CHECKPOINT_S", "60"))
+#: free bytes below which a job stops at its next record (the file system would fill before the
+#: next check, half a second later, and HDF5 cannot always recover from a failed write)
+SPACE_MARGIN = 1 << 20
+#: MPI_DP_TEST_RAISE_AT=c:k: the writer raises KeyError('typo_key') at record k of configuration
+#: c (a seam for the tests of a bug inside a method: its traceback, the status 'failed')
+_RAISE_AT = _kill_at("MPI_DP_TEST_RAISE_AT")
+
+
+def checkpoint_every_s() -> float:
+    """Seconds between a method's checkpoints inside a configuration: MPI_DP_CHECKPOINT_S
+    (default 60; 0 checkpoints at every record). A value that is not a number >= 0 is a user
+    error (JobError), checked by `mpi-dp run` before anything is written."""
+    raw = os.environ.get("MPI_DP_CHECKPOINT_S", "60")
+    try:
+        v = float(raw)
+    except ValueError:
+        v = math.nan
+    if not v >= 0:  # also NaN
+        raise JobError(f"environment variable MPI_DP_CHECKPOINT_S={raw!r}: give the seconds "
+                       "between checkpoints inside a configuration, a number >= 0 (default 60; "
+                       "0: at every record)")
+    return v
 
 
 def _without_output(job_json: Any) -> dict:
@@ -267,7 +317,7 @@ class ResultFile:
             what = "all configurations" if had is None else f"configurations {had[0]}:{had[1]}"
             raise ValueError(f"{path} holds {what}; resume it with the same --configs / "
                              "--config-block")
-        self.completed = sorted(int(c) for c in self._complete_indices())
+        self.completed = sorted(int(c) for c in self.complete_indices())
         a["status"] = "running"
         a["writer_host"] = socket.gethostname()
         a["writer_pid"] = os.getpid()
@@ -277,7 +327,7 @@ class ResultFile:
         self.beat(self.completed[-1] + 1 if self.completed else 0, 0, force=True)
         return self
 
-    def _complete_indices(self) -> list[int]:
+    def complete_indices(self) -> list[int]:
         if not self.sweep:
             return [0] if self.file.attrs.get("config_complete", False) else []
         g = self.file.get("configs")
@@ -289,7 +339,16 @@ class ResultFile:
         if "checkpoint" in group:
             del group["checkpoint"]
         group.attrs["config_complete"] = True
+        self.sync()
+
+    def sync(self) -> None:
+        """Flush to the file and the file to the disk (fsync): what is complete survives a
+        crash of the machine or a later write that fails."""
         self.file.flush()
+        try:
+            os.fsync(self.file.id.get_vfd_handle())
+        except (OSError, ValueError, TypeError):  # a driver without a file descriptor
+            pass
 
     def config(self, index: int, runs: int, expected_records: int | None = None,
                **attrs: Any) -> ConfigRecorder:
@@ -314,27 +373,70 @@ class ResultFile:
 
     def beat(self, config: int, record: int, force: bool = False) -> None:
         """Heartbeat: the time, configuration and record reached (at most twice a second)."""
+        global _RAISE_AT
         self._progress = (int(config), int(record))
         if _KILL_AT is not None and self._progress == _KILL_AT:  # fault injection (tests)
             self.file.flush()
             os.kill(os.getpid(), signal.SIGKILL)
+        if _RAISE_AT is not None and self._progress == _RAISE_AT:
+            _RAISE_AT = None  # once
+            raise KeyError("typo_key")  # a bug injected by a test
         now = time.time()
         if not force and now - self._beat_at < 0.5:
             return
         self._beat_at = now
+        if not force:
+            self.check_space()
         a = self.file.attrs
         a["heartbeat_unix"] = now
         a["progress_config"], a["progress_record"] = self._progress
 
-    def set_status(self, status: str, **provenance: Any) -> None:
+    def check_space(self) -> None:
+        """Stop at a record, before HDF5 meets a full disk in the middle of a write, when the
+        file system keeps less than SPACE_MARGIN free (PATH.reserve not counted: it is the
+        room to close the file). DiskFullError; the runner closes the file and says so."""
+        try:
+            st = os.statvfs(self.path.parent)
+        except OSError:
+            return
+        free = st.f_bavail * st.f_frsize
+        if free < SPACE_MARGIN:
+            raise DiskFullError(f"no space left on device writing {self.path} "
+                                f"({free >> 10} KiB free)")
+
+    def set_status(self, status: str, reason: str | None = None, **provenance: Any) -> None:
+        """The job's status, with why it stopped (`status_reason`: the signal of an interrupted
+        job, the exception of a failed one) and provenance attributes."""
         self.beat(*self._progress, force=True)
         self.file.attrs["status"] = status
+        if reason is not None:
+            self.file.attrs["status_reason"] = reason
+        elif "status_reason" in self.file.attrs:  # a resumed job that completes
+            del self.file.attrs["status_reason"]
         for k, v in provenance.items():
             self.file["provenance"].attrs[k] = _attr(v)
         self.file.flush()
 
-    def close(self, status: str | None = None, **provenance: Any) -> None:
+    def close_on_full_disk(self, reason: str, **provenance: Any) -> None:
+        """Close after the disk filled (and PATH.reserve was given back): the status 'failed'
+        without an explicit flush (HDF5 refuses a flush after one that failed); closing writes
+        the metadata, so every complete configuration stays readable."""
+        if not self.file.id.valid:
+            return
+        try:
+            self.file.attrs["status"] = "failed"
+            self.file.attrs["status_reason"] = reason
+            for k, v in provenance.items():
+                self.file["provenance"].attrs[k] = _attr(v)
+        finally:
+            try:
+                self.file.close()
+            except RuntimeError:  # HDF5 reports the failed flush again; the file is closed
+                pass
+
+    def close(self, status: str | None = None, reason: str | None = None,
+              **provenance: Any) -> None:
         if self.file.id.valid:
             if status:
-                self.set_status(status, **provenance)
+                self.set_status(status, reason, **provenance)
             self.file.close()
