@@ -145,3 +145,21 @@ def assert_resumes_inside_a_configuration(job: Path, resumed_text: str, kill_at:
     assert sorted(a) == sorted(b) and not any("checkpoint" in k for k in b)
     for k in a:
         assert a[k].tobytes() == b[k].tobytes(), k
+
+
+def start_when_requeued(job_id: str, limit: float = 120.0) -> None:
+    """Slurm holds a requeued job about 2 minutes (BeginTime): once it is pending again (the
+    stopped attempt first saves a checkpoint and closes its file), let it start at once."""
+    import time
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        q = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
+                           text=True, timeout=60)
+        if "PENDING" in q.stdout:
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+                           capture_output=True, timeout=60)
+            return
+        if not q.stdout.strip():
+            return
+        time.sleep(0.5)

@@ -9,13 +9,19 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
-from helpers import HANG_GUARD_S, mpi_run, read_datasets, wait_for_progress, write_job
+from helpers import (
+    HANG_GUARD_S,
+    mpi_run,
+    read_datasets,
+    start_when_requeued,
+    wait_for_progress,
+    write_job,
+)
 from test_slurm import _slurm_up, _wait_gone
 
 from mpi_dp.results.output import partial_path
@@ -263,11 +269,7 @@ def test_a_requeued_array_task_resumes_its_part(tmp_path, small_shards):
     rq = subprocess.run(["scontrol", "requeue", f"{jid}_1"], capture_output=True, text=True,
                         timeout=60)
     assert rq.returncode == 0, rq.stderr
-    time.sleep(1)
-    # Slurm holds a requeued job about 2 minutes (BeginTime); let it start at once (if refused,
-    # it starts later)
-    subprocess.run(["scontrol", "update", f"JobId={jid}_1", "StartTime=now"], capture_output=True,
-                   timeout=60)
+    start_when_requeued(f"{jid}_1")
     _wait_gone(jid)
     log = _log(tmp_path, jid, 1)
     assert "resuming" in log and "1 of 2 configuration(s) complete" in log, log

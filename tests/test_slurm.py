@@ -14,7 +14,7 @@ from pathlib import Path
 
 import h5py
 import pytest
-from helpers import HANG_GUARD_S, write_job
+from helpers import HANG_GUARD_S, start_when_requeued, write_job
 
 SCRIPT = Path(__file__).resolve().parents[1] / "slurm" / "run.sbatch"
 
@@ -90,10 +90,7 @@ def test_a_requeued_job_resumes_and_equals_an_uninterrupted_run(tmp_path, small_
     wait_for_progress(tmp_path / "rq_result.h5.partial", "progress_config", 1)  # configuration 2
     rq = subprocess.run(["scontrol", "requeue", jid], capture_output=True, text=True, timeout=60)
     assert rq.returncode == 0, rq.stderr
-    time.sleep(2)
-    # Slurm holds a requeued job about 2 minutes (BeginTime); let it start at once
-    subprocess.run(["scontrol", "update", f"JobId={jid}", "StartTime=now"], capture_output=True,
-                   timeout=60)
+    start_when_requeued(jid)
     _wait_gone(jid)
     log = (tmp_path / f"slurm-mpi_dp-{jid}.out").read_text()
     assert "resuming" in log and "mpi-dp: done" in log, log
