@@ -5,9 +5,8 @@ Once `install`ed, the first signal only sets a flag; the methods look at it wher
 (`at_record`, collective, so all ranks stop at the same record after a checkpoint) and the
 runner before each configuration (a signal during set-up stops there, with nothing lost). A
 second signal (more than REPEAT_S later), or no record within GRACE_S of the first, stops at
-once (KeyboardInterrupt). mpiexec (hydra)
-and Slurm signal every rank; a rank that alone got the signal still stops everyone, because the
-decision is a reduction over all ranks.
+once (KeyboardInterrupt). mpiexec (hydra) and Slurm signal every rank; a rank that alone got
+the signal still stops everyone, because the decision is a reduction over all ranks.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 #: the exit status of a job stopped by SIGTERM (128 + 15, what a shell reports for a job killed
-#: by the signal): slurm/run.sbatch requeues on it, and a requeued attempt resumes
+#: by the signal); slurm/run.sbatch requeues a job that stopped after its time-limit warning
 EXIT_TERM = 143
 #: the exit status of a job stopped by SIGINT (Ctrl-C)
 EXIT_INT = 130
