@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class MpiDpError(Exception):
     """Base class: an error whose message is meant for the user."""
@@ -44,3 +46,11 @@ class ResultError(MpiDpError, KeyError):
     code that looks things up; its message is the plain text (not a KeyError's quoted repr)."""
 
     __str__ = BaseException.__str__
+
+
+def unwritable_why(path: Path, exc: OSError) -> str:
+    """Why `path`'s folder could not be made (its mkdir raised `exc`), for a user: the ancestor
+    that is a file, not a directory, or the system's reason with the path it names."""
+    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    return (f"{blocker} is a file, not a directory" if blocker is not None else
+            f"{exc.strerror or exc} ({exc.filename or path.parent})")

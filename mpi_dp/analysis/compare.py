@@ -23,7 +23,7 @@ import numpy as np
 
 from mpi_dp.analysis.load import ConfigView, Result, open_result
 from mpi_dp.analysis.style import DPI, EPS_AXIS_MAX, aligned, cell, on_eps_axis
-from mpi_dp.errors import MpiDpError
+from mpi_dp.errors import MpiDpError, unwritable_why
 
 METRICS = ("auto", "test_error", "rmse")
 #: the task whose utility each metric measures
@@ -387,11 +387,8 @@ def plot_compare(rows: list[Row], metric: str, path: str | Path) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
-        why = (f"{blocker} is a file, not a directory" if blocker is not None else
-               f"{e.strerror or e} ({e.filename or path.parent})")
-        raise CompareError(f"cannot write the figure {path}: {why}; choose another --out"
-                           ) from None
+        raise CompareError(f"cannot write the figure {path}: {unwritable_why(path, e)}; choose "
+                           "another --out") from None
     drawn = [r for r in rows if r.value(metric) is not None
              and (on_eps_axis(r.eps) or math.isinf(r.eps))]
     # a finite eps beyond style.EPS_AXIS_MAX (negligible noise) stays in the table only

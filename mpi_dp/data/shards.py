@@ -43,7 +43,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from mpi_dp import __version__
-from mpi_dp.errors import DataError, ShardError
+from mpi_dp.errors import DataError, ShardError, unwritable_why
 
 FORMAT = "mpi_dp.shards"
 FORMAT_VERSION = 1
@@ -285,11 +285,8 @@ def write_shards(
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
-        blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
-        why = (f"{blocker} is a file, not a directory" if blocker is not None else
-               f"{exc.strerror or exc} ({exc.filename or path.parent})")
-        raise DataError(f"cannot write the shard file {path}: {why}; choose another --out"
-                        ) from None
+        raise DataError(f"cannot write the shard file {path}: {unwritable_why(path, exc)}; "
+                        "choose another --out") from None
     os.close(fd)
     tmp = pathlib.Path(tmp_name)
     try:
