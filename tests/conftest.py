@@ -25,3 +25,20 @@ def small_binary(tmp_path_factory) -> Path:
 
     path = tmp_path_factory.mktemp("shards") / "binary.h5"
     return write_synth(path, "binary", 3, 400, 4, 0.3, 5, public=2000)
+
+
+@pytest.fixture(scope="session")
+def method_shards(tmp_path_factory) -> dict:
+    """Small shard files for a tiny job of every method: star methods (regression), admm
+    (multiclass), dola (online) and p2p."""
+    from mpi_dp.data.synth import write_synth
+
+    d = tmp_path_factory.mktemp("method_shards")
+    return {
+        "regression": write_synth(d / "reg.h5", "regression", 3, [300, 250, 400], 4, 0.5, 3,
+                                  public=1000),
+        "multiclass": write_synth(d / "mc.h5", "multiclass", 4, 150, 5, 0.35, 5, public=300,
+                                  classes=3),
+        "online": write_synth(d / "on.h5", "online", 6, 60, 4, 0.05, 3, public=100),
+        "p2p": write_synth(d / "p2p.h5", "p2p", 16, 0, 4, 0.05, 3),
+    }

@@ -12,23 +12,14 @@ import numpy as np
 import pytest
 from helpers import mpi_run, write_job
 
-from mpi_dp.data.synth import write_synth
 from mpi_dp.privacy import kairouz
 
 METHODS = ("sync_star", "async_star", "admm", "dola", "p2p")
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("contract")
-    return {
-        "regression": write_synth(d / "reg.h5", "regression", 3, [300, 250, 400], 4, 0.5, 3,
-                                  public=1000),
-        "multiclass": write_synth(d / "mc.h5", "multiclass", 4, 150, 5, 0.35, 5, public=300,
-                                  classes=3),
-        "online": write_synth(d / "on.h5", "online", 6, 60, 4, 0.05, 3, public=100),
-        "p2p": write_synth(d / "p2p.h5", "p2p", 16, 0, 4, 0.05, 3),
-    }
+def data(method_shards) -> dict[str, Path]:
+    return method_shards
 
 
 def _keys(method: str, data: dict[str, Path]) -> tuple[Path, dict]:

@@ -16,7 +16,6 @@ from mpi4py import MPI
 
 from mpi_dp.analysis.load import open_result
 from mpi_dp.cli import main as cli_main
-from mpi_dp.data.synth import write_synth
 from mpi_dp.privacy import accountants, contract, events, kairouz
 from mpi_dp.privacy.events import GaussianEvent, LaplaceEvent
 from mpi_dp.privacy.mechanisms import gaussian_sigma
@@ -31,16 +30,8 @@ REL = 1e-12  # "exact": the float sums of k per-release eps round to the target 
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("huge_eps_data")
-    return {
-        "regression": write_synth(d / "reg.h5", "regression", 3, [300, 250, 400], 4, 0.5, 3,
-                                  public=1000),
-        "multiclass": write_synth(d / "mc.h5", "multiclass", 4, 150, 5, 0.35, 5, public=300,
-                                  classes=3),
-        "online": write_synth(d / "on.h5", "online", 6, 60, 4, 0.05, 3, public=100),
-        "p2p": write_synth(d / "p2p.h5", "p2p", 16, 0, 4, 0.05, 3),
-    }
+def data(method_shards) -> dict[str, Path]:
+    return method_shards
 
 
 def _keys(method: str, data: dict[str, Path]) -> tuple[Path, dict]:
