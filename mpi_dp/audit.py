@@ -11,12 +11,10 @@ written over an existing file.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import pathlib
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -26,6 +24,8 @@ import h5py
 import numpy as np
 from mpi4py import MPI
 
+from . import progress as prog
+from . import strict_json
 from .comm.agree import collective
 from .data.canary import Canary, make_worlds
 from .errors import JobError
@@ -177,8 +177,8 @@ def run_audit(job_path: str, overrides: Sequence[str] = (), out: str | None = No
     try:
         for w, world in enumerate(plan["worlds"]):
             if rank == 0 and progress:
-                print(f"mpi-dp audit: world {w} ({'D' if w == 0 else 'D prime'}): {runs} runs of "
-                      f"'{plan['name']}'", file=sys.stderr, flush=True)
+                prog.info(f"audit: world {w} ({'D' if w == 0 else 'D prime'}): {runs} runs of "
+                          f"'{plan['name']}'")
             tap = Tap(owner, runs, KEEP_ALL if release == "all" else max(k, 1))
             result = pathlib.Path(plan["scratch"]) / f"run{w}.h5"
             with tapping(tap):
@@ -238,7 +238,7 @@ def _finish(plan: dict[str, Any], views: list[list[np.ndarray]], events: list[li
                         "ledger_eps": eps_ledger, "job_eps": eps_job,
                         "claimed_source": source, "eps_lower": eps_lower, "statistic": best,
                         "confidence": 1 - ALPHA, "verdict": verdict, "noise": noise,
-                        "canary": json.dumps(c.__dict__),
+                        "canary": strict_json.dumps(c.__dict__),
                         "mechanism": evs[0].mechanism,
                         "certified": bool(getattr(evs[0], "certified", True)),
                         "wall_seconds": round(time.perf_counter() - t0, 3)})

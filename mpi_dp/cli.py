@@ -29,6 +29,8 @@ Typical session:
   mpi-dp analyze results/demo.h5
   mpi-dp plot results/demo.h5
   mpi-dp compare results/demo.h5 results/sync_fig3_eps.h5   # files of any method, one table
+  mpi-dp export results/demo.h5    # tidy tables for pandas: results/demo.csv, demo.ledger.csv
+  mpi-dp export results/demo.h5 --release    # results/demo.release.h5, safe to share
   mpiexec -n 4 mpi-dp run jobs/demo.toml --overwrite     # replace results/demo.h5
   mpiexec -n 4 mpi-dp run jobs/demo.toml --resume        # continue a killed run
   mpi-dp merge results/demo.h5     # combine results/demo.task*.h5 of slurm/sweep.sbatch
@@ -235,6 +237,38 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
                 print(f"wrote {args.csv}")
         if note:
             print(f"\n{note}")
+    print(f"\n{SHARING_NOTE.format(path=args.result)}")
+    return 0
+
+
+#: the last line of `mpi-dp analyze`: who may see a raw result file
+SHARING_NOTE = ("sharing: {path} holds evaluation-only values computed from private records "
+                "without noise; it is not safe to share outside the data owners. "
+                "`mpi-dp export --release {path}` makes a shareable file.")
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .analysis import export
+
+    if args.release:
+        if args.format:
+            raise export.ExportError("--format names the tables' format; --release writes an "
+                                     "HDF5 file (drop --format)")
+        path, removed = export.export_release(args.result, args.out, overwrite=args.overwrite,
+                                              force=args.force)
+        print(f"release: {path}  (removed {len(removed['datasets'])} evaluation-only "
+              f"dataset(s) and {len(removed['attrs'])} attribute(s); see its release_note)")
+        return 0
+    if args.force:
+        raise export.ExportError("--force applies to --release only")
+    from .analysis import load
+
+    with load.open_result(args.result) as res:
+        _completeness_note(res)
+    metrics, ledger = export.export_tables(args.result, args.out, args.format,
+                                           overwrite=args.overwrite)
+    print(f"metrics: {metrics}")
+    print(f"ledger:  {ledger}")
     return 0
 
 
@@ -322,6 +356,68 @@ def _run_epilog() -> str:
     return RUN_EPILOG.format(keys=describe_keys())
 
 
+def _verbosity_arguments(parser: argparse.ArgumentParser,
+                         quiet_help: str = "no progress messages (warnings only)") -> None:
+    """--quiet and -v/--verbose of a long command (mpi_dp.progress.configure's levels)."""
+    loud = parser.add_mutually_exclusive_group()
+    loud.add_argument("--quiet", action="store_true", help=quiet_help)
+    loud.add_argument("-v", "--verbose", action="store_true",
+                      help="also debug lines (e.g. per-record timings)")
+
+
+def _verbosity(args: argparse.Namespace) -> int:
+    """-1 for --quiet, 1 for -v, 0 otherwise (commands without them: 0)."""
+    if getattr(args, "quiet", False):
+        return -1
+    return 1 if getattr(args, "verbose", False) else 0
+
+
+EXPORT_DESCRIPTION = """\
+Export a result file for other tools, or make a release that may be shared.
+
+Tables (default; CSV, or Parquet with --format parquet, which needs pyarrow):
+  RESULT.csv         the metrics: one row per (configuration, iteration, run). Columns:
+                     config (the configuration's index), the configuration's columns (its swept
+                     values such as eps, then its scalar attributes: label, T, runs, variant,
+                     ...; array attributes such as per-owner eps and n are left out), iteration,
+                     run (the run id), then one column per metric (psi, test_error, ...); a
+                     per-iteration metric (step_size ...) repeats over the runs
+  RESULT.ledger.csv  the privacy ledger: one row per (configuration, agent), the configuration's
+                     columns, then every ledger field (mechanism, releases, eps_per_release,
+                     target_eps, eps_pld, ...)
+  A configuration column whose name is also a metric's or a ledger field's is named
+  config.<name> (e.g. config.calibration). CSV floats are written so that pandas reads back the
+  same float64 values (NaN: an empty cell). --out names the metrics table; the ledger goes
+  beside it as <stem>.ledger.<ext>. Existing files are replaced only with --overwrite.
+
+Release (--release): RESULT.release.h5, the part of the result the privacy guarantee covers.
+  A raw result file holds evaluation-only values computed from private records without noise
+  (metrics measured on the owners' records, reference optima and baselines): it is not safe to
+  share outside the data owners. The release keeps the root attributes (job, job_resolved,
+  sweep, algorithm, variant, status, format ...), the provenance, each configuration's
+  attributes except those its attribute evaluation_only_attrs lists, and only the datasets
+  whose attribute evaluation_only is false (a dataset without that attribute is left out);
+  dimension scales stay attached. Its root says release = true, release_note (what was
+  removed and why) and release_removed (the removed names). A result whose status is not
+  complete is refused unless --force.
+"""
+
+EXPORT_EPILOG = """\
+Examples:
+  mpi-dp export results/demo.h5                  # results/demo.csv, results/demo.ledger.csv
+  mpi-dp export results/demo.h5 --format parquet --out tables/demo.parquet
+  mpi-dp export results/demo.h5 --release       # results/demo.release.h5
+
+In pandas:
+  import pandas as pd
+  m = pd.read_csv("results/demo.csv")            # or pd.read_parquet("results/demo.parquet")
+  final = m[m.iteration == m.groupby("config").iteration.transform("max")]
+  print(final.groupby("eps").psi.describe())
+  ledger = pd.read_csv("results/demo.ledger.csv")
+  print(ledger[["config", "agent", "mechanism", "releases", "eps_pld"]])
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
     ap = _Parser(prog="mpi-dp", description=DESCRIPTION, formatter_class=fmt)
@@ -364,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --config-block I/N: write OUT.taskI.h5 (OUT: --out or the job's "
                      "output; results/x.h5 -> results/x.task0.h5 ...), the names `mpi-dp merge "
                      "OUT` looks for")
-    run.add_argument("--quiet", action="store_true", help="no progress messages")
+    _verbosity_arguments(run)
     run.add_argument("--force", action="store_true",
                      help="start even when the estimate printed before the first iteration says "
                      "the result will not fit on its disk or the job would run over a month "
@@ -403,7 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a job key, as in run; repeatable")
     aud.add_argument("--out", metavar="PATH",
                      help="audit result (default results/<job name>_audit.h5; never overwritten)")
-    aud.add_argument("--quiet", action="store_true", help="no progress messages")
+    _verbosity_arguments(aud)
     aud.set_defaults(func=_cmd_audit)
 
     data = sub.add_parser("data", help="make HDF5 shard files (one group per data owner)")
@@ -540,8 +636,27 @@ def build_parser() -> argparse.ArgumentParser:
                     "task files (results/demo.task*.h5 for results/demo.h5)")
     mg.add_argument("--overwrite", action="store_true",
                     help="replace an existing OUT (it stays until the merged file is complete)")
-    mg.add_argument("--quiet", action="store_true", help="no summary line")
+    _verbosity_arguments(mg, quiet_help="no summary line")
     mg.set_defaults(func=_cmd_merge)
+
+    ex = sub.add_parser("export", help="tidy tables (CSV, Parquet) or a shareable release",
+                        description=EXPORT_DESCRIPTION, epilog=EXPORT_EPILOG,
+                        formatter_class=fmt)
+    ex.add_argument("result", metavar="RESULT.h5", help="result file written by mpi-dp run")
+    ex.add_argument("--format", choices=("csv", "parquet"), default=None,
+                    help="the tables' format (default: from --out's suffix, else csv); parquet "
+                    "needs pyarrow (pip install pyarrow, or the mpi_dp[export] extra)")
+    ex.add_argument("--out", metavar="PATH",
+                    help="the metrics table (default RESULT's stem .csv / .parquet beside it; "
+                    "the ledger: <stem>.ledger.<ext> beside it) or, with --release, the "
+                    "release file (default <stem>.release.h5)")
+    ex.add_argument("--release", action="store_true",
+                    help="write the shareable release file (HDF5) instead of the tables")
+    ex.add_argument("--overwrite", action="store_true",
+                    help="replace existing output files (never the result itself)")
+    ex.add_argument("--force", action="store_true",
+                    help="with --release: release a result whose status is not complete")
+    ex.set_defaults(func=_cmd_export)
 
     info = sub.add_parser("info", help="versions of mpi_dp, MPI, numpy, h5py, scipy, petsc4py")
     info.set_defaults(func=_cmd_info)
@@ -550,6 +665,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from .progress import configure
+
+    configure(_verbosity(args))
     try:
         return int(args.func(args) or 0)
     except MpiDpError as e:

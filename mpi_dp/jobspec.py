@@ -18,13 +18,14 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 try:  # Python >= 3.11
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the same parser, as the tomli package
     import tomli as tomllib  # type: ignore[no-redef]
 
+from . import strict_json
 from .errors import JobError
 
 
@@ -39,6 +40,40 @@ class Key:
 
 
 _NUM = (int, float)
+
+
+def key(types: tuple[type, ...], default: Any, help: str,
+        choices: tuple[Any, ...] | None = None) -> Any:
+    """A field of a typed job section (`Section`): its value's default and the `Key` that
+    `--help` and validation read."""
+    meta = {"key": Key(tuple(types), default, help, choices)}
+    if isinstance(default, list | dict):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+class Section:
+    """Base of a typed job section: a frozen dataclass (`@dataclasses.dataclass(frozen=True)`)
+    whose fields, declared with `key(...)`, are the section's keys. `keys()` gives the Key table
+    the loader validates and `--help` prints; `of(job)` the validated values as attributes
+    (`s.gamma`, not `job["admm.gamma"]`). NAME is the TOML table ('' for top-level keys)."""
+
+    NAME = ""
+
+    @classmethod
+    def keys(cls) -> dict[str, Key]:
+        return {f.name: f.metadata["key"] for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+
+    @classmethod
+    def key_name(cls, field: str) -> str:
+        """The job's name of a field: 'admm.gamma', or 'T' for a top-level key."""
+        return f"{cls.NAME}.{field}" if cls.NAME else field
+
+    @classmethod
+    def of(cls, job: Job) -> Any:
+        """The section's values in `job` (every key was validated by the loader)."""
+        return cls(**{f.name: job.values[cls.key_name(f.name)]  # type: ignore[call-arg]
+                      for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
 
 #: Keys every job has, whatever its method.
 GENERIC: dict[str, Key] = {
@@ -190,6 +225,15 @@ class Job:
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
 
+    def section(self, cls: type[S]) -> S:
+        """A typed section of the job (`Section` subclass): `job.section(AdmmKeys).gamma`."""
+        return cls.of(self)
+
+    @property
+    def generic(self) -> GenericKeys:
+        """The keys every job has, typed (`job.generic.T`, `.runs`, `.seed` ...)."""
+        return GenericKeys.of(self)
+
     def get(self, key: str, default: Any = None) -> Any:
         return self.values.get(key, default)
 
@@ -235,7 +279,8 @@ class Job:
         return bool(self.sweep())
 
     def to_json(self) -> str:
-        return json.dumps(dict(self.values), default=str, sort_keys=True)
+        """The resolved values as strict JSON (infinity as the string "Infinity")."""
+        return strict_json.dumps(dict(self.values), sort_keys=True)
 
 
 def _compact(v: Any) -> str:
@@ -652,3 +697,45 @@ def describe_keys(methods: Mapping[str, MethodSpec]) -> str:
             own.update({f"{sec}.{k}": s for k, s in table.items()})
         lines += _key_lines(own, "  ")
     return "\n".join(lines)
+
+
+S = TypeVar("S", bound=Section)
+
+
+def section_class(name: str, table: str, keys: Mapping[str, Key]) -> type[Section]:
+    """A frozen Section dataclass of a Key table (the generic and shared tables, and p2p's section,
+    are declared as tables; their typed views are made from them: fields typed Any)."""
+    fields = [(k, Any, dataclasses.field(
+        default=None, metadata={"key": v})) for k, v in keys.items()]
+    cls = dataclasses.make_dataclass(name, fields, bases=(Section,), frozen=True)
+    cls.NAME = table
+    return cls
+
+
+#: typed views of the generic keys and of the shared sections (`job.generic`,
+#: `job.section(StepKeys)`)
+GenericKeys = section_class("GenericKeys", "", GENERIC)
+StepKeys = section_class("StepKeys", "step", SHARED_SECTIONS["step"])
+ReferenceKeys = section_class("ReferenceKeys", "reference", SHARED_SECTIONS["reference"])
+CommKeys = section_class("CommKeys", "comm", SHARED_SECTIONS["comm"])
+PrivacyKeys = section_class("PrivacyKeys", "privacy", GENERIC_SECTIONS["privacy"])
+
+
+class SharedKeys(Section):
+    """The shared top-level keys (SHARED) a method reads: `job.section(SharedKeys).loss`; only
+    those the job's method lists in `reads` are in a job (the others read as None)."""
+
+    NAME = ""
+
+    @classmethod
+    def keys(cls) -> dict[str, Key]:
+        return dict(SHARED)
+
+    @classmethod
+    def of(cls, job: Job) -> Any:
+        return _SharedView(**{k: job.values.get(k) for k in SHARED})
+
+
+_SharedView = dataclasses.make_dataclass(
+    "SharedKeys", [(k, Any, dataclasses.field(default=None, metadata={"key": v}))
+                   for k, v in SHARED.items()], frozen=True)

@@ -21,13 +21,15 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from . import progress as prog
+from . import strict_json
 from .comm import stop
 from .comm.agree import AgreedError, collective
 from .comm.star import Star
 from .data import ShardFile
 from .errors import DiskFullError, JobError
 from .job import load_job
-from .jobspec import Job, resolve_per_owner
+from .jobspec import Job, PrivacyKeys, resolve_per_owner
 from .methods import REGISTRY, Context, Method, Outcome, Resolved
 from .methods.base import shard_sizes
 from .privacy import accountants, contract, noise_signal
@@ -73,7 +75,7 @@ def resolve_configs(job: Job, shard: ShardFile, sizes: np.ndarray | None = None
         asked = [int(sizes[i]) if v == "all" else int(v) for i, v in enumerate(asked)]
         n = list(asked)
         for i, v in enumerate(asked):
-            if v > sizes[i] and job["n_beyond_shard"] == "cap":
+            if v > sizes[i] and job.generic.n_beyond_shard == "cap":
                 n[i] = int(sizes[i])
             elif v > sizes[i]:
                 raise JobError(f"job file {job.path}: key '{key_n}': owner {i} should use {v} "
@@ -146,13 +148,14 @@ def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool, final: P
     complete. Only the configurations in `block` (all if None) run."""
     rank = comm.Get_rank()
     method = REGISTRY.get(job.algorithm)
-    shard = collective(comm, lambda: ShardFile(job["data"]))
+    shard = collective(comm, lambda: ShardFile(job.generic.data))
     sizes = shard_sizes(comm, shard)
     configs = collective(comm, lambda: resolve_configs(job, shard, sizes))
     star = Star(comm, shard.n_agents)
     collective(comm, lambda: shard.check_agents(list(star.local_agents)))
     collective(comm, lambda: shard.check_finite(list(star.local_agents)))
-    run_ids = tuple(range(job["first_run"], job["first_run"] + job["runs"]))
+    g = job.generic
+    run_ids = tuple(range(g.first_run, g.first_run + g.runs))
     ctx = Context(job, shard, star, run_ids, progress, sizes)
     prepared = method.prepare(ctx)
     # every configuration's settings and noise calibration, agreed and checked before the
@@ -198,18 +201,17 @@ def _write(job: Job, comm: MPI.Comm, method: Method, ctx: Context, prepared: Any
     lo, hi = block if block is not None else (0, len(configs))
     full, kept = False, 0
     if rank == 0 and progress and resume:
-        print(f"mpi-dp: resuming {partial_path(final)}: {len(done)} of {hi - lo} "
-              "configuration(s) complete, the others run (again)", file=sys.stderr, flush=True)
+        prog.info(f"resuming {partial_path(final)}: {len(done)} of {hi - lo} "
+                  "configuration(s) complete, the others run (again)")
     if rank == 0 and progress:
         for note in job.notes:
-            print(f"mpi-dp: note: job file {job.path}: {note}", file=sys.stderr, flush=True)
+            prog.info(f"note: job file {job.path}: {note}")
         detail = method.header(ctx, prepared)
-        print(f"mpi-dp: job '{job.name}' ({job.algorithm}/{_variants(job)}): {len(configs)} "
-              f"configuration(s) x {len(run_ids)} runs x T={job['T']} on {comm.Get_size()} "
-              f"rank(s), {shard.n_agents} owners{'; ' + detail if detail else ''}\n"
-              f"{_block_text(lo, hi, len(configs), task) if block is not None else ''}"
-              f"  writing {partial_path(final)} (renamed to {final.name} when "
-              "complete)", file=sys.stderr, flush=True)
+        prog.info(f"job '{job.name}' ({job.algorithm}/{_variants(job)}): {len(configs)} "
+                  f"configuration(s) x {len(run_ids)} runs x T={job['T']} on {comm.Get_size()} "
+                  f"rank(s), {shard.n_agents} owners{'; ' + detail if detail else ''}\n"
+                  f"{_block_text(lo, hi, len(configs), task) if block is not None else ''}"
+                  f"  writing {partial_path(final)} (renamed to {final.name} when complete)")
     t_start = time.perf_counter()
     status, why = "failed", None
     try:
@@ -242,8 +244,7 @@ def _write(job: Job, comm: MPI.Comm, method: Method, ctx: Context, prepared: Any
             if status == "complete":
                 os.replace(result.path, final)  # only a finished job takes the name
         if rank == 0 and progress and status == "complete":
-            print(f"mpi-dp: done in {time.perf_counter() - t_start:.1f} s -> {final}",
-                  file=sys.stderr, flush=True)
+            prog.info(f"done in {time.perf_counter() - t_start:.1f} s -> {final}")
         elif rank == 0 and result is not None and status != "complete" and not full:
             print(f"mpi-dp: {status}: what the job did is in {result.path} (mpi-dp analyze "
                   f"reads it); {final} was not touched", file=sys.stderr, flush=True)
@@ -264,7 +265,7 @@ def calibrate(ctx: Context, method: Method, prepared: Any, configs: list[Resolve
     distributions ~10 times: seconds, not per owner and never per rank). The paper rule records
     the plans; its method computes the noise its paper's way."""
     job, comm = ctx.job, ctx.comm
-    rule = job["privacy.calibration"]
+    rule = job.section(PrivacyKeys).calibration
     plans = [ctx.agree(lambda rc=rc, s=s: method.plans(ctx, prepared, rc, s))
              for rc, s in zip(configs, settings, strict=True)]
     distinct = list(dict.fromkeys(p for ps in plans if ps for p in ps if p is not None))
@@ -322,23 +323,22 @@ def noise_to_signal(ctx: Context, method: Method, prepared: Any, configs: list[R
         shown = lines if len(lines) <= 12 else [*lines[:6], f"  ... {len(lines) - 8} more ...",
                                                  *lines[-2:]]
         warned = sum("WARNING" in ln for ln in lines)
-        print("mpi-dp: noise-to-signal of one release (expected noise norm / signal norm bound), "
-              "and over the run (/ sqrt(releases)):\n" + "\n".join(shown)
-              + (f"\nmpi-dp: warning: the noise wins for every owner in {warned} "
-                 "configuration(s)" if warned and len(lines) > 12 else ""),
-              file=sys.stderr, flush=True)
+        prog.info("noise-to-signal of one release (expected noise norm / signal norm bound), "
+                  "and over the run (/ sqrt(releases)):\n" + "\n".join(shown)
+                  + (f"\nmpi-dp: warning: the noise wins for every owner in {warned} "
+                     "configuration(s)" if warned and len(lines) > 12 else ""))
     return out
 
 
 def _print_calibrations(found: dict, rule: str, seconds: float) -> None:
     """One progress line per distinct calibrated plan (what privacy costs, before computing)."""
-    lines = [f"mpi-dp: noise calibrated ({rule}) for {len(found)} distinct release plan(s) in "
+    lines = [f"noise calibrated ({rule}) for {len(found)} distinct release plan(s) in "
              f"{seconds:.1f} s:"]
     for cal in list(found.values())[:8]:
         lines.append(f"  {cal.text()}")
     if len(found) > 8:
         lines.append(f"  ... and {len(found) - 8} more (privacy/ledger of each configuration)")
-    print("\n".join(lines), file=sys.stderr, flush=True)
+    prog.info("\n".join(lines))
 
 
 def _block_text(lo: int, hi: int, n: int, task: tuple[int, int] | None) -> str:
@@ -361,6 +361,8 @@ def _run_one(method: Method, ctx: Context, prepared: Any, rc: Resolved, s: Any, 
                  **extra}
         if rc.n_requested is not None:
             attrs["n_requested"] = np.array(rc.n_requested, dtype="i8")
+        if ctx.job.is_sweep:
+            attrs["sweep_values"] = sweep_values(ctx.job, rc.config)
         rec = result.config(rc.index, ctx.runs, expected_records=method.expected_records(ctx, s),
                             **attrs)
     label = f"{rc.index + 1}/{n_configs} {rc.label}"
@@ -368,9 +370,17 @@ def _run_one(method: Method, ctx: Context, prepared: Any, rc: Resolved, s: Any, 
     if rec is not None:
         if outcome is None:
             raise RuntimeError(f"method {method.name!r} returned no outcome on rank 0")
-        d = ctx.job["privacy.delta"]
+        d = ctx.job.section(PrivacyKeys).delta
         write_outcome(rec, outcome, contract.default_delta(max(rc.n)) if d == "auto" else float(d))
         result.config_done(rc.index)
+
+
+def sweep_values(job: Job, config: Any) -> str:
+    """This configuration's value of every sweep axis, as written in the job (strict JSON, e.g.
+    {"eps": "Infinity", "graph": "ring"}): the sweep per configuration."""
+    own = {"eps": config.eps, "n": config.n, "owners": config.owners, "variant": config.variant,
+           **{k.rsplit(".", 1)[-1]: v for k, v in config.params}}
+    return strict_json.dumps({k: own.get(k) for k in job.sweep()})
 
 
 def write_outcome(rec: ConfigRecorder, outcome: Outcome, delta: float) -> None:
@@ -434,7 +444,7 @@ def collective_open(job: Job | None, n_configs: int, comm: MPI.Comm,
                 partial_path(out), job_text=job.record_text, job_json=job.to_json(),
                 algorithm=job.algorithm, variant=_variants(job), n_configs=n_configs,
                 sweep=job.sweep(), provenance=provenance.collect(comm.Get_size(), hosts or [],
-                                                                 job["seed"], owners),
+                                                                 job.generic.seed, owners),
                 block=block, task=task)
         except OSError as e:
             raise JobError(f"job file {job.path}: key 'output': cannot create {out}: "

@@ -42,3 +42,32 @@ def method_shards(tmp_path_factory) -> dict:
         "online": write_synth(d / "on.h5", "online", 6, 60, 4, 0.05, 3, public=100),
         "p2p": write_synth(d / "p2p.h5", "p2p", 16, 0, 4, 0.05, 3),
     }
+
+
+#: the small job of each method used by the result-format tests (a two-configuration sweep, so
+#: that the layout under /configs is exercised; dola's and p2p's keys as in test_contract_methods)
+METHOD_JOBS: dict[str, tuple[str, dict]] = {
+    "sync_star": ("regression", dict(T=20, runs=3, record_every=5)),
+    "async_star": ("regression", dict(T=30, runs=2, variant="proof", lam=1e-3, record_every=10)),
+    "admm": ("multiclass", dict(T=10, runs=2, record_every=5)),
+    "dola": ("online", dict(T=40, runs=2, record_every=20, dola={"graph": "ring"})),
+    "p2p": ("p2p", dict(T=16 * 8, runs=2, record_every=64)),
+}
+
+
+@pytest.fixture(scope="session")
+def method_results(method_shards, tmp_path_factory) -> dict:
+    """One complete result file of every method (2 ranks, a sweep eps = [1, inf]), written once
+    per session for the tests of the result format (xarray, export, release, schema)."""
+    from helpers import mpi_run, write_job
+
+    d = tmp_path_factory.mktemp("method_results")
+    out = {}
+    for method, (data, keys) in METHOD_JOBS.items():
+        job = write_job(d / f"{method}.toml", method_shards[data], algorithm=method,
+                        sweep={"eps": [1.0, float("inf")]}, **keys)
+        path = d / f"{method}.h5"
+        cp = mpi_run(2, ["run", str(job), "--out", str(path), "--quiet"])
+        assert cp.returncode == 0, cp.stderr
+        out[method] = path
+    return out

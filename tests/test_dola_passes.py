@@ -98,8 +98,12 @@ def _job(tmp_path, data, name="d", **keys):
 
 
 def _ledger(path):
+    """The ledger and the configuration's attributes, per-agent values (datasets on `agent`)
+    among them."""
     with h5py.File(path, "r") as f:
-        return f["privacy/ledger"][()], dict(f.attrs)
+        per_agent = {k: d[()] for k, d in f.items()
+                     if isinstance(d, h5py.Dataset) and d.attrs.get("per_agent", False)}
+        return f["privacy/ledger"][()], {**dict(f.attrs), **per_agent}
 
 
 def test_three_passes_meet_the_contract_per_record(tmp_path, online8, capsys):

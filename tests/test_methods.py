@@ -312,10 +312,10 @@ def test_graph_method_ledgers_carry_every_accountant(tmp_path, algorithm, capsys
 
 
 def test_per_agent_arrays_longer_than_an_attribute_are_datasets(tmp_path):
-    """Arrays of more than ATTR_ARRAY_MAX values (per-agent eps, n, caps of thousands of agents)
-    are datasets arrays/<name> of the configuration, not attributes (capped at 64 KiB for
-    readers without dense attribute storage), shorter ones stay attributes, and the analysis
-    sees both among the configuration's attributes."""
+    """Per-agent values (eps, n, caps of thousands of agents, more than ATTR_ARRAY_MAX) are
+    datasets of the configuration on the `agent` dimension, not attributes (capped at 64 KiB for
+    readers without dense attribute storage), the run ids the `run` coordinate, and the analysis
+    sees them among the configuration's attributes."""
     from mpi_dp.analysis.load import Result
     from mpi_dp.results.recorder import ATTR_ARRAY_MAX
 
@@ -326,9 +326,10 @@ def test_per_agent_arrays_longer_than_an_attribute_are_datasets(tmp_path):
                   comm=MPI.COMM_SELF, progress=False)
     with h5py.File(out, "r") as f:
         assert "eps" not in f.attrs and "n" not in f.attrs
-        np.testing.assert_array_equal(f["arrays/eps"][()], eps)
-        np.testing.assert_array_equal(f["arrays/n"][()], [3] * N)
-        assert f.attrs["run_ids"].tolist() == [0] and "run_ids" not in f["arrays"]
+        np.testing.assert_array_equal(f["eps"][()], eps)
+        np.testing.assert_array_equal(f["n"][()], [3] * N)
+        assert [d.label for d in f["eps"].dims] == ["agent"] and f["agent"].shape == (N,)
+        assert f["run"][()].tolist() == [0] and "run_ids" not in f.attrs
     with Result(out) as r:
         c = r.configs[0]
         assert c.eps.tolist() == eps and c.n.tolist() == [3] * N

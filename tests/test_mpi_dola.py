@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -14,6 +15,7 @@ from helpers import mpi_run, write_job
 from mpi4py import MPI
 
 from mpi_dp.algorithms import dola
+from mpi_dp.analysis.load import ConfigView
 from mpi_dp.comm import graph as cg
 from mpi_dp.comm import topology as tp
 from mpi_dp.data import ShardFile, write_shards
@@ -59,7 +61,7 @@ def _settings_from(attrs) -> dola.Settings:
 
 def _simulate(data, g) -> dict:
     shard = ShardFile(data)
-    s = _settings_from(g.attrs)
+    s = _settings_from(ConfigView(g, 0, Path(g.file.filename)).attrs)  # per-agent values too
     graph = tp.Graph(s.m, g["graph/edges"][()], "from result")
     w_star = g["reference/w_star"][()] if "reference/w_star" in g else None
     recs = {}

@@ -136,6 +136,6 @@ def test_noise_to_signal_is_printed_recorded_and_warns(binary_shard, tmp_path):
         assert ("WARNING: the noise exceeds the signal for every owner" in cp.stderr) == warns
         with h5py.File(out) as f:
             nm = f["privacy/ledger"]["noise_multiplier"]
-            ratio = f.attrs["noise_to_signal"]
+            ratio = f["noise_to_signal"][()]
             assert np.allclose(ratio, 2.0 * nm * math.sqrt(2 * P) / n, rtol=1e-12)
-            assert np.allclose(f.attrs["noise_to_signal_run"], ratio / math.sqrt(30), rtol=1e-12)
+            assert np.allclose(f["noise_to_signal_run"][()], ratio / math.sqrt(30), rtol=1e-12)

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
 
 import numpy as np
 
+from .. import progress as prog
 from ..comm.star import Star
 from ..errors import NumericalError
 from ..models import multinomial
@@ -373,7 +373,7 @@ def run_config(star: Star, agents: list[Agent], s: Settings, test: tuple | None,
     R = s.runs
     w = np.zeros((R, s.J, s.K))
     t0 = time.perf_counter()
-    last_print = t0
+    bar = prog.Progress(label, s.T, "iteration", enabled=progress and star.is_learner)
     trivial = baselines(star, agents, s, test) if tap.evaluating() else None
 
     def record(k: int, rho: float) -> None:
@@ -392,13 +392,9 @@ def run_config(star: Star, agents: list[Agent], s: Settings, test: tuple | None,
                                 "consensus": tot[1] / s.P, "noise_mag": tot[2] / s.P,
                                 "lap_scale": tot[3] / s.P, "z_change": tot[4] / s.P,
                                 "rho": rho, "train_error": tot[5] / s.I})
-        nonlocal last_print
-        now = time.perf_counter()
-        if progress and (now - last_print > 10.0 or k == s.T):
-            print(f"  [{label}] t={k}/{s.T}  mean test error {np.mean(test_err):.4f}  CV "
-                  f"{np.mean(tot[1]) / s.P:.3g}  ({now - t0:.1f} s, {(now - t0) / max(k, 1):.3f} "
-                  "s/iter)", file=sys.stderr, flush=True)
-            last_print = now
+        bar.update(k, lambda: f"mean test error {np.mean(test_err):.4f}, CV "
+                   f"{np.mean(tot[1]) / s.P:.3g}, "
+                   f"{(time.perf_counter() - t0) / max(k, 1):.3f} s/iter")
 
     saved = load_checkpoint(star, recorder, agents, label, progress, clock="t")
     k0 = 0

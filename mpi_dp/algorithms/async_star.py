@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
 
 import numpy as np
 import scipy.sparse as sp
 
+from .. import progress as prog
 from ..comm import stop
 from ..comm.p2p_star import ANSWERED, DECLINED, LAST_ANSWER, OwnerClocks, P2PStar
 from ..comm.schedule import LoggedSchedule, Scheduler
@@ -406,11 +406,15 @@ class GramEvaluator:
         return 0.5 * self.lam * np.einsum("ij,ij->i", th, th) + self.mse(th)
 
 
-def _progress(label: str, k: int, T: int, psi: np.ndarray | None, t0: float) -> None:
-    med = "" if psi is None else f"  median psi {np.median(psi):.3g}"
-    dt = time.perf_counter() - t0
-    print(f"  [{label}] k={k}/{T}{med}  ({dt:.1f} s, {k / max(dt, 1e-9):.3g} updates/s)",
-          file=sys.stderr, flush=True)
+def _report(bar: prog.Progress, k: int, psi: np.ndarray | None, ended: bool = False) -> None:
+    """The learner's progress line at update k (median psi, updates per second); `ended`: every
+    run ended before T, a line in any case."""
+    def detail() -> str:
+        med = "" if psi is None else f"median psi {np.median(psi):.3g}, "
+        return f"{med}{k / max(time.perf_counter() - bar.t0, 1e-9):.3g} updates/s"
+    if not bar.update(k, detail) and ended and bar.enabled:
+        prog.info(f"[{bar.label}] {bar.unit} {k}/{bar.total}, every run ended, {detail()} "
+                  f"({time.perf_counter() - bar.t0:.1f} s)")
 
 
 class _Records:
@@ -514,17 +518,17 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
         else:
             learner.theta_L, learner.theta_loc = saved["theta_L"], saved["theta_loc"]
             records.restore(saved["records"])
-        t0 = time.perf_counter()
+        bar = prog.Progress(label, s.T, "update", enabled=progress)
         try:
             if s.mode == "live":
-                _live_learner(link, learner, s, trace, records, label, progress, t0)
+                _live_learner(link, learner, s, trace, records, bar)
             else:
                 sched = (saved["sched"] if saved is not None
                          else LoggedSchedule(logged[0], logged[1], N, R) if logged is not None
                          else Scheduler(s.scheduler, N, s.seed, s.run_ids,
                                         np.array(s.rates) if s.rates else None))
-                _replay_learner(link, answer, learner, sched, s, trace, records, label,
-                                progress, t0, owners, saved)
+                _replay_learner(link, answer, learner, sched, s, trace, records, bar, owners,
+                                saved)
         except stop.Interrupted as e:
             stopped = e.signum
         finally:
@@ -571,13 +575,12 @@ def _owner_states(owners: dict[int, DataOwner]) -> list[tuple[int, dict]]:
 
 
 def _replay_learner(link: P2PStar, answer, learner: Learner, sched, s: Settings, trace: Trace,
-                    records: _Records, label: str, progress: bool, t0: float,
-                    owners: dict[int, DataOwner], saved: dict | None = None) -> None:
+                    records: _Records, bar: prog.Progress, owners: dict[int, DataOwner],
+                    saved: dict | None = None) -> None:
     """Iterations k = 1..T (from the checkpoint's k + 1 with `saved`); at a record, when the
     recorder says so, checkpoint the learner and every owner (asked from its host)."""
     R = s.runs
     alive, k0 = (np.ones(R, dtype=bool), 0) if saved is None else (saved["alive"], saved["k"])
-    last_print = t0
     rec = records.recorder
     for k in range(k0 + 1, s.T + 1):
         pending = np.flatnonzero(alive)
@@ -606,10 +609,7 @@ def _replay_learner(link: P2PStar, answer, learner: Learner, sched, s: Settings,
                 trace.ended_at[r] = k
         if k % s.record_every == 0 or k == s.T or not alive.any():
             records.add(k, learner.theta_L)
-            now = time.perf_counter()
-            if progress and (now - last_print > 10.0 or k == s.T or not alive.any()):
-                _progress(label, k, s.T, records.last_psi, t0)
-                last_print = now
+            _report(bar, k, records.last_psi, ended=not alive.any())
         if not alive.any():
             trace.end_reason = (f"every run ended by k={int(trace.ended_at.max())}: no owner "
                                 "left with budget")
@@ -626,7 +626,7 @@ def _replay_learner(link: P2PStar, answer, learner: Learner, sched, s: Settings,
 
 
 def _live_learner(link: P2PStar, learner: Learner, s: Settings, trace: Trace, records: _Records,
-                  label: str, progress: bool, t0: float) -> None:
+                  bar: prog.Progress) -> None:
     """Serve owners in arrival order, one-on-one; every run follows the realised schedule.
 
     The hot path allocates nothing per update: the query points are written into the QRY buffer,
@@ -634,19 +634,18 @@ def _live_learner(link: P2PStar, learner: Learner, s: Settings, trace: Trace, re
     the trace written in place (mpi_dp.models.kernels)."""
     q = link.owner_query(s.runs)
     try:
-        _live_loop(link, learner, s, trace, records, label, progress, t0, q)
+        _live_loop(link, learner, s, trace, records, bar, q)
     finally:
         q.close()
 
 
 def _live_loop(link: P2PStar, learner: Learner, s: Settings, trace: Trace, records: _Records,
-               label: str, progress: bool, t0: float, q) -> None:
+               bar: prog.Progress, q) -> None:
     R, N = s.runs, s.N
     hosts = link.host_of(np.arange(N)).tolist()
     retired: set[int] = set()
     norms = np.empty(R)
     k, seq = 0, 0
-    last_print = t0
     while k < s.T and len(retired) < N:
         if s.protocol == "owner_request":
             host, i, _tick = link.next_request()
@@ -681,10 +680,7 @@ def _live_loop(link: P2PStar, learner: Learner, s: Settings, trace: Trace, recor
             trace.declines.extend((r, k, i, t_k, RETIRED) for r in range(R))
         if k % s.record_every == 0 or k == s.T:
             records.add(k, learner.theta_L)
-            now = time.perf_counter()
-            if progress and (now - last_print > 10.0 or k == s.T):
-                _progress(label, k, s.T, records.last_psi, t0)
-                last_print = now
+            _report(bar, k, records.last_psi)
             if stop.requested() and k < s.T:  # live: no checkpoint, a resume restarts it
                 raise stop.Interrupted(stop.requested())
     if k < s.T:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import sys
 from collections.abc import Iterable
 
 import numpy as np
 import scipy.sparse as sp
 
+from .. import progress as prog
 from ..comm import stop
 from ..comm.star import Star
 from ..errors import JobError
@@ -450,6 +450,5 @@ def load_checkpoint(star: Star, recorder, owners: Iterable, label: str, progress
     for o in owners:
         o.restore(sent["owners"][o.agent])
     if progress and star.is_learner:
-        print(f"  [{label}] resumed from its checkpoint at {clock}={sent['k']}",
-              file=sys.stderr, flush=True)
+        prog.info(f"[{label}] resumed from its checkpoint at {clock}={sent['k']}")
     return saved if star.is_learner else None if owners_only else sent

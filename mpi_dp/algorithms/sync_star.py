@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
-import time
 
 import numpy as np
 
+from .. import progress as prog
 from ..comm.star import Star
 from ..errors import BudgetExceededError, JobError, NumericalError
 from ..models import linear
@@ -142,10 +141,8 @@ class DataOwner(Checkpointed, ReleasePath):
         return response
 
 
-def _progress(label: str, k: int, T: int, psi: np.ndarray | None, t0: float) -> None:
-    med = "" if psi is None else f"  median psi {np.median(psi):.3g}"
-    print(f"  [{label}] k={k}/{T}{med}  ({time.perf_counter() - t0:.1f} s)", file=sys.stderr,
-          flush=True)
+def _median_psi(psi: np.ndarray | None) -> str:
+    return "" if psi is None else f"median psi {np.median(psi):.3g}"
 
 
 def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference | None,
@@ -173,8 +170,7 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
     theta_avg = theta.copy()
     step_sum = 0.0
     responses_local = np.empty((len(owners), R, p))
-    t0 = time.perf_counter()
-    last_print = t0
+    bar = prog.Progress(label, s.T, "iteration", enabled=progress and star.is_learner)
 
     def record(k: int, mu: float) -> np.ndarray | None:
         if not tap.evaluating() or s.record_every == 0:  # evaluation-only: an audit, or none
@@ -237,10 +233,7 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
             psi = record(k, mu)
             save_checkpoint(star, recorder, k, s.T, owners, theta=theta, theta_avg=theta_avg,
                             step_sum=step_sum)
-            now = time.perf_counter()
-            if progress and star.is_learner and (now - last_print > 10.0 or k == s.T):
-                _progress(label, k, s.T, psi, t0)
-                last_print = now
+            bar.update(k, lambda psi=psi: _median_psi(psi))
 
     ledgers = star.gather_objects([o.ledger for o in owners])
     if not star.is_learner:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 import pathlib
 
 import h5py
 import numpy as np
+
+from mpi_dp import strict_json
 
 
 def is_audit(path: str | pathlib.Path) -> bool:
@@ -28,7 +29,7 @@ def audit_rows(path: str | pathlib.Path) -> dict:
 def audit_text(path: str | pathlib.Path) -> str:
     r = audit_rows(path)
     a = r["attrs"]
-    c = json.loads(a["canary"])
+    c = strict_json.loads(a["canary"])
     lines = [
         f"{path}: privacy audit of '{a['name']}' ({a['algorithm']}), {a['runs']} runs per world "
         f"({int(a['runs_used'][0])} / {int(a['runs_used'][1])} with the release), "

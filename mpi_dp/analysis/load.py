@@ -9,6 +9,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from mpi_dp import strict_json
 from mpi_dp.errors import MpiDpError, ResultError
 from mpi_dp.results.output import partial_path, progress_text, writer_gone
 from mpi_dp.results.recorder import ARRAYS
@@ -19,7 +20,7 @@ except ImportError:  # pragma: no cover - Python 3.10: the same parser as tomli
     import tomli as _toml
 
 FORMAT = "mpi_dp.results"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: named dimensions, per-agent values as datasets (1 still read)
 
 
 class ResultFileError(MpiDpError, ValueError):
@@ -66,6 +67,12 @@ class ConfigView:
         arrays = group.get(ARRAYS)  # attributes too long for one (mpi_dp.results.recorder)
         if isinstance(arrays, h5py.Group):
             self.attrs.update((k, ds[()]) for k, ds in arrays.items())
+        for k, ds in group.items():  # format 2: per-agent values on `agent`, the run ids on `run`
+            if isinstance(ds, h5py.Dataset):
+                if ds.attrs.get("per_agent", False):
+                    self.attrs[k] = ds[()]
+                elif k == "run" and "run_ids" not in self.attrs:
+                    self.attrs["run_ids"] = ds[()]
         self.index: int = int(self.attrs.get("config_index", index))
         self.eps: np.ndarray = np.atleast_1d(np.asarray(self.attrs.get("eps", []), dtype=float))
         self.n: np.ndarray = np.atleast_1d(np.asarray(self.attrs.get("n", []), dtype=np.int64))
@@ -218,7 +225,7 @@ class Result:
         self.algorithm: str = _text(self.attrs.get("algorithm", ""))
         self.variant: str = _text(self.attrs.get("variant", ""))
         try:
-            sweep = json.loads(_text(self.attrs.get("sweep", "{}")) or "{}")
+            sweep = strict_json.loads(_text(self.attrs.get("sweep", "{}")) or "{}")
         except json.JSONDecodeError as exc:
             raise ResultFileError(f"{self.path}: root attribute sweep is not JSON ({exc})") from exc
         self.sweep: dict[str, Any] = sweep if isinstance(sweep, dict) else {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from mpi4py import MPI
@@ -19,7 +19,7 @@ from ..comm.star import Star
 from ..data import ShardFile
 from ..data.bounds import row_norm_bound
 from ..errors import JobError
-from ..jobspec import Key, err
+from ..jobspec import CommKeys, Section, err, key
 from ..models import multinomial
 from ..privacy import GAUSSIAN_CALIBRATIONS, contract, tap
 from .base import (
@@ -71,53 +71,61 @@ def _d(field: str) -> Any:
     return default_of(_S, field)
 
 
-SECTION = {
-    "gamma": Key(_NUM, _d("gamma"), "regularisation weight: F(w) = loss + gamma ||w||_F^2"),
-    "rho": Key((str,) + _NUM, "auto", "penalty: auto (B^2 max_p n_p / (2 I), the smoothness "
-               "bound of the largest agent's share of F from the shard's public row-norm bound B "
-               "(`data prepare --row-norm l2`); (21) when the shard has no bound), dynamic_1 = "
-               "min(1e9, c1 1.2^floor((t+1)/T_c) + c2/eps) (21), dynamic_2 = (21)/100, or a "
-               "constant"),
-    "rho_c1": Key(_NUM, _d("rho_c1"), "c1 of (21) (MNIST 2, FEMNIST 0.005)"),
-    "rho_c2": Key(_NUM, _d("rho_c2"), "c2 of (21) (MNIST 5, FEMNIST 0.05)"),
-    "rho_tc": Key((int,), _d("rho_tc"), "T_c of (21) (MNIST 10000, FEMNIST 2000)"),
-    "prox_scale": Key(_NUM, _d("prox_scale"), "a: eta^t = a/sqrt(t+1) (ObjP), delta^t (ObjT), "
-                      "OutP's eta"),
-    "tr_schedule": Key((str,), _d("tr_schedule"), "ObjT trust radius: const (delta = a, the "
-                       "released code) or inv_sq (a/(t+1)^2, the paper's prose)",
-                       ("const", "inv_sq")),
-    "sens_mode": Key((str,), "auto", "l1 sensitivity: auto (bound where the shard has a public "
-                     "row-norm bound B, else global; the default), bound (4 sqrt(J) B / I: every "
-                     "record's L2 norm <= B, data-independent, certified), global (4 J / I: x in "
-                     "[0,1]^J, data-independent, certified), local_max (the authors' code: max "
-                     "over the agent's records at z_p / I; reads private data to set the noise, "
-                     "recorded as a data-dependent calibration) or local_max_x2 (replace-one)",
-                     ("auto", "bound", "global", "local_max", "local_max_x2")),
-    "outp_noise_std": Key((str,), _d("outp_noise_std"), "OutP noise std: sigma (Huang et al., "
-                          "the fair baseline) or sigma_sq (the authors' code; less noise than "
-                          "calibrated: recorded uncertified)", ("sigma", "sigma_sq")),
-    "outp_calibration": Key((str,), _d("outp_calibration"), "OutP Gaussian calibration: auto "
-                            "(classical sqrt(2 ln(1.25/delta))/eps below eps = 1, where its proof "
-                            "holds, analytic (Balle & Wang) from eps = 1 on), classical (refuses "
-                            "eps >= 1), analytic (every eps), paper (classical at every eps, as "
-                            "the authors: not DP for eps >= 1, recorded uncertified)",
-                            (*GAUSSIAN_CALIBRATIONS, "paper")),
-    "reg_grad": Key((str,), _d("reg_grad"), "regulariser gradient in ObjT/ObjP: consistent "
-                    "(2 gamma/P z_p) or code (2 gamma w)", ("consistent", "code")),
-    "w_bound": Key(_NUM, _d("w_bound"), "box W = [-B, B]^(J x K) (inf: unconstrained, the final "
-                   "code; 1.0: the April 2021 code)"),
-    "dp_delta": Key(_NUM, _d("dp_delta"), "OutP's per-iteration delta: of the paper rule's "
-                    "(eps_bar, dp_delta) Gaussian, and of Huang et al.'s step schedule 1/eta^t "
-                    "(under a calibrated rule: at the per-iteration eps of the calibrated sigma)"),
-    "reference_iters": Key((int,), 100, "iterations (full passes) of the L-BFGS-B that solves "
-                           "the non-private optimum w* beside test_error (evaluation-only; stops "
-                           "earlier at gradient 1e-8; attrs w_star_iterations, w_star_gradient); "
-                           "0: no w*"),
-    "budget_eps": Key(_NUM, _d("budget_eps"), "privacy.calibration = 'paper' only: each agent's "
-                      "total over all iterations by basic composition: a release beyond it is "
-                      "refused and the run ends there (inf: no cap, the paper's per-iteration "
-                      "guarantee); a calibrated rule is limited by its plan instead"),
-}
+@dataclasses.dataclass(frozen=True)
+class AdmmKeys(Section):
+    """The [admm] section of a job (`ctx.job.section(AdmmKeys)`)."""
+
+    NAME: ClassVar[str] = "admm"
+    gamma: float = key(_NUM, _d("gamma"), "regularisation weight: F(w) = loss + gamma ||w||_F^2")
+    rho: str | float = key(
+        (str,) + _NUM, "auto", "penalty: auto (B^2 max_p n_p / (2 I), the smoothness bound of the "
+        "largest agent's share of F from the shard's public row-norm bound B (`data prepare "
+        "--row-norm l2`); (21) when the shard has no bound), dynamic_1 = min(1e9, c1 "
+        "1.2^floor((t+1)/T_c) + c2/eps) (21), dynamic_2 = (21)/100, or a constant")
+    rho_c1: float = key(_NUM, _d("rho_c1"), "c1 of (21) (MNIST 2, FEMNIST 0.005)")
+    rho_c2: float = key(_NUM, _d("rho_c2"), "c2 of (21) (MNIST 5, FEMNIST 0.05)")
+    rho_tc: int = key((int,), _d("rho_tc"), "T_c of (21) (MNIST 10000, FEMNIST 2000)")
+    prox_scale: float = key(_NUM, _d("prox_scale"), "a: eta^t = a/sqrt(t+1) (ObjP), delta^t "
+                            "(ObjT), OutP's eta")
+    tr_schedule: str = key((str,), _d("tr_schedule"), "ObjT trust radius: const (delta = a, the "
+                           "released code) or inv_sq (a/(t+1)^2, the paper's prose)",
+                           ("const", "inv_sq"))
+    sens_mode: str = key(
+        (str,), "auto", "l1 sensitivity: auto (bound where the shard has a public row-norm bound "
+        "B, else global; the default), bound (4 sqrt(J) B / I: every record's L2 norm <= B, "
+        "data-independent, certified), global (4 J / I: x in [0,1]^J, data-independent, "
+        "certified), local_max (the authors' code: max over the agent's records at z_p / I; "
+        "reads private data to set the noise, recorded as a data-dependent calibration) or "
+        "local_max_x2 (replace-one)", ("auto", "bound", "global", "local_max", "local_max_x2"))
+    outp_noise_std: str = key(
+        (str,), _d("outp_noise_std"), "OutP noise std: sigma (Huang et al., the fair baseline) "
+        "or sigma_sq (the authors' code; less noise than calibrated: recorded uncertified)",
+        ("sigma", "sigma_sq"))
+    outp_calibration: str = key(
+        (str,), _d("outp_calibration"), "OutP Gaussian calibration: auto (classical "
+        "sqrt(2 ln(1.25/delta))/eps below eps = 1, where its proof holds, analytic (Balle & "
+        "Wang) from eps = 1 on), classical (refuses eps >= 1), analytic (every eps), paper "
+        "(classical at every eps, as the authors: not DP for eps >= 1, recorded uncertified)",
+        (*GAUSSIAN_CALIBRATIONS, "paper"))
+    reg_grad: str = key((str,), _d("reg_grad"), "regulariser gradient in ObjT/ObjP: consistent "
+                        "(2 gamma/P z_p) or code (2 gamma w)", ("consistent", "code"))
+    w_bound: float = key(_NUM, _d("w_bound"), "box W = [-B, B]^(J x K) (inf: unconstrained, the "
+                         "final code; 1.0: the April 2021 code)")
+    dp_delta: float = key(
+        _NUM, _d("dp_delta"), "OutP's per-iteration delta: of the paper rule's (eps_bar, "
+        "dp_delta) Gaussian, and of Huang et al.'s step schedule 1/eta^t (under a calibrated "
+        "rule: at the per-iteration eps of the calibrated sigma)")
+    reference_iters: int = key(
+        (int,), 100, "iterations (full passes) of the L-BFGS-B that solves the non-private "
+        "optimum w* beside test_error (evaluation-only; stops earlier at gradient 1e-8; attrs "
+        "w_star_iterations, w_star_gradient); 0: no w*")
+    budget_eps: float = key(
+        _NUM, _d("budget_eps"), "privacy.calibration = 'paper' only: each agent's total over "
+        "all iterations by basic composition: a release beyond it is refused and the run ends "
+        "there (inf: no cap, the paper's per-iteration guarantee); a calibrated rule is limited "
+        "by its plan instead")
+
+SECTION = AdmmKeys.keys()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +174,7 @@ def _eval_set_text(shard: ShardFile, test: tuple | None) -> str:
     return f"{where} ({len(test[1])} records)"
 
 
-class Admm(Method):
+class Admm(Method[Prepared, _S]):
     name = "admm"
     summary = ("DP inexact ADMM (seed 002): a server (rank 0) and P agents train a multiclass "
                "logistic regression by consensus ADMM; agents perturb their subproblems (ObjT, "
@@ -176,7 +184,7 @@ class Admm(Method):
                     "perturbation with Laplace noise; outp: the DP-ADMM baseline (Gaussian output "
                     "perturbation, decreasing variance)")
     reads = ("comm.aggregate",)
-    sections = {"admm": SECTION}
+    sections = {"admm": AdmmKeys.keys()}
     legacy_keys = {"admm.method": "variant", "sweep.method": "sweep.variant"}
     variant_aliases = {"iadmm": None}
     label_variant = True
@@ -200,14 +208,14 @@ class Admm(Method):
             raise err(path, "admm.rho", "a constant penalty must be a positive number")
         if values["admm.reference_iters"] < 0:
             raise err(path, "admm.reference_iters", "must be 0 (no w*) or more iterations")
-        for key in ("admm.gamma", "admm.rho_c1", "admm.rho_c2"):
-            if not 0 <= values[key] < math.inf:
-                raise err(path, key, "must be a finite number >= 0")
+        for name in ("admm.gamma", "admm.rho_c1", "admm.rho_c2"):
+            if not 0 <= values[name] < math.inf:
+                raise err(path, name, "must be a finite number >= 0")
         if values["admm.rho_tc"] < 1:
             raise err(path, "admm.rho_tc", "must be at least 1")
-        for key in ("admm.prox_scale", "admm.w_bound", "admm.budget_eps"):
-            if not values[key] > 0:
-                raise err(path, key, "must be > 0")
+        for name in ("admm.prox_scale", "admm.w_bound", "admm.budget_eps"):
+            if not values[name] > 0:
+                raise err(path, name, "must be > 0")
         if not 0 < values["admm.dp_delta"] < 1:
             raise err(path, "admm.dp_delta", "must be in (0, 1)")
         if math.isfinite(values["admm.budget_eps"]) and values["privacy.calibration"] != "paper":
@@ -259,10 +267,11 @@ class Admm(Method):
 
     def settings(self, ctx: Context, prep: Prepared, rc: Resolved) -> _S:
         job = ctx.job
+        k, g = job.section(AdmmKeys), job.generic
         if len(set(rc.eps)) != 1:
             raise JobError(f"job file {job.path}: key 'eps': admm uses one per-iteration budget "
                            f"eps_bar for every agent, got {rc.eps}")
-        rho, rule = job["admm.rho"], "the job file"
+        rho, rule = k.rho, "the job file"
         B = row_norm_bound(ctx.shard)
         auto_rho = rho == "auto" and B is not None
         if rho == "auto" and B is None:
@@ -272,7 +281,7 @@ class Admm(Method):
             rho = B * B * max(rc.n) / (2.0 * sum(rc.n))
             rule = (f"auto: B^2 max_p n_p / (2 I) with the shard's public row-norm bound B = "
                     f"{B:g}, plus b sqrt(J K / P) (b: ObjT/ObjP's Laplace scale)")
-        sens = job["admm.sens_mode"]
+        sens = k.sens_mode
         if sens == "auto":
             sens = "global" if B is None else "bound"
         elif sens == "bound" and B is None:
@@ -280,19 +289,17 @@ class Admm(Method):
                            f"public row-norm bound (/public/row_norm_max), which {ctx.shard.path} "
                            "lacks (prepare it with --row-norm l2), or use 'global'")
         return _S(
-            rho_rule=rule, method=rc.variant, T=job["T"], eps_bar=float(rc.eps[0]), n=tuple(rc.n),
-            J=ctx.shard.n_features, K=prep.K, gamma=float(job["admm.gamma"]),
+            rho_rule=rule, method=rc.variant, T=g.T, eps_bar=float(rc.eps[0]), n=tuple(rc.n),
+            J=ctx.shard.n_features, K=prep.K, gamma=float(k.gamma),
             rho_mode="auto" if auto_rho else rho if isinstance(rho, str) else "static",
             row_bound=math.inf if B is None else B,
             rho_static=(float(rho) if not isinstance(rho, str) else 1.0),
-            rho_c1=float(job["admm.rho_c1"]), rho_c2=float(job["admm.rho_c2"]),
-            rho_tc=int(job["admm.rho_tc"]), prox_scale=float(job["admm.prox_scale"]),
-            tr_schedule=job["admm.tr_schedule"], sens_mode=sens,
-            outp_noise_std=job["admm.outp_noise_std"],
-            outp_calibration=job["admm.outp_calibration"], reg_grad=job["admm.reg_grad"],
-            w_bound=float(job["admm.w_bound"]), dp_delta=float(job["admm.dp_delta"]),
-            budget_eps=float(job["admm.budget_eps"]), seed=job["seed"], run_ids=ctx.run_ids,
-            record_every=job["record_every"], aggregate=job["comm.aggregate"])
+            rho_c1=float(k.rho_c1), rho_c2=float(k.rho_c2), rho_tc=int(k.rho_tc),
+            prox_scale=float(k.prox_scale), tr_schedule=k.tr_schedule, sens_mode=sens,
+            outp_noise_std=k.outp_noise_std, outp_calibration=k.outp_calibration,
+            reg_grad=k.reg_grad, w_bound=float(k.w_bound), dp_delta=float(k.dp_delta),
+            budget_eps=float(k.budget_eps), seed=g.seed, run_ids=ctx.run_ids,
+            record_every=g.record_every, aggregate=job.section(CommKeys).aggregate)
 
     def plans(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S) -> list[contract.Plan]:
         """T releases per agent (one per iteration), at one delta for every agent (the smallest
@@ -345,13 +352,13 @@ class Admm(Method):
         agents = ctx.agree(lambda: [admm.Agent(i, X[: rc.n[i]], y[: rc.n[i]], s)
                                     for i, (X, y) in prep.local.items()])
         w_star = star_err = None
-        iters = ctx.job["admm.reference_iters"]
+        iters = ctx.job.section(AdmmKeys).reference_iters
         if tap.evaluating() and iters > 0:
-            key = (s.n, s.gamma, s.box)
-            if key not in prep.optima:
+            optimum = (s.n, s.gamma, s.box)
+            if optimum not in prep.optima:
                 w, nit, grad = admm.reference_optimum(ctx.star, agents, s, iters)
-                prep.optima[key] = (w, admm.train_error(ctx.star, agents, s, w), nit, grad)
-            w_star, star_err, nit, grad = prep.optima[key]
+                prep.optima[optimum] = (w, admm.train_error(ctx.star, agents, s, w), nit, grad)
+            w_star, star_err, nit, grad = prep.optima[optimum]
         out = admm.run_config(ctx.star, agents, s, prep.test, recorder, label=label,
                               progress=ctx.progress)
         if out is None:

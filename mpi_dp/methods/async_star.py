@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import h5py
 import numpy as np
@@ -17,7 +17,7 @@ import numpy as np
 from ..algorithms import async_star
 from ..comm.p2p_star import P2PStar
 from ..errors import JobError
-from ..jobspec import Job, Key, err, resolve_per_owner
+from ..jobspec import Job, Section, SharedKeys, StepKeys, err, key, resolve_per_owner
 from ..privacy import contract
 from .base import (
     Context,
@@ -36,6 +36,7 @@ from .star_common import (
     agreed_public_constants,
     evaluation_set,
     lap_scale_formula,
+    section_of_values,
     star_guarantee,
     utility_attrs,
 )
@@ -46,40 +47,47 @@ EVALUATION_ONLY = ("metrics psi, objective, dist_sq, train_error, test_error, tr
                    "evaluation-only (oracle=True): computed from un-noised owner data, never part "
                    "of the private protocol")
 
-SECTION = {
-    "mode": Key((str,), default_of(_S, "mode"), "replay: a seeded schedule decides who is served "
-                "(bitwise reproducible); live: owners' Poisson clocks tick in wall time",
-                ("replay", "live")),
-    "scheduler": Key((str,), default_of(_S, "scheduler"), "replay schedule: poisson (independent "
-                     "clocks of rate async.rates, t_1 = 0) or uniform (i_k ~ U, t_k = k - 1)",
-                     ("poisson", "uniform")),
-    "rates": Key((int, float, list), 1.0, "Poisson clock rate lambda_j of each owner (scalar or "
-                 "one per owner; unequal rates leave the paper's 1/N law)"),
-    "schedule_from": Key((str,), "", "replay the schedule logged in this result file (e.g. of "
-                         "a live run): same configuration index, run 0's schedule for all runs"),
-    "protocol": Key((str,), "owner_request", "live mode: owner_request (an owner asks when its "
-                    "clock ticks) or learner_broadcast (the learner polls; the first owner to "
-                    "claim is served)", ("owner_request", "learner_broadcast")),
-    "clock_unit_s": Key((int, float), default_of(_S, "clock_unit_s"), "live mode: seconds per "
-                        "unit of clock time (ticks are Exp(lambda) x clock_unit_s apart; when "
-                        "owners tick faster than the learner serves, requests queue and service "
-                        "is near round-robin)"),
-    "poll_interval_s": Key((int, float), default_of(_S, "poll_interval_s"), "live "
-                           "learner_broadcast: seconds between polls when no owner claimed"),
-    "per_owner_cap": Key((int, list), 0, "answers each owner gives before it declines: 0 = T "
-                         "(the spec's default, b_i = 2 xi T/(n_i eps_i)); m_i > 0 gives "
-                         "b_i = 2 xi m_i/(n_i eps_i) (scalar or one per owner)"),
-    "gamma": Key((int, float), 0.1, "rho = 'auto': local gain gamma = a_own (n_i/n) L, so "
-                 "rho = gamma T^2 lam / L_public (spec: keep gamma in [0.02, 0.3])"),
-    "init": Key((str,), "const", "initial models: const (theta0 everywhere) or uniform "
-                "(U[0,1)^p per run, the authors' lending setting)", ("const", "uniform")),
-    "preset": Key((str,), "dp", "dp (clipping, i.i.d. noise; dp_valid = true) or paper_code "
-                  "(the authors' code: xi = p/2, no clipping; dp_valid = false)",
-                  ("dp", "paper_code")),
-    "noise_shape": Key((str,), default_of(_S, "noise_shape"), "iid (DP) or scalar (one Laplace "
-                       "value added to every coordinate, as in the authors' code: NOT DP, "
-                       "paper_code only)", ("iid", "scalar")),
-}
+@dataclasses.dataclass(frozen=True)
+class AsyncKeys(Section):
+    """The [async] section: who is served when, the owners' caps and the step gain."""
+
+    NAME: ClassVar[str] = "async"
+    mode: str = key((str,), default_of(_S, "mode"), "replay: a seeded schedule decides who is "
+                    "served (bitwise reproducible); live: owners' Poisson clocks tick in wall time",
+                    ("replay", "live"))
+    scheduler: str = key((str,), default_of(_S, "scheduler"), "replay schedule: poisson "
+                         "(independent clocks of rate async.rates, t_1 = 0) or uniform (i_k ~ U, "
+                         "t_k = k - 1)", ("poisson", "uniform"))
+    rates: float | list = key((int, float, list), 1.0, "Poisson clock rate lambda_j of each owner "
+                              "(scalar or one per owner; unequal rates leave the paper's 1/N law)")
+    schedule_from: str = key((str,), "", "replay the schedule logged in this result file (e.g. of "
+                             "a live run): same configuration index, run 0's schedule for all runs")
+    protocol: str = key((str,), "owner_request", "live mode: owner_request (an owner asks when its "
+                        "clock ticks) or learner_broadcast (the learner polls; the first owner to "
+                        "claim is served)", ("owner_request", "learner_broadcast"))
+    clock_unit_s: float = key((int, float), default_of(_S, "clock_unit_s"), "live mode: seconds "
+                              "per unit of clock time (ticks are Exp(lambda) x clock_unit_s apart; "
+                              "when owners tick faster than the learner serves, requests queue and "
+                              "service is near round-robin)")
+    poll_interval_s: float = key((int, float), default_of(_S, "poll_interval_s"), "live "
+                                 "learner_broadcast: seconds between polls when no owner claimed")
+    per_owner_cap: int | list = key((int, list), 0, "answers each owner gives before it declines: "
+                                    "0 = T (the spec's default, b_i = 2 xi T/(n_i eps_i)); m_i > 0 "
+                                    "gives b_i = 2 xi m_i/(n_i eps_i) (scalar or one per owner)")
+    gamma: float = key((int, float), 0.1, "rho = 'auto': local gain gamma = a_own (n_i/n) L, so "
+                       "rho = gamma T^2 lam / L_public (spec: keep gamma in [0.02, 0.3])")
+    init: str = key((str,), "const", "initial models: const (theta0 everywhere) or uniform "
+                    "(U[0,1)^p per run, the authors' lending setting)", ("const", "uniform"))
+    preset: str = key((str,), "dp", "dp (clipping, i.i.d. noise; dp_valid = true) or paper_code "
+                      "(the authors' code: xi = p/2, no clipping; dp_valid = false)",
+                      ("dp", "paper_code"))
+    noise_shape: str = key((str,), default_of(_S, "noise_shape"), "iid (DP) or scalar (one "
+                           "Laplace value added to every coordinate, as in the authors' code: NOT "
+                           "DP, paper_code only)", ("iid", "scalar"))
+
+
+#: the [async] keys (kept for the tests and scripts that read the table)
+SECTION = AsyncKeys.keys()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,18 +96,21 @@ class Prepared(StarPrepared):
 
 
 def _caps(job: Job, N: int, n_file: int) -> list[int]:
-    caps = resolve_per_owner(job, "async.per_owner_cap", job["async.per_owner_cap"], N, n_file)
-    return [job["T"] if int(c) == 0 else int(c) for c in caps]
+    cap = job.section(AsyncKeys).per_owner_cap
+    caps = resolve_per_owner(job, AsyncKeys.key_name("per_owner_cap"), cap, N, n_file)
+    T = job.generic.T
+    return [T if int(c) == 0 else int(c) for c in caps]
 
 
 def _rates(job: Job, N: int, n_file: int) -> tuple[float, ...]:
-    return tuple(float(r) for r in resolve_per_owner(job, "async.rates", job["async.rates"], N,
+    rates = job.section(AsyncKeys).rates
+    return tuple(float(r) for r in resolve_per_owner(job, AsyncKeys.key_name("rates"), rates, N,
                                                       n_file))
 
 
 def load_logged_schedule(job: Job, index: int) -> tuple[np.ndarray, np.ndarray]:
     """(owner (k,), time (k,)) served in run 0 of configuration `index` of async.schedule_from."""
-    path = job["async.schedule_from"]
+    path = job.section(AsyncKeys).schedule_from
     if not Path(path).is_file():
         what = "is a directory" if Path(path).is_dir() else "not found"
         raise JobError(f"job file {job.path}: key 'async.schedule_from': {path} {what}; give "
@@ -124,23 +135,24 @@ def settings_for(job: Job, eps: list[float], n: list[int], n_file: int, xi: floa
                  p: int, run_ids: tuple[int, ...], variant: str | None = None) -> _S:
     """The algorithm's settings of one configuration (variant: the job's unless given)."""
     N = len(n)
-    paper = job["async.preset"] == "paper_code"
-    mode = job["async.mode"]
+    g, sh, a = job.generic, job.section(SharedKeys), job.section(AsyncKeys)
+    paper = a.preset == "paper_code"
+    mode = a.mode
     return _S(
-        T=job["T"], loss=job["loss"], lam=float(job["lam"]), theta_max=float(job["theta_max"]),
-        theta0=float(job["theta0"]), init=job["async.init"],
-        xi=(p / 2 if paper else xi), clip=(False if paper else job["clip"]), rho=rho,
-        central_step=variant or job["variant"], eps=tuple(eps), n=tuple(n),
-        caps=tuple(_caps(job, N, n_file)), p=p, seed=job["seed"], run_ids=run_ids,
-        record_every=job["record_every"], mode=mode, scheduler=job["async.scheduler"],
+        T=g.T, loss=sh.loss, lam=float(sh.lam), theta_max=float(sh.theta_max),
+        theta0=float(sh.theta0), init=a.init,
+        xi=(p / 2 if paper else xi), clip=(False if paper else sh.clip), rho=rho,
+        central_step=variant or g.variant, eps=tuple(eps), n=tuple(n),
+        caps=tuple(_caps(job, N, n_file)), p=p, seed=g.seed, run_ids=run_ids,
+        record_every=g.record_every, mode=mode, scheduler=a.scheduler,
         rates=_rates(job, N, n_file),
-        protocol=(job["async.protocol"] if mode == "live" else "virtual"),
-        clock_unit_s=float(job["async.clock_unit_s"]),
-        poll_interval_s=float(job["async.poll_interval_s"]),
-        noise_shape=job["async.noise_shape"], dp_valid=not paper)
+        protocol=(a.protocol if mode == "live" else "virtual"),
+        clock_unit_s=float(a.clock_unit_s),
+        poll_interval_s=float(a.poll_interval_s),
+        noise_shape=a.noise_shape, dp_valid=not paper)
 
 
-class AsyncStar(StarMethod):
+class AsyncStar(StarMethod[Prepared, _S]):
     name = "async_star"
     summary = ("asynchronous DP learning on a star (seed 000): the learner (rank 0) serves one "
                "owner per iteration, which answers with a clipped, Laplace-noised mean gradient")
@@ -148,7 +160,7 @@ class AsyncStar(StarMethod):
     variant_help = ("the central step c_L of (7): proof (rho/(2 T^2 lam), the proof and the "
                     "authors' code; default) or printed ((N-1) rho/(N T^2 lam))")
     reads = STAR_READS + ("owners", "sweep.owners")
-    sections = {"async": SECTION}
+    sections = {AsyncKeys.NAME: SECTION}
     key_help = {"T": "learner updates over all owners", "eps": "each owner's total for its at "
                 "most m_i answers (async.per_owner_cap, T by default); its Laplace scale is "
                 "b_i = nm_i 2 xi / n_i with nm_i from privacy.calibration"}
@@ -160,34 +172,36 @@ class AsyncStar(StarMethod):
     PER_ITERATION_BYTES = 40.0
 
     def validate(self, values: dict[str, Any], path: str) -> None:
-        rates = values["async.rates"]
-        for r in rates if isinstance(rates, list) else [rates]:
+        a, name = section_of_values(AsyncKeys, values), AsyncKeys.key_name
+        for r in a.rates if isinstance(a.rates, list) else [a.rates]:
             if isinstance(r, bool) or not isinstance(r, int | float) or not 0 < r < math.inf:
-                raise err(path, "async.rates", f"rates must be positive finite numbers, got {r!r}")
-        for key in ("async.clock_unit_s", "async.poll_interval_s"):
-            if not 0 < values[key] < math.inf:
-                raise err(path, key, f"must be a positive number of seconds, got {values[key]!r}")
-        cap = values["async.per_owner_cap"]
+                raise err(path, name("rates"), f"rates must be positive finite numbers, got {r!r}")
+        for field, v in (("clock_unit_s", a.clock_unit_s), ("poll_interval_s", a.poll_interval_s)):
+            if not 0 < v < math.inf:
+                raise err(path, name(field), f"must be a positive number of seconds, got {v!r}")
+        cap = a.per_owner_cap
         for c in cap if isinstance(cap, list) else [cap]:
             if isinstance(c, bool) or not isinstance(c, int) or c < 0:
-                raise err(path, "async.per_owner_cap", f"caps must be integers >= 0 (0 = T), got "
+                raise err(path, name("per_owner_cap"), f"caps must be integers >= 0 (0 = T), got "
                           f"{c!r}")
-        if not 0 < values["async.gamma"] < math.inf:
-            raise err(path, "async.gamma", "must be > 0")
-        if values["async.noise_shape"] == "scalar" and values["async.preset"] != "paper_code":
-            raise err(path, "async.noise_shape", "'scalar' noise (one Laplace value on every "
+        if not 0 < a.gamma < math.inf:
+            raise err(path, name("gamma"), "must be > 0")
+        if a.noise_shape == "scalar" and a.preset != "paper_code":
+            raise err(path, name("noise_shape"), "'scalar' noise (one Laplace value on every "
                       "coordinate) is not DP: allowed only with async.preset = 'paper_code'")
-        if values["async.mode"] == "live" and values["async.schedule_from"]:
-            raise err(path, "async.schedule_from", "a logged schedule is replayed in mode "
+        if a.mode == "live" and a.schedule_from:
+            raise err(path, name("schedule_from"), "a logged schedule is replayed in mode "
                       "'replay', not 'live'")
 
     def prepare(self, ctx: Context) -> Prepared:
         job = ctx.job
+        step = job.section(StepKeys)
         pc = agreed_public_constants(ctx)
-        if job["step.rho"] != "auto":
-            rho = float(job["step.rho"])
+        if step.rho != "auto":
+            rho = float(step.rho)
         else:
-            rho = async_star.default_rho(job["async.gamma"], job["T"], float(job["lam"]), pc.L)
+            rho = async_star.default_rho(job.section(AsyncKeys).gamma, job.generic.T,
+                                         float(job.section(SharedKeys).lam), pc.L)
         link = P2PStar(ctx.comm, ctx.star.layout, ctx.shard.n_features)
         return Prepared(pc, rho, evalset=evaluation_set(ctx), link=link)
 
@@ -195,7 +209,7 @@ class AsyncStar(StarMethod):
         s = settings_for(ctx.job, rc.eps, rc.n, ctx.shard.n_agents, prep.public.xi, prep.rho,
                          ctx.shard.n_features, ctx.run_ids, variant=rc.variant)
         async_star.check_settings(s, ctx.job.path, ctx.comm.Get_size())
-        if ctx.job["async.schedule_from"] and ctx.star.is_learner:
+        if ctx.job.section(AsyncKeys).schedule_from and ctx.star.is_learner:
             load_logged_schedule(ctx.job, rc.index)  # a bad file stops before any output
         return s
 
@@ -211,12 +225,12 @@ class AsyncStar(StarMethod):
         return [2.0 / n for n in rc.n[: len(rc.eps)]], ctx.shard.n_features
 
     def record_attrs(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S) -> dict[str, Any]:
-        job = ctx.job
+        a = ctx.job.section(AsyncKeys)
         return {**settings_attrs(s), **calibration_attrs(list(s.calibration)), "owners": s.N,
                 "L": prep.public.L, "a_own": s.a_own,
-                "a_ctr": s.a_ctr, "lap_scale": s.lap_scales(), "preset": job["async.preset"],
-                "scheduler": "logged" if job["async.schedule_from"] else s.scheduler,
-                "schedule_from": job["async.schedule_from"],
+                "a_ctr": s.a_ctr, "lap_scale": s.lap_scales(), "preset": a.preset,
+                "scheduler": "logged" if a.schedule_from else s.scheduler,
+                "schedule_from": a.schedule_from,
                 "public_clip_fraction": prep.public.public_clip_fraction,
                 "constants_from": prep.public.source, "oracle": True,
                 "step_rule": "a_own = N rho/(T^2 lam); a_ctr = " + (
@@ -228,7 +242,7 @@ class AsyncStar(StarMethod):
                    label: str) -> Outcome | None:
         star, job = ctx.star, ctx.job
         logged = None
-        if job["async.schedule_from"]:
+        if job.section(AsyncKeys).schedule_from:
             logged = ctx.agree(lambda: load_logged_schedule(job, rc.index)
                                if star.is_learner else None)
         shards, ref = self.shards_and_reference(ctx, prep, s, rc.n)

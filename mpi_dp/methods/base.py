@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 from mpi4py import MPI
@@ -37,6 +37,10 @@ from ..errors import JobError
 from ..jobspec import Config, Job, Key
 from ..privacy import Ledger, contract
 from ..results.footprint import Footprint, config_footprint, hosted
+
+#: what a method's `prepare` returns and its per-configuration settings (Method's parameters)
+PreparedT = TypeVar("PreparedT")
+SettingsT = TypeVar("SettingsT")
 
 
 @dataclasses.dataclass
@@ -183,8 +187,10 @@ def default_of(settings_cls: type, field: str) -> Any:
     raise ValueError(f"{settings_cls.__name__} has no field {field!r}")
 
 
-class Method:
-    """One method of the program. Subclasses set the class attributes and override the hooks."""
+class Method(Generic[PreparedT, SettingsT]):
+    """One method of the program, generic in what `prepare` returns (PreparedT) and what
+    `settings` returns (SettingsT, a frozen dataclass). Subclasses set the class attributes and
+    override the hooks."""
 
     name: str = ""
     summary: str = ""
@@ -220,29 +226,29 @@ class Method:
         """Range checks of its own keys (types and choices are checked already)."""
 
     # -- run ---------------------------------------------------------------------------------
-    def prepare(self, ctx: Context) -> Any:
+    def prepare(self, ctx: Context) -> PreparedT:
         """Collective set-up shared by the configurations (e.g. public constants)."""
-        return None
+        return None  # type: ignore[return-value]
 
-    def header(self, ctx: Context, prepared: Any) -> str:
+    def header(self, ctx: Context, prepared: PreparedT) -> str:
         """Method-specific part of the progress line printed when the job starts."""
         return ""
 
-    def settings(self, ctx: Context, prepared: Any, rc: Resolved) -> Any:
+    def settings(self, ctx: Context, prepared: PreparedT, rc: Resolved) -> SettingsT:
         raise NotImplementedError
 
-    def plans(self, ctx: Context, prepared: Any, rc: Resolved, s: Any
+    def plans(self, ctx: Context, prepared: PreparedT, rc: Resolved, s: SettingsT
               ) -> list[contract.Plan | None] | None:
         """Each participating owner's release plan, in owner order (`owner_plans` builds them);
         None: the configuration releases nothing private (a non-private baseline)."""
         return None
 
-    def calibrated(self, ctx: Context, prepared: Any, rc: Resolved, s: Any,
-                   cals: list[contract.Calibration | None]) -> Any:
+    def calibrated(self, ctx: Context, prepared: PreparedT, rc: Resolved, s: SettingsT,
+                   cals: list[contract.Calibration | None]) -> SettingsT:
         """The settings `s` with the owners' calibrations (what `plans` asked for, in order)."""
         return s
 
-    def release_signal(self, ctx: Context, prepared: Any, rc: Resolved, s: Any
+    def release_signal(self, ctx: Context, prepared: PreparedT, rc: Resolved, s: SettingsT
                        ) -> tuple[Any, ...] | None:
         """For the noise-to-signal ratio (privacy.noise_signal): each planned owner's release
         sensitivity over the norm bound of its signal (2 / n_i for a mean of n_i clipped
@@ -251,30 +257,33 @@ class Method:
         None: not defined."""
         return None
 
-    def record_attrs(self, ctx: Context, prepared: Any, rc: Resolved, s: Any) -> dict[str, Any]:
+    def record_attrs(self, ctx: Context, prepared: PreparedT, rc: Resolved, s: SettingsT
+                     ) -> dict[str, Any]:
         """Attributes of the configuration's group (default: the settings' fields)."""
         return settings_attrs(s)
 
-    def expected_records(self, ctx: Context, s: Any) -> int:
+    def expected_records(self, ctx: Context, s: SettingsT) -> int:
         """Records a configuration writes (sizes the HDF5 chunks)."""
-        return ctx.job["T"] // max(1, ctx.job["record_every"]) + 2
+        g = ctx.job.generic
+        return g.T // max(1, g.record_every) + 2
 
     #: bytes a configuration keeps in memory per iteration on a rank (a trace, a schedule)
     PER_ITERATION_BYTES = 0.0
 
-    def footprint(self, ctx: Context, prepared: Any, rc: Resolved, s: Any) -> Footprint:
+    def footprint(self, ctx: Context, prepared: PreparedT, rc: Resolved, s: SettingsT
+                  ) -> Footprint:
         """This rank's estimated cost of one configuration (results.footprint), checked before
         the output is touched; `model_size` is the model's coordinates."""
         a, n = hosted(ctx)
-        return config_footprint(int(ctx.job["T"]), ctx.runs, self.expected_records(ctx, s),
+        return config_footprint(int(ctx.job.generic.T), ctx.runs, self.expected_records(ctx, s),
                                 self.model_size(ctx, prepared), a, n, ctx.shard.n_agents,
                                 self.PER_ITERATION_BYTES * ctx.runs)
 
-    def model_size(self, ctx: Context, prepared: Any) -> int:
+    def model_size(self, ctx: Context, prepared: PreparedT) -> int:
         """Coordinates of one model (features; a multinomial model: features x classes)."""
         return int(ctx.shard.n_features)
 
-    def run_config(self, ctx: Context, prepared: Any, rc: Resolved, s: Any, recorder: Any,
+    def run_config(self, ctx: Context, prepared: PreparedT, rc: Resolved, s: SettingsT, recorder: Any,
                    label: str) -> Outcome | None:
         raise NotImplementedError
 

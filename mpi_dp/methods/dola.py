@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import scipy.sparse as sp
 
+from .. import progress as prog
 from ..algorithms import dola
 from ..comm import graph as cg
 from ..comm import stop
@@ -29,7 +29,7 @@ from ..comm.rma import on_root
 from ..data import ShardFile
 from ..data.graphs import read_descriptors, stored_graph
 from ..errors import DataError, JobError
-from ..jobspec import Key, err
+from ..jobspec import PrivacyKeys, Section, SharedKeys, err, key
 from ..models import reference
 from ..privacy import GAUSSIAN_CALIBRATIONS, contract, tap
 from .base import (
@@ -52,64 +52,72 @@ EVALUATION_ONLY = (
     "the step)")
 L_DATA_TOL = 1e-9
 
-SECTION = {
-    "graph": Key((str,), "medium", "base graph: sparse / medium / dense (random geometric, mean "
-                 "degree ~4 / 10 / 24 = the paper's T1 / T2 / T3), geometric (graph_degree), ring, "
-                 "grid, complete, erdos_renyi (graph_p), from_file (graph_file), or a spelling "
-                 "shared with p2p.graph: 'erdos_renyi:p', 'knn:K' (on the shard's public "
-                 "/public/agent_descriptors), 'shard' (the shard file's stored graph), "
-                 "'random_geometric[:r]', an edge-list path; 'shard' and 'knn:K' need one agent "
-                 "per shard owner (no pool_owners); edge weights are ignored (Metropolis-Hastings "
-                 "mixing)"),
-    "graph_degree": Key(_NUM, 4.0, "mean degree of graph = 'geometric'"),
-    "graph_p": Key(_NUM + (str,), "auto", "edge probability of erdos_renyi ('auto': 2 ln(m)/m)"),
-    "graph_file": Key((str,), "", "edge list 'i j [w]' per line for graph = 'from_file' (w ignored)"),
-    "activation": Key((str,), "hash", "edges on in round t: hash (u(seed, t, i, j) < p_act, both "
-                      "ends agree without a message; an edge idle N-1 rounds is forced on) or "
-                      "fixed (all)", tp.ACTIVATIONS),
-    "p_act": Key(_NUM, 0.5, "activation probability of an edge per round"),
-    "window": Key((int,), 10, "N: every edge is on at least once in any N consecutive rounds"),
-    "weights": Key((str,), "mh_static", "A_t weights: mh_static 1/(1+max(d_i,d_j)), mh_active "
-                   "(active degrees), max_degree 1/(1+d_max)", tp.WEIGHTS),
-    "exchange": Key((str,), "allgather", "neighbour exchange: allgather (Neighbor_allgatherv), "
-                    "alltoallv (only active edges), rma (one window, PSCW)", cg.MODES),
-    "lam": Key(_NUM, 0.1, "lambda: f = hinge + lam/2 ||w||^2 (0: plain convex)"),
-    "radius": Key(_NUM + (str,), "auto", "r of W = {||w|| <= r}: 'auto' = 1/sqrt(lam) (the "
-                  "regularised SVM optimum lies inside), 10 when lam = 0"),
-    "step": Key((str,), "auto", "alpha_t: strong 1/(lam t), convex 1/(2 sqrt t), auto (strong if "
-                "lam > 0 and not sparse)", dola.STEPS),
-    "batch": Key((int, str), "auto", "h records per agent per round ('auto': 10 for minibatch, "
-                 "else 1)"),
-    "sens_mode": Key((str,), "sound", "Laplace sensitivity 2 alpha sqrt(n) L / h with L = L_data "
-                     "(sound) or L_data + lam r (paper; both valid, sound is tighter)",
-                     dola.SENS_MODES),
-    "gauss_mode": Key((str,), "per_record", "privacy.calibration = 'paper' only: Alg. 2 noise: "
-                      "per_record (Delta sqrt(2 ln(1.25/delta))/eps, the per-record guarantee of "
-                      "a single pass), total_T (all T releases via zCDP), paper (J^2 = 4 alpha^2 "
-                      "n L^2 T ln(T/delta) ln(1/delta)/eps^2: uncertified)", dola.GAUSS_MODES),
-    "gauss_calibration": Key((str,), "auto", "privacy.calibration = 'paper' only: per_record "
-                             "calibration: auto (classical below eps 1, analytic from 1), "
-                             "classical, analytic", GAUSSIAN_CALIBRATIONS),
-    "delta": Key(_NUM, 1e-4, "privacy.calibration = 'paper' only: delta of each Alg. 2 release "
-                 "(a calibrated rule uses the owner's privacy.delta)"),
-    "rho": Key(_NUM, 0.0, "lasso weight of the sparse variant (threshold alpha_t rho)"),
-    "reg_point": Key((str,), "mixed", "minibatch regulariser at the mixed point b_t (sound) or at "
-                     "the clean w_t (the paper: breaks invariant P, recorded uncertified)",
-                     dola.REG_POINTS),
-    "ref_agent": Key((int,), 0, "j of the regret R_D (the reference agent's iterate)"),
-    "regret": Key((str,), "exact", "exact: broadcast the reference agent's iterate every round "
-                  "(evaluation-only) for R_D; own: only R_own (no extra collective)",
-                  ("exact", "own")),
-    "passes": Key((int,), 1, "passes over each agent's records (>= 1): round t reads pass "
-                  "t // ceil(T / passes), the first in the stored order, later ones in a fresh "
-                  "seeded permutation, so T may reach passes x the smallest agent's records / h; "
-                  "each record is then in `passes` releases and its noise is calibrated to "
-                  "(eps, delta) over them (privacy/ledger scope record); w* stays the SVM on "
-                  "each consumed record once (the stream's own optimum when passes divides T)"),
-    "pool_owners": Key((bool,), False, "with owners = N: split ALL of the shard file's owners "
-                       "into N contiguous groups, one agent streaming each group (the same "
-                       "records for every N, as the paper's Table 3)"),
-}
+
+@dataclasses.dataclass(frozen=True)
+class DolaKeys(Section):
+    """The [dola] section of a job (`ctx.job.section(DolaKeys)`)."""
+
+    NAME: ClassVar[str] = "dola"
+    graph: str = key((str,), "medium", "base graph: sparse / medium / dense (random geometric, "
+                     "mean degree ~4 / 10 / 24 = the paper's T1 / T2 / T3), geometric "
+                     "(graph_degree), ring, grid, complete, erdos_renyi (graph_p), from_file "
+                     "(graph_file), or a spelling shared with p2p.graph: 'erdos_renyi:p', 'knn:K' "
+                     "(on the shard's public /public/agent_descriptors), 'shard' (the shard file's "
+                     "stored graph), 'random_geometric[:r]', an edge-list path; 'shard' and "
+                     "'knn:K' need one agent per shard owner (no pool_owners); edge weights are "
+                     "ignored (Metropolis-Hastings mixing)")
+    graph_degree: float = key(_NUM, 4.0, "mean degree of graph = 'geometric'")
+    graph_p: float | str = key(_NUM + (str,), "auto", "edge probability of erdos_renyi ('auto': 2 "
+                               "ln(m)/m)")
+    graph_file: str = key((str,), "", "edge list 'i j [w]' per line for graph = 'from_file' (w "
+                          "ignored)")
+    activation: str = key((str,), "hash", "edges on in round t: hash (u(seed, t, i, j) < p_act, "
+                          "both ends agree without a message; an edge idle N-1 rounds is forced "
+                          "on) or fixed (all)", tp.ACTIVATIONS)
+    p_act: float = key(_NUM, 0.5, "activation probability of an edge per round")
+    window: int = key((int,), 10, "N: every edge is on at least once in any N consecutive rounds")
+    weights: str = key((str,), "mh_static", "A_t weights: mh_static 1/(1+max(d_i,d_j)), mh_active "
+                       "(active degrees), max_degree 1/(1+d_max)", tp.WEIGHTS)
+    exchange: str = key((str,), "allgather", "neighbour exchange: allgather (Neighbor_allgatherv), "
+                        "alltoallv (only active edges), rma (one window, PSCW)", cg.MODES)
+    lam: float = key(_NUM, 0.1, "lambda: f = hinge + lam/2 ||w||^2 (0: plain convex)")
+    radius: float | str = key(_NUM + (str,), "auto", "r of W = {||w|| <= r}: 'auto' = 1/sqrt(lam) "
+                              "(the regularised SVM optimum lies inside), 10 when lam = 0")
+    step: str = key((str,), "auto", "alpha_t: strong 1/(lam t), convex 1/(2 sqrt t), auto (strong "
+                    "if lam > 0 and not sparse)", dola.STEPS)
+    batch: int | str = key((int, str), "auto", "h records per agent per round ('auto': 10 for "
+                           "minibatch, else 1)")
+    sens_mode: str = key((str,), "sound", "Laplace sensitivity 2 alpha sqrt(n) L / h with L = "
+                         "L_data (sound) or L_data + lam r (paper; both valid, sound is tighter)",
+                         dola.SENS_MODES)
+    gauss_mode: str = key((str,), "per_record", "privacy.calibration = 'paper' only: Alg. 2 noise: "
+                          "per_record (Delta sqrt(2 ln(1.25/delta))/eps, the per-record guarantee "
+                          "of a single pass), total_T (all T releases via zCDP), paper (J^2 = 4 "
+                          "alpha^2 n L^2 T ln(T/delta) ln(1/delta)/eps^2: uncertified)",
+                          dola.GAUSS_MODES)
+    gauss_calibration: str = key((str,), "auto", "privacy.calibration = 'paper' only: per_record "
+                                 "calibration: auto (classical below eps 1, analytic from 1), "
+                                 "classical, analytic", GAUSSIAN_CALIBRATIONS)
+    delta: float = key(_NUM, 1e-4, "privacy.calibration = 'paper' only: delta of each Alg. 2 "
+                       "release (a calibrated rule uses the owner's privacy.delta)")
+    rho: float = key(_NUM, 0.0, "lasso weight of the sparse variant (threshold alpha_t rho)")
+    reg_point: str = key((str,), "mixed", "minibatch regulariser at the mixed point b_t (sound) or "
+                         "at the clean w_t (the paper: breaks invariant P, recorded uncertified)",
+                         dola.REG_POINTS)
+    ref_agent: int = key((int,), 0, "j of the regret R_D (the reference agent's iterate)")
+    regret: str = key((str,), "exact", "exact: broadcast the reference agent's iterate every round "
+                      "(evaluation-only) for R_D; own: only R_own (no extra collective)",
+                      ("exact", "own"))
+    passes: int = key((int,), 1, "passes over each agent's records (>= 1): round t reads pass t // "
+                      "ceil(T / passes), the first in the stored order, later ones in a fresh "
+                      "seeded permutation, so T may reach passes x the smallest agent's records / "
+                      "h; each record is then in `passes` releases and its noise is calibrated to "
+                      "(eps, delta) over them (privacy/ledger scope record); w* stays the SVM on "
+                      "each consumed record once (the stream's own optimum when passes divides T)")
+    pool_owners: bool = key((bool,), False, "with owners = N: split ALL of the shard file's owners "
+                            "into N contiguous groups, one agent streaming each group (the same "
+                            "records for every N, as the paper's Table 3)")
+
 
 
 @dataclasses.dataclass
@@ -249,7 +257,7 @@ def comparator(shard: ShardFile, groups, n_used, lam: float, path: str,
     return reference.svm_dual_cd(X, y, lam), "exact L1-loss SVM by dual coordinate descent"
 
 
-class Dola(Method):
+class Dola(Method[Prepared, DolaSettings]):
     name = "dola"
     summary = ("DP distributed online learning over time-varying graphs (seed 003): agents on a "
                "graph mix their neighbours' released vectors, step on the hinge loss of one "
@@ -259,7 +267,7 @@ class Dola(Method):
                     "the step), sparse (Alg. 3, mirror descent with soft-thresholding), "
                     "minibatch (Alg. 4, h records per round)")
     reads = ("owners", "sweep.owners")
-    sections = {"dola": SECTION}
+    sections = {"dola": DolaKeys.keys()}
     label_variant = True
     key_help = {"T": "rounds (each agent consumes h records per round; at most dola.passes "
                 "passes over its records)",
@@ -295,16 +303,16 @@ class Dola(Method):
             raise err(path, "dola.rho", "must be >= 0")
         if values["dola.graph"] == "from_file" and not values["dola.graph_file"]:
             raise err(path, "dola.graph_file", "graph = 'from_file' needs the edge-list path")
-        for key, kinds in (("dola.graph", [values["dola.graph"]]),
-                           ("sweep.graph", values.get("sweep.graph") or [])):
+        for name, kinds in (("dola.graph", [values["dola.graph"]]),
+                            ("sweep.graph", values.get("sweep.graph") or [])):
             for kind in kinds:
                 try:
                     tp.parse_graph_spec(str(kind), legacy=tp.KINDS)
                 except ValueError as e:
-                    raise err(path, key, str(e)) from None
+                    raise err(path, name, str(e)) from None
                 if kind in ("shard",) or str(kind).startswith("knn:"):
                     if values["dola.pool_owners"]:
-                        raise err(path, key, f"{kind!r} is a graph on the shard file's owners; "
+                        raise err(path, name, f"{kind!r} is a graph on the shard file's owners; "
                                   "with pool_owners an agent streams several owners: choose a "
                                   "graph built for the agents (e.g. 'medium', 'erdos_renyi:p')")
         if isinstance(values["dola.passes"], bool) or values["dola.passes"] < 1:
@@ -316,10 +324,10 @@ class Dola(Method):
             raise err(path, "n", "dola streams each agent's records from the start; leave n = "
                       "'all' and bound the rounds with T")
         if values["privacy.calibration"] != "paper":
-            for key, default in (("dola.gauss_mode", "per_record"),
-                                 ("dola.gauss_calibration", "auto"), ("dola.delta", 1e-4)):
-                if values[key] != default:
-                    raise err(path, key, "is an option of the paper's rule (privacy.calibration "
+            for name, default in (("dola.gauss_mode", "per_record"),
+                                  ("dola.gauss_calibration", "auto"), ("dola.delta", 1e-4)):
+                if values[name] != default:
+                    raise err(path, name, "is an option of the paper's rule (privacy.calibration "
                               f"= 'paper'); under '{values['privacy.calibration']}' the noise is "
                               "calibrated to each record's (eps, privacy.delta): remove it")
 
@@ -342,8 +350,10 @@ class Dola(Method):
             maj = float(min(np.mean(test[1] > 0), np.mean(test[1] < 0)))
         prep = Prepared(test, maj, sizes=owner_sizes(ctx))
         j, n_owners = ctx.job, ctx.shard.n_agents
-        for o in j.get("sweep.owners") or [j["owners"]]:  # built on rank 0, broadcast
-            for kind in j.get("sweep.graph") or [j["dola.graph"]]:
+        k = j.section(DolaKeys)
+        # every graph the job needs, built on rank 0 and broadcast
+        for o in j.get("sweep.owners") or [j.section(SharedKeys).owners]:
+            for kind in j.get("sweep.graph") or [k.graph]:
                 self._graph(ctx, prep, n_owners if o == "all" else int(o), kind)
         ctx.agree(lambda: self._check_agents(ctx, prep))
         return prep
@@ -352,14 +362,15 @@ class Dola(Method):
         """Graphs and record counts of every configuration, before the output is touched (the
         runner has checked the numbers of owners against the shard file)."""
         j, n_owners = ctx.job, ctx.shard.n_agents
-        for o in j.get("sweep.owners") or [j["owners"]]:
+        k = j.section(DolaKeys)
+        for o in j.get("sweep.owners") or [j.section(SharedKeys).owners]:
             m = n_owners if o == "all" else int(o)
-            for kind in j.get("sweep.graph") or [j["dola.graph"]]:
+            for kind in j.get("sweep.graph") or [k.graph]:
                 self._graph(ctx, prep, m, kind)
-            groups = owner_groups(n_owners, m, j["dola.pool_owners"])
+            groups = owner_groups(n_owners, m, k.pool_owners)
             sizes = group_sizes(prep.sizes, groups)
-            for variant in j["sweep.variant"] or [j["variant"]]:
-                h = self._batch(j, variant)
+            for variant in j["sweep.variant"] or [j.generic.variant]:
+                h = self._batch(k, variant)
                 few = [a for a, n in enumerate(sizes) if n < h]
                 if few:
                     raise JobError(f"job file {j.path}: agent(s) {few[:5]} hold fewer than h = "
@@ -367,31 +378,33 @@ class Dola(Method):
                                    f"{ctx.shard.path}: every agent streams h records per round")
 
     @staticmethod
-    def _batch(j: Any, variant: str) -> int:
-        if j["dola.batch"] == "auto":
+    def _batch(k: DolaKeys, variant: str) -> int:
+        if k.batch == "auto":
             return 10 if variant == "minibatch" else 1
-        return int(j["dola.batch"])
+        return int(k.batch)
 
     def header(self, ctx: Context, prep: Prepared) -> str:
         j = ctx.job
-        graphs = ",".join(j.get("sweep.graph") or [j["dola.graph"]])
+        k = j.section(DolaKeys)
+        graphs = ",".join(j.get("sweep.graph") or [k.graph])
         return (f"n={ctx.shard.n_features}{' (CSR)' if ctx.shard.is_sparse else ''}; graph "
-                f"{graphs}, {j['dola.activation']} activation, {j['dola.exchange']} exchange")
+                f"{graphs}, {k.activation} activation, {k.exchange} exchange")
 
     def _graph(self, ctx: Context, prep: Prepared, m: int, kind: str) -> tp.Graph:
         """The base graph, built on rank 0 and broadcast (collective on first use of (kind, m):
         `prepare` builds every one a job needs)."""
         if (kind, m) not in prep.graphs:
             j = ctx.job
-            p = j["dola.graph_p"]
+            k = j.section(DolaKeys)
+            p = k.graph_p
             shard = ctx.shard
 
             def build() -> tp.Graph:
                 try:
-                    return tp.make_graph(kind, m, j["seed"],
-                                         degree=float(j["dola.graph_degree"]),
+                    return tp.make_graph(kind, m, j.generic.seed,
+                                         degree=float(k.graph_degree),
                                          p=None if p == "auto" else float(p),
-                                         path=j["dola.graph_file"] or None,
+                                         path=k.graph_file or None,
                                          descriptors=lambda: read_descriptors(shard),
                                          stored=lambda: stored_graph(shard))
                 except (DataError, JobError) as e:  # e.g. not connected, no descriptors
@@ -404,17 +417,18 @@ class Dola(Method):
 
     def settings(self, ctx: Context, prep: Prepared, rc: Resolved) -> DolaSettings:
         j, shard = ctx.job, ctx.shard
+        k, g = j.section(DolaKeys), j.generic
         m = rc.N
         variant = rc.variant
-        graph = self._graph(ctx, prep, m, rc.config.param("dola.graph", j["dola.graph"]))
-        groups = owner_groups(shard.n_agents, m, j["dola.pool_owners"])
-        h = self._batch(j, variant)
+        graph = self._graph(ctx, prep, m, rc.config.param("dola.graph", k.graph))
+        groups = owner_groups(shard.n_agents, m, k.pool_owners)
+        h = self._batch(k, variant)
         sizes = group_sizes(prep.sizes, groups)
         rounds = min(n // h for n in sizes)  # rounds of one pass
-        T = j["T"]
-        passes = int(j["dola.passes"])
+        T = g.T
+        passes = int(k.passes)
         if -(-T // passes) > rounds:
-            if j["n_beyond_shard"] != "cap":
+            if g.n_beyond_shard != "cap":
                 more = -(-T // rounds)
                 raise JobError(f"job file {j.path}: key 'T': {T} rounds of h = {h} in "
                                f"{passes} pass(es) need {-(-T // passes) * h} records per agent "
@@ -423,39 +437,38 @@ class Dola(Method):
                                f"{more}: each record then enters {more} releases, calibrated "
                                "together), or n_beyond_shard = 'cap' to run the passes in full")
             T = rounds * passes
-        lam = float(j["dola.lam"])
-        step = j["dola.step"]
+        lam = float(k.lam)
+        step = k.step
         if step == "auto":
             step = "strong" if lam > 0 and variant != "sparse" else "convex"
-        r = j["dola.radius"]
+        r = k.radius
         radius = (1.0 / math.sqrt(lam) if lam > 0 else 10.0) if r == "auto" else float(r)
         n_used = tuple([-(-T // passes) * h] * m)  # one pass: ceil(T / passes) rounds
-        key = (groups, n_used, lam)
-        if key not in prep.comparators:
+        cache_key = (groups, n_used, lam)
+        if cache_key not in prep.comparators:
             records = consumed_records(ctx, groups, n_used, prep.sizes,
                                        prep.records.setdefault((groups, n_used), {}))
             found = on_root(ctx.comm, lambda: comparator(shard, groups, n_used, lam, j.path, records))
-            prep.comparators[key] = ctx.comm.bcast(found, root=0)
-        w_star, how = prep.comparators[key]
-        if not 0 <= j["dola.ref_agent"] < m:
-            raise JobError(f"job file {j.path}: key 'dola.ref_agent': {j['dola.ref_agent']} is "
+            prep.comparators[cache_key] = ctx.comm.bcast(found, root=0)
+        w_star, how = prep.comparators[cache_key]
+        if not 0 <= k.ref_agent < m:
+            raise JobError(f"job file {j.path}: key 'dola.ref_agent': {k.ref_agent} is "
                            f"not one of the {m} agents")
         algo = dola.Settings(
             variant=variant, T=T, h=h, n_features=shard.n_features, m=m, eps=tuple(rc.eps),
-            lam=lam, radius=radius, step=step, sens_mode=j["dola.sens_mode"],
-            gauss_mode=j["dola.gauss_mode"], gauss_calibration=j["dola.gauss_calibration"],
-            delta=float(j["dola.delta"]),
-            rho=float(rc.config.param("dola.rho", j["dola.rho"])), reg_point=j["dola.reg_point"],
-            activation=j["dola.activation"], p_act=float(j["dola.p_act"]),
-            window=j["dola.window"], weights=j["dola.weights"], ref_agent=j["dola.ref_agent"],
-            exact_regret=j["dola.regret"] == "exact" and w_star is not None, seed=j["seed"],
-            run_ids=ctx.run_ids, record_every=j["record_every"], passes=passes)
-        if variant == "gaussian" and j["privacy.calibration"] == "paper":
+            lam=lam, radius=radius, step=step, sens_mode=k.sens_mode,
+            gauss_mode=k.gauss_mode, gauss_calibration=k.gauss_calibration,
+            delta=float(k.delta), rho=float(rc.config.param("dola.rho", k.rho)),
+            reg_point=k.reg_point, activation=k.activation, p_act=float(k.p_act),
+            window=k.window, weights=k.weights, ref_agent=k.ref_agent,
+            exact_regret=k.regret == "exact" and w_star is not None, seed=g.seed,
+            run_ids=ctx.run_ids, record_every=g.record_every, passes=passes)
+        if variant == "gaussian" and j.section(PrivacyKeys).calibration == "paper":
             for e in set(rc.eps):  # calibration errors (e.g. classical at eps >= 1) before running
                 dola.gauss_std(algo.gauss_mode, 2 * algo.L_data / h, e, algo.delta, T,
                                alpha=dola.step_size(1, algo), n=algo.n_features, L=algo.L,
                                calibration=algo.gauss_calibration)
-        return DolaSettings(algo, graph, groups, n_used, j["T"], w_star, how)
+        return DolaSettings(algo, graph, groups, n_used, g.T, w_star, how)
 
     def plans(self, ctx: Context, prep: Prepared, rc: Resolved, s: DolaSettings
               ) -> list[contract.Plan]:
@@ -499,7 +512,7 @@ class Dola(Method):
     def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: DolaSettings,
                    recorder: Any, label: str) -> Outcome | None:
         a = s.algo
-        net = ctx.agree(lambda: cg.GraphNet(ctx.comm, s.graph, ctx.job["dola.exchange"],
+        net = ctx.agree(lambda: cg.GraphNet(ctx.comm, s.graph, ctx.job.section(DolaKeys).exchange,
                                             (a.runs, a.n_features),
                                             two_hop=a.weights == "mh_active"))
         # no try/finally: freeing the window is collective, and a rank that raised must reach the
@@ -509,17 +522,11 @@ class Dola(Method):
         block = dola.Block(a, s.graph, net, dola.Stream(net.agents, a.h, a.T, a.n_features,
                                                         reader), s.w_star)
         t0 = time.perf_counter()
-        state = {"next": t0 + 10.0}
+        bar = prog.Progress(label, a.T, "round", enabled=ctx.progress and net.is_root)
 
         def on_record(t: int, rec: dict[str, Any]) -> None:
             recorder.append(t, {k: v for k, v in rec.items() if not k.startswith("_")})
 
-        def progress(t: int) -> None:
-            now = time.perf_counter()
-            if ctx.progress and net.is_root and (now >= state["next"] or t == a.T):
-                state["next"] = now + 10.0
-                print(f"mpi-dp: [{label}] round {t}/{a.T} ({now - t0:.0f} s)",
-                      file=sys.stderr, flush=True)
         def checkpoint() -> None:
             """Collective, at a record before T: every agent's state when the root's recorder
             says a checkpoint is due or a stop was asked (keyed by agent id: any rank count
@@ -535,10 +542,9 @@ class Dola(Method):
 
         t_resumed = block.restore(recorder.saved_state() if recorder is not None else None)
         if t_resumed is not None and ctx.progress and net.is_root:
-            print(f"mpi-dp: [{label}] resumed from its checkpoint at round={t_resumed}",
-                  file=sys.stderr, flush=True)
+            prog.info(f"[{label}] resumed from its checkpoint at round={t_resumed}")
         last = dola.drive(block, prep.test, on_record if recorder is not None else None,
-                          progress, checkpoint)
+                          bar.update, checkpoint)
         ledgers = net.gather_objects(block.ledgers)
         exch = net.gather_objects((net.exchange_seconds, net.exchanges))
         net.free()

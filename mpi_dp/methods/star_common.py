@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -27,7 +27,7 @@ from ..algorithms.common import (
 from ..data import ShardFile
 from ..data.bounds import row_norm_bound
 from ..errors import JobError
-from ..jobspec import Job
+from ..jobspec import Job, ReferenceKeys, Section, SharedKeys, StepKeys
 from ..models import linear, reference
 from ..privacy import contract
 from .base import Context, Method, Outcome
@@ -72,7 +72,8 @@ def bound_constants(job: Job, shard: ShardFile, xi: Any, L: Any) -> PublicConsta
     curvature scale). The squared loss's gradient also scales with the target and theta: its xi
     has no such bound."""
     B = row_norm_bound(shard)
-    loss = job["loss"]
+    sh = job.section(SharedKeys)
+    loss = sh.loss
     if B is None or (xi == "auto" and loss == "squared"):
         why = ("the squared loss's gradient has no bound from the features alone (set xi)"
                if B is not None else "nor a public bound on the records' norms (/public/"
@@ -84,7 +85,7 @@ def bound_constants(job: Job, shard: ShardFile, xi: Any, L: Any) -> PublicConsta
     if xi == "auto":
         xi = math.sqrt(shard.n_features) * B
     if L == "public":
-        L = {"logistic": 0.25, "squared": 2.0, "hinge": 1.0}[loss] * B * B + float(job["lam"])
+        L = {"logistic": 0.25, "squared": 2.0, "hinge": 1.0}[loss] * B * B + float(sh.lam)
     return PublicConstants(float(xi), float(L) if not isinstance(L, str) else math.nan, 0.0,
                            f"the shard's public row-norm bound B = {B:g} (xi = sqrt(p) B, L = "
                            "c B^2 + lam)")
@@ -92,22 +93,23 @@ def bound_constants(job: Job, shard: ShardFile, xi: Any, L: Any) -> PublicConsta
 
 def public_constants(job: Job, shard: ShardFile) -> PublicConstants:
     """(xi, L, clip fraction at xi on public records) from the job or the public records."""
-    xi, L = job["xi"], job["step.L"]
-    need_public = xi == "auto" or (L == "public" and job["step.rho"] == "auto")
+    sh, step = job.section(SharedKeys), job.section(StepKeys)
+    xi, L = sh.xi, step.L
+    need_public = xi == "auto" or (L == "public" and step.rho == "auto")
     if not need_public:
         return PublicConstants(float(xi), float(L) if not isinstance(L, str) else math.nan,
                                math.nan)
     if not shard.has_public:
         return bound_constants(job, shard, xi, L)
     Xp, yp = shard.read_public()
-    loss, lam, tmax = job["loss"], job["lam"], job["theta_max"]
+    loss, lam, tmax = sh.loss, sh.lam, sh.theta_max
     if L == "public":
         L = linear.curvature_constant(loss, Xp, lam)
     frac = math.nan
     if xi == "auto":
         theta_pub = reference.theta_star_local(loss, Xp, yp, lam, tmax)
         norms = public_grad_norms(loss, Xp, yp, theta_pub)
-        xi = float(np.quantile(norms, job["xi_quantile"]))
+        xi = float(np.quantile(norms, sh.xi_quantile))
         if not xi > 0:
             raise JobError(f"job file {job.path}: xi = 'auto' gave {xi}: the public gradients are "
                            "all zero; set xi to a number")
@@ -118,7 +120,7 @@ def public_constants(job: Job, shard: ShardFile) -> PublicConstants:
 def check_loss_and_labels(ctx: Context) -> None:
     """A classification loss needs the +-1 labels of a binary shard (checked before any output:
     logistic loss on 0/1 or real-valued targets would run and report a meaningless psi)."""
-    loss, task = ctx.job["loss"], ctx.shard.task
+    loss, task = ctx.job.section(SharedKeys).loss, ctx.shard.task
     if loss in ("logistic", "hinge") and task != "binary":
         raise JobError(f"job file {ctx.job.path}: key 'loss': {loss} loss needs a binary shard "
                        f"(labels -1/+1); {ctx.shard.path} holds a {task} task (use loss = "
@@ -141,7 +143,7 @@ def evaluation_set(ctx: Context) -> EvalSet:
     owner's own test split on its rank (all owners of the file, participating or not), else none.
     """
     shard, star = ctx.shard, ctx.star
-    if not is_classification(ctx.job["loss"]):
+    if not is_classification(ctx.job.section(SharedKeys).loss):
         return EvalSet()
     if shard.has_global_test:
         data = ctx.agree(lambda: shard.read_test() if star.is_learner else None)
@@ -221,17 +223,39 @@ class StarPrepared:
     evalset: EvalSet = dataclasses.field(default_factory=EvalSet)
 
 
-class StarMethod(Method):
+#: a star method's prepared set-up (StarPrepared or a subclass) and its settings
+StarPreparedT = TypeVar("StarPreparedT", bound=StarPrepared)
+
+
+class StarSettings(Protocol):
+    """What the star methods' settings (sync_star.Settings, async_star.Settings) share."""
+
+    loss: str
+    lam: float
+    theta_max: float
+
+
+StarSettingsT = TypeVar("StarSettingsT", bound=StarSettings)
+
+_SectionT = TypeVar("_SectionT", bound=Section)
+
+
+def section_of_values(cls: type[_SectionT], values: dict[str, Any]) -> _SectionT:
+    """A typed section of the values a method's `validate` gets (before the Job exists)."""
+    return cls(**{name: values[cls.key_name(name)] for name in cls.keys()})
+
+
+class StarMethod(Method[StarPreparedT, StarSettingsT]):
     """What the star methods share: the progress line and each configuration's local shards with
     their reference optima."""
 
-    def header(self, ctx: Context, prep: StarPrepared) -> str:
+    def header(self, ctx: Context, prep: StarPreparedT) -> str:
         pc = prep.public
         sparse = " (CSR)" if ctx.shard.is_sparse else ""
         return (f"p={ctx.shard.n_features}{sparse}; xi={pc.xi:.4g}, L={pc.L:.4g}, "
                 f"rho={prep.rho:.4g}")
 
-    def shards_and_reference(self, ctx: Context, prep: StarPrepared, s: Any,
+    def shards_and_reference(self, ctx: Context, prep: StarPreparedT, s: StarSettingsT,
                              n: list[int]) -> tuple[list[LocalShard], Reference | None]:
         """The first n[i] records of every hosted owner i that takes part (owners beyond len(n)
         hold none) and the reference optima on the participants (collective, cached per n)."""
@@ -239,7 +263,7 @@ class StarMethod(Method):
         empty = sp.csr_matrix((0, p)) if ctx.shard.is_sparse else np.zeros((0, p))
         shards = [LocalShard(i, *ctx.shard.read_agent(i, n[i])) if i < N
                   else LocalShard(i, empty, np.zeros(0)) for i in ctx.star.local_agents]
+        rk = ctx.job.section(ReferenceKeys)
         ref = cached_reference(prep.refs, ctx.star, shards, s.loss, s.lam, n, p, s.theta_max,
-                               ctx.job["reference.solver"], prep.evalset,
-                               ctx.job["reference.isolated"])
+                               rk.solver, prep.evalset, rk.isolated)
         return shards, ref

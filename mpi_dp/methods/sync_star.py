@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..algorithms import sync_star
-from ..jobspec import Key, err
+from ..jobspec import CommKeys, Section, SharedKeys, StepKeys, err, key
 from ..privacy import contract
 from .base import Context, Outcome, Resolved, calibration_attrs, owner_plans, settings_attrs
 from .star_common import (
@@ -18,6 +18,7 @@ from .star_common import (
     agreed_public_constants,
     evaluation_set,
     lap_scale_formula,
+    section_of_values,
     star_guarantee,
     utility_attrs,
 )
@@ -29,7 +30,16 @@ EVALUATION_ONLY = ("metrics psi, psi_iterate, objective, clip_fraction, train_er
                    "of the private protocol")
 
 
-class SyncStar(StarMethod):
+@dataclasses.dataclass(frozen=True)
+class AverageKeys(Section):
+    """The [average] section: how alg2 averages its iterates."""
+
+    NAME: ClassVar[str] = "average"
+    kind: str = key((str,), "polynomial", "averaging of alg2", ("polynomial", "stepweighted"))
+    eta: float = key((int, float), 3.0, "polynomial-decay parameter (0: uniform running mean)")
+
+
+class SyncStar(StarMethod[Prepared, sync_star.Settings]):
     name = "sync_star"
     summary = ("synchronous DP gradient descent on a star (seed 001): every owner answers every "
                "query of the learner (rank 0) with a clipped, Laplace-noised mean gradient")
@@ -38,12 +48,7 @@ class SyncStar(StarMethod):
                     "averaging; default) or alg1 (mu_k = rho/(k T^2), smooth f)")
     reads = STAR_READS + ("comm.aggregate",)
     records_optional = True
-    sections = {
-        "average": {
-            "kind": Key((str,), "polynomial", "averaging of alg2", ("polynomial", "stepweighted")),
-            "eta": Key((int, float), 3.0, "polynomial-decay parameter (0: uniform running mean)"),
-        },
-    }
+    sections = {AverageKeys.NAME: AverageKeys.keys()}
     key_help = {"T": "queries each owner answers (T releases per owner)",
                 "eps": "each owner's total for its T answers; its Laplace scale is "
                 "b_i = nm_i 2 xi / n_i with nm_i from privacy.calibration"}
@@ -52,32 +57,33 @@ class SyncStar(StarMethod):
     paper_rule_name = "basic_split"
 
     def validate(self, values: dict[str, Any], path: str) -> None:
-        if values["average.eta"] < 0:
-            raise err(path, "average.eta", "must be >= 0")
+        if section_of_values(AverageKeys, values).eta < 0:
+            raise err(path, AverageKeys.key_name("eta"), "must be >= 0")
 
     def prepare(self, ctx: Context) -> Prepared:
-        job = ctx.job
+        g, step = ctx.job.generic, ctx.job.section(StepKeys)
         pc = agreed_public_constants(ctx)
-        rho = (float(job["step.rho"]) if job["step.rho"] != "auto" else
-               sync_star.default_rho(job["variant"], job["step.alpha"], pc.L, job["T"]))
+        rho = (float(step.rho) if step.rho != "auto" else
+               sync_star.default_rho(g.variant, step.alpha, pc.L, g.T))
         return Prepared(pc, rho, evalset=evaluation_set(ctx))
 
     def _rho(self, ctx: Context, prep: Prepared, variant: str) -> float:
-        job = ctx.job
-        if job["step.rho"] != "auto" or variant == job["variant"]:
+        g, step = ctx.job.generic, ctx.job.section(StepKeys)
+        if step.rho != "auto" or variant == g.variant:
             return prep.rho
-        return sync_star.default_rho(variant, job["step.alpha"], prep.public.L, job["T"])
+        return sync_star.default_rho(variant, step.alpha, prep.public.L, g.T)
 
     def settings(self, ctx: Context, prep: Prepared, rc: Resolved) -> sync_star.Settings:
         job = ctx.job
+        g, sh, avg = job.generic, job.section(SharedKeys), job.section(AverageKeys)
         s = sync_star.Settings(
-            variant=rc.variant, T=job["T"], loss=job["loss"], lam=float(job["lam"]),
-            theta_max=float(job["theta_max"]), theta0=float(job["theta0"]), xi=prep.public.xi,
-            clip=job["clip"], rho=self._rho(ctx, prep, rc.variant), L=prep.public.L,
-            avg_kind=job["average.kind"], eta=float(job["average.eta"]), seed=job["seed"],
-            run_ids=ctx.run_ids, record_every=job["record_every"],
-            aggregate=job["comm.aggregate"], eps=tuple(rc.eps), n=tuple(rc.n),
-            p=ctx.shard.n_features, schedule=job["step.schedule"])
+            variant=rc.variant, T=g.T, loss=sh.loss, lam=float(sh.lam),
+            theta_max=float(sh.theta_max), theta0=float(sh.theta0), xi=prep.public.xi,
+            clip=sh.clip, rho=self._rho(ctx, prep, rc.variant), L=prep.public.L,
+            avg_kind=avg.kind, eta=float(avg.eta), seed=g.seed,
+            run_ids=ctx.run_ids, record_every=g.record_every,
+            aggregate=job.section(CommKeys).aggregate, eps=tuple(rc.eps), n=tuple(rc.n),
+            p=ctx.shard.n_features, schedule=job.section(StepKeys).schedule)
         sync_star.check_settings(s, job.path)
         return s
 

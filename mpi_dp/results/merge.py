@@ -33,7 +33,9 @@ from typing import Any
 import h5py
 import numpy as np
 
+from .. import progress as prog
 from ..errors import MergeError
+from . import schema
 from .output import OutputLock, check_output, describe_partial, partial_path, progress_text
 from .parts import ranges_text, task_glob, task_path
 from .recorder import FORMAT, _without_output
@@ -234,6 +236,7 @@ def _write(partial: Path, parts: list[Part]) -> None:
                 dst = f.require_group("configs")
                 for i in range(*p.block):
                     dst.copy(src[f"configs/{i:03d}"], f"{i:03d}")
+                    schema.reattach(dst[f"{i:03d}"])  # the copy keeps labels, not scale links
         last = next(p for p in parts if p.block[0] <= n - 1 < p.block[1])
         a = f.attrs
         for k in ("config_block", "config_task", "resumed"):
@@ -290,6 +293,6 @@ def merge_parts(out: str | Path, specs: Sequence[str] = (), overwrite: bool = Fa
         lock.release()
     if progress:
         lines = "".join(f"\n  {p.block[0]}:{p.block[1]}  {p.path}" for p in parts)
-        print(f"mpi-dp: merged {len(parts)} part(s), {int(parts[0].attrs['n_configs'])} "
-              f"configuration(s) -> {out}{lines}", file=sys.stderr, flush=True)
+        prog.info(f"merged {len(parts)} part(s), {int(parts[0].attrs['n_configs'])} "
+                  f"configuration(s) -> {out}{lines}")
     return out

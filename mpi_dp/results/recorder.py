@@ -1,6 +1,10 @@
 """The results HDF5 file: schema, incremental recorder, final status.
 
-Schema (format "mpi_dp.results", version 1) -- a contract analysis code relies on:
+Schema (format "mpi_dp.results", version 2; docs/results.md is the full contract, checked against
+real files) -- a contract analysis code relies on. Version 2 adds named dimensions (HDF5
+dimension scales: `run`, `agent`, `feature`, ... and `metrics/iteration`), per-agent values as
+datasets on `agent` instead of attributes, `evaluation_only` on every dataset, `ledger/<field>`,
+the per-configuration `sweep_values` and strict JSON (mpi_dp.results.schema):
   /                       attrs format, format_version, job (TOML text), job_resolved (JSON),
                           algorithm, variant, status (running|complete|interrupted|failed),
                           status_reason (interrupted: the signal; failed: the exception text),
@@ -51,11 +55,13 @@ from typing import Any
 import h5py
 import numpy as np
 
+from .. import strict_json
 from ..errors import DiskFullError, JobError
+from . import schema
 from .checkpoint import CheckpointError, read_state, write_state
 
 FORMAT = "mpi_dp.results"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 #: longest array stored as a configuration attribute; longer ones are datasets `arrays/<name>`
@@ -68,11 +74,25 @@ ARRAYS_DOC = ("attributes of this group too long for an attribute (arrays of mor
 
 
 def _attr(v: Any) -> Any:
+    """An attribute value: numbers and numeric arrays as they are, anything structured as strict
+    JSON (mpi_dp.strict_json: infinity is the string "Infinity")."""
     if isinstance(v, dict | list | tuple) and not (
         isinstance(v, list | tuple) and v and all(isinstance(x, int | float) for x in v)
     ):
-        return json.dumps(v, default=str)
+        return strict_json.dumps(v)
     return v
+
+
+#: configuration attributes that are never per-agent values even when their length is N
+NOT_PER_AGENT = frozenset({"run_ids", "config_block", "config_task"})
+
+
+def _per_agent(name: str, v: Any, n_agents: int | None) -> bool:
+    """Whether an attribute value is one number per agent (stored as a dataset on `agent`)."""
+    if n_agents is None or name in NOT_PER_AGENT or isinstance(v, str | bytes | dict):
+        return False
+    a = np.asarray(v) if isinstance(v, list | tuple | np.ndarray) else None
+    return a is not None and a.ndim == 1 and len(a) == n_agents and a.dtype.kind in "biuf"
 
 
 #: where a checkpoint is written before it replaces `checkpoint` (ConfigRecorder.save_state)
@@ -95,6 +115,9 @@ class ConfigRecorder:
         self._flush_every = max(1, flush_every)
         self._resume_state: Any = None
         self._saved_at = time.monotonic()
+        #: agents of the configuration (from its attribute `n`, one record count per agent)
+        self.n_agents: int | None = None
+        self.run_ids: np.ndarray | None = None
 
     # -- checkpoints inside a configuration (methods that support them) --------------------------
     def checkpoint_due(self) -> bool:
@@ -185,23 +208,44 @@ class ConfigRecorder:
             ds.attrs[k] = _attr(v)
 
     def set_attrs(self, **attrs: Any) -> None:
-        """The configuration's attributes; an array longer than ATTR_ARRAY_MAX (per-agent values
-        of thousands of agents) becomes the dataset `arrays/<name>` instead, and readers
-        (mpi_dp.analysis.load) see it among the attributes."""
+        """The configuration's attributes. Per-agent values (one number per agent: eps, n, noise
+        scales ...) become datasets of the group on the `agent` dimension, `run_ids` the `run`
+        coordinate (mpi_dp.analysis.load shows both among the attributes); another array longer
+        than ATTR_ARRAY_MAX becomes the dataset `arrays/<name>`."""
+        if "n" in attrs and np.ndim(attrs["n"]) == 1:
+            self.n_agents = len(attrs["n"])
+        if "run_ids" in attrs:
+            self.run_ids = np.asarray(attrs.pop("run_ids"), dtype=np.int64)
+            if "run" in self.group:
+                del self.group["run"]
+            ds = self.group.create_dataset("run", data=self.run_ids)
+            ds.make_scale("run")
+            ds.attrs["long_name"] = schema.DIMENSIONS["run"]
+            ds.attrs["units"] = "1"
+            ds.attrs["evaluation_only"] = False
         for k, v in attrs.items():
+            if k in self.group.attrs:
+                del self.group.attrs[k]
+            if k in self.group and isinstance(self.group[k], h5py.Dataset):
+                del self.group[k]
+            if ARRAYS in self.group and k in self.group[ARRAYS]:
+                del self.group[ARRAYS][k]
+            if _per_agent(k, v, self.n_agents):
+                ds = self.group.create_dataset(k, data=np.asarray(v))
+                ds.attrs["per_agent"] = True
+                continue
             v = _attr(v)
             if isinstance(v, list | tuple | np.ndarray) and np.size(v) > ATTR_ARRAY_MAX:
-                if k in self.group.attrs:
-                    del self.group.attrs[k]
                 arrays = self.group.require_group(ARRAYS)
                 arrays.attrs["doc"] = ARRAYS_DOC
-                if k in arrays:
-                    del arrays[k]
                 arrays.create_dataset(k, data=np.asarray(v))
             else:
-                if ARRAYS in self.group and k in self.group[ARRAYS]:
-                    del self.group[ARRAYS][k]
                 self.group.attrs[k] = v
+
+    def annotate(self) -> None:
+        """Name the dimensions of every dataset of the complete configuration and mark what is
+        evaluation-only (mpi_dp.results.schema)."""
+        schema.annotate(self.group, self.runs, self.n_agents, self.run_ids)
 
 
 def _kill_at(var: str = "MPI_DP_TEST_KILL_AT") -> tuple[int, int] | None:
@@ -243,7 +287,7 @@ def _without_output(job_json: Any) -> dict:
     """A job's resolved values without its output path (resume may name the file anew)."""
     text = job_json.decode() if isinstance(job_json, bytes) else str(job_json)
     try:
-        values = json.loads(text or "{}")
+        values = strict_json.loads(text or "{}")
     except json.JSONDecodeError:
         return {"_unreadable": text}
     if isinstance(values, dict):
@@ -277,7 +321,7 @@ class ResultFile:
         a["variant"] = variant
         a["status"] = "running"
         a["n_configs"] = n_configs
-        a["sweep"] = json.dumps(dict(sweep), default=str)
+        a["sweep"] = strict_json.dumps(dict(sweep))
         if block is not None:  # a part file: only the configurations [A, B) of the job
             a["config_block"] = np.array(block, dtype="i8")
         if task is not None:
@@ -305,7 +349,7 @@ class ResultFile:
         if a.get("format") != FORMAT:
             self.file.close()
             raise ValueError(f"{path} is not an mpi_dp result file")
-        self.sweep = bool(json.loads(a.get("sweep", "{}")))
+        self.sweep = bool(strict_json.loads(a.get("sweep", "{}")))
         if _without_output(a.get("job_resolved", "")) != _without_output(job_json):
             self.file.close()
             raise ValueError(f"{path} was written by a different job (its job_resolved differs); "
@@ -338,6 +382,9 @@ class ResultFile:
         group = self.file[f"configs/{index:03d}"] if self.sweep else self.file
         if "checkpoint" in group:
             del group["checkpoint"]
+        rec = getattr(self, "_recorders", {}).pop(index, None)
+        if rec is not None:
+            rec.annotate()
         group.attrs["config_complete"] = True
         self.sync()
 
@@ -369,6 +416,9 @@ class ResultFile:
         if keep:
             rec.resume_from_checkpoint()
         rec.set_attrs(config_index=index, runs=runs, **attrs)
+        if not hasattr(self, "_recorders"):
+            self._recorders: dict[int, ConfigRecorder] = {}
+        self._recorders[index] = rec
         return rec
 
     def beat(self, config: int, record: int, force: bool = False) -> None:

@@ -1,0 +1,390 @@
+"""Drivers of personalised P2P coordinate descent (seed 004) and its baselines under MPI.
+
+Every rank hosts a block of peers (comm.graph.block_starts). For one configuration:
+
+    P = hosted_problem(...)           objective (2) with this rank's peers' records
+    ref = reference(...)              evaluation-only: local models, Q of the baselines, Theta*, Q*
+    run_cd(...)                       Theta(0) (zero, local, private warm start), the peers'
+                                      mailboxes (comm.rma), the wake-ups (p2p_cd.replay in
+                                      conflict-free rounds, or p2p_cd.live in wall time) with
+                                      records, progress and checkpoints, then the final scores
+    run_admm(...) / run_local_dp(...) the baselines (gossip ADMM simulated on rank 0; local DP)
+
+The math is in p2p_cd / p2p_baselines (and models.p2p); the evaluation-only sums in p2p_eval.
+A driver returns what the method entry writes into its outcome, on rank 0 (None elsewhere).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+from mpi4py import MPI
+
+from .. import progress as prog
+from ..comm import rma, stop
+from ..comm.agree import collective
+from ..comm.graph import block_starts
+from ..comm.rma import on_root
+from ..models import p2p as M
+from ..models import p2p_reference as REF
+from ..privacy import Ledger
+from ..privacy.release import OwnerRelease
+from ..rng import stream
+from . import p2p_baselines as B
+from . import p2p_cd as C
+from .p2p_data import Data
+from .p2p_eval import Evaluator, HostedModels
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """Objective (2) of a configuration: what builds its Problem from a shard file's Data."""
+
+    loss: str
+    mu: float
+    lam: tuple[float, ...]
+    smooth: str  # L_loc from the public row-norm bound ('bound') or the data ('data')
+
+    def problem(self, d: Data, L_loc: np.ndarray | None = None) -> M.Problem:
+        """The Problem of d's records (where loaded); `L_loc`: every peer's constant instead of
+        the one computed here (data mode: gathered from the ranks hosting the peers)."""
+        if d.graph is None:
+            d.graph = M.Graph(sp.csr_matrix(d.W), symmetric=True)  # read_graph made W so
+        P = M.make_problem(d.graph, d.X, d.y, self.loss, self.mu, np.asarray(self.lam), m=d.m,
+                           smooth=self.smooth, row_norm=d.row_norm)
+        if L_loc is not None:
+            P = dataclasses.replace(P, L_loc=np.array(L_loc, dtype=np.float64))
+        return P
+
+
+def hosted_problem(comm: MPI.Comm, obj: Objective, d: Data) -> M.Problem:
+    """Collective: the Problem of this rank's peers; in data mode alpha_i of the hosted peers
+    comes from their data, and kappa needs every peer's, gathered."""
+    P = obj.problem(d)
+    if obj.smooth == "data":
+        mine = [i for i in range(P.n) if d.X[i] is not None]
+        got = comm.allgather({i: float(P.L_loc[i]) for i in mine})
+        L_all = np.empty(P.n)
+        for part in got:
+            for i, v in part.items():
+                L_all[i] = v
+        P = obj.problem(d, L_all)
+    return P
+
+
+def hosted(comm: MPI.Comm, n: int) -> np.ndarray:
+    """The peers this rank hosts (a block of the peer ids)."""
+    st = block_starts(n, comm.Get_size())
+    rank = comm.Get_rank()
+    return np.arange(st[rank], st[rank + 1])
+
+
+# -- the evaluation-only reference ------------------------------------------------------------
+def reference(comm: MPI.Comm, obj: Objective, P: M.Problem, d: Data, full: Data | None,
+              solver: str, local: bool = True) -> dict[str, Any]:
+    """Collective, evaluation-only, the same on every rank: the local models and the baselines'
+    Q (theta_loc, Q_loc, Q_zero: `local_reference`) unless not `local`, and Theta* and Q* by
+    `solver`: 'scipy' or 'petsc' on rank 0 from every peer's records (`full`), 'petsc_dist'
+    over every rank (each with its own peers' rows), 'none' nothing. Without the local models
+    (a run that does not start from them) `complete_reference` adds them after the rounds."""
+    ref = comm.bcast(local_reference(comm, obj, P, d, full, solver, local), root=0)
+    if solver == "petsc_dist":  # KSP over every rank, each with its own peers' rows
+        th, q = collective(comm, lambda: REF.theta_star_petsc_dist(comm, P))
+        ref.update(theta_star=th, Q_star=float(q),
+                   solver=f"PETSc KSP distributed over {comm.Get_size()} rank(s)")
+    return ref
+
+
+def complete_reference(comm: MPI.Comm, P: M.Problem, d: Data, ref: dict[str, Any]) -> None:
+    """Collective: `ref` of a run that did not need the local models before its rounds,
+    completed in place with them (theta_loc, Q_loc, Q_zero)."""
+    ref.update(comm.bcast(local_reference(comm, None, P, d, None, "none"), root=0))
+
+
+def local_reference(comm: MPI.Comm, obj: Objective | None, P: M.Problem, d: Data,
+                    full: Data | None, solver: str, local: bool = True
+                    ) -> dict[str, Any] | None:
+    """Collective, evaluation-only; the answer on rank 0 (None elsewhere): the local models
+    and the baselines' Q (each rank solves and scores its own peers, rank 0 assembles them
+    in peer order: the numbers of one rank doing it all) and, for 'scipy' or 'petsc', Theta*
+    and Q* on rank 0 from every peer's records. Without `local`: only the latter (solver
+    'none' or 'petsc_dist': nothing; the local models come later)."""
+    if not local:
+        if solver in ("scipy", "petsc"):
+            raise ValueError("Theta* by L-BFGS starts from the local models")
+        return on_root(comm, dict)
+    st = block_starts(P.n, comm.Get_size())
+    r = comm.Get_rank()
+    agents = range(int(st[r]), int(st[r + 1]))
+
+    def local_models() -> tuple[np.ndarray, list, list]:
+        th = REF.local_models_of(P.loss, [d.X[i] for i in agents], [d.y[i] for i in agents],
+                                 P.lam[int(st[r]):int(st[r + 1])], P.p)
+        full_th = np.zeros((1, P.n, P.p))
+        full_th[0, agents.start:agents.stop] = th
+        return (th, P.loss_terms(full_th, agents),
+                P.loss_terms(np.zeros((1, P.n, P.p)), agents))
+
+    parts = comm.gather(collective(comm, local_models), root=0)
+
+    def assemble() -> dict[str, Any]:
+        assert parts is not None
+        theta_loc = np.concatenate([th for th, _, _ in parts if len(th)])
+        out: dict[str, Any] = {"theta_loc": theta_loc}
+        if solver in ("scipy", "petsc"):
+            assert full is not None and obj is not None
+            Pf = obj.problem(full, P.L_loc)
+            th, q = REF.theta_star(Pf, solver=solver, x0=theta_loc.ravel())
+            out.update(theta_star=th, Q_star=float(q), solver=solver)
+        out["Q_loc"] = float(P.combine(theta_loc[None], [t for _, lt, _ in parts
+                                                         for t in lt])[0])
+        out["Q_zero"] = float(P.combine(np.zeros((1, P.n, P.p)), [t for _, _, zt in parts
+                                                                   for t in zt])[0])
+        return out
+
+    return on_root(comm, assemble)
+
+
+# -- coordinate descent -------------------------------------------------------------------------
+@dataclasses.dataclass
+class CDRun:
+    """What a coordinate-descent configuration gives its outcome (rank 0)."""
+
+    final: dict[str, Any]  # Evaluator.final: the final models and their scores
+    report: dict[int, dict[str, float]]  # p2p_cd.theorem1_report of every peer
+    ledgers: list[Ledger]  # every peer's, in peer order
+    logs: list | None  # live: every rank's log (p2p_cd.live); replay: None per rank
+    schedule: np.ndarray  # the global schedule and its kept ticks
+    keep: np.ndarray
+    deg: np.ndarray  # |N_i|: p-vectors a wake-up of peer i sends
+    puts: int  # mailbox puts of the whole configuration (a resumed one's included)
+    info: dict[str, Any]  # what the start released (the private warm start)
+
+    def theorem1(self, a: C.Settings) -> np.ndarray:
+        """Per peer: wake-ups, sum of its per-release eps, the Theorem-1 composition at
+        delta_bar of what it released, the warm start's eps, the total by sequential
+        composition, delta_bar and its largest clipped share."""
+        n = len(self.report)
+        per = np.zeros(n, dtype=[("agent", "i8"), ("wakeups", "i8"), ("sum_e", "f8"),
+                                 ("eps_theorem1", "f8"), ("eps_ws", "f8"), ("eps_total", "f8"),
+                                 ("delta_bar", "f8"), ("clip_fraction", "f8")])
+        ws = a.eps_ws if a.init == "private_ws" else 0.0
+        for i in range(n):
+            r = self.report[i]
+            per[i] = (i, r["wakeups"], r["sum_e"], r["eps_theorem1"], ws,
+                      r["eps_theorem1"] + ws, a.delta if a.private else 0.0, r["clip_fraction"])
+        return per
+
+    def schedule_arrays(self, live: bool) -> tuple[list[tuple[str, Any, dict[str, Any]]], int]:
+        """The schedule that ran as datasets (path, data, attrs), and the p-vectors sent:
+        replay, the kept ticks; live, every rank's log (agent, time, neighbour versions read)."""
+        if not live:
+            vectors = int(self.deg[self.schedule[self.keep]].sum())
+            return [("schedule/agent", self.schedule[self.keep].astype(np.int64),
+                     {"what": "the replayed schedule's kept ticks (agent per wake-up)"})], vectors
+        logs = self.logs or []
+        la = np.concatenate([lg["agent"] for lg in logs])
+        lt = np.concatenate([lg["time"] for lg in logs])
+        lv = [lg["versions"] for lg in logs]
+        return [("schedule/agent", la, {"what": "live: agent of every update, by rank then time"}),
+                ("schedule/time", lt, {"what": "live: seconds since the start (per rank clock)"}),
+                ("schedule/versions", np.concatenate(lv) if lv else np.zeros(0, np.int64),
+                 {"what": "live: for every update, the version of each neighbour's model it read "
+                  "(neighbour-id order); replay with algorithms.p2p_cd.replay_log"})], \
+            int(self.deg[la].sum())
+
+
+def theta0(comm: MPI.Comm, a: C.Settings, d: Data, P: M.Problem, ref: dict[str, Any],
+           agents: np.ndarray) -> tuple[dict[int, np.ndarray], dict[str, Any]]:
+    """Collective: Theta(0) of the hosted peers and what the warm start released."""
+    R, p = a.R, P.p
+    info: dict[str, Any] = {}
+    if a.init == "zero":
+        return {int(i): np.zeros((R, p)) for i in agents}, info
+    if a.init == "local":
+        return {int(i): np.broadcast_to(ref["theta_loc"][i], (R, p)).copy()
+                for i in agents}, info
+    # private warm start: each hosted peer releases its perturbed local model ...
+    noisy = {}
+    for i in agents.tolist():
+        loc = REF.local_model(P.loss, d.X[i], d.y[i], float(a.lam_ws[i]))
+        sens = C.warm_start_sensitivity(a.row_norm, int(d.m[i]), float(a.lam_ws[i]))
+        noisy[i] = np.stack([loc + C.l2_laplace(p, sens / a.eps_ws,
+                                                 stream(a.seed, "warm_start", i, r))
+                             for r in a.runs])
+    # ... every rank receives every release (a broadcast), then model propagation
+    allrel: dict[int, np.ndarray] = {}
+    for part in comm.allgather(noisy):
+        allrel.update(part)
+    tl = np.stack([allrel[i] for i in range(P.n)], axis=1)  # (R, n, p)
+    Pmp = dataclasses.replace(P, mu=a.mu_ws)  # a new Problem: its constants at mu_ws
+    out = comm.bcast(on_root(comm, lambda: np.stack(
+        [REF.mp_solution(Pmp, tl[r]) for r in range(R)])), root=0)  # solved once
+    info["warm_start"] = "output perturbation (L2 Laplace) + model propagation solved exactly"
+    return {int(i): out[:, int(i), :].copy() for i in agents}, info
+
+
+def run_cd(comm: MPI.Comm, P: M.Problem, d: Data, a: C.Settings, ref: dict[str, Any],
+           recorder: Any, label: str, clock: str = "replay", tau: float = 0.0,
+           wall_budget: float = 3600.0, val_clip: float | None = None,
+           progress: bool = True) -> CDRun | None:
+    """Collective: one configuration of Algorithm 1 / 2 on this rank's peers. `clock` replay
+    runs the seeded schedule in conflict-free rounds and checkpoints after a record when the
+    recorder says one is due (a saved state resumes on any rank count); live runs Poisson
+    clocks (`tau`, `wall_budget` seconds). Records Q, the test metric and the p-vectors sent;
+    `ref` lacking the local models is completed after the rounds (`complete_reference`);
+    `val_clip`: a private selection's validation score bound (None: no selection)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    st = block_starts(P.n, size)
+    agents = np.arange(st[rank], st[rank + 1])
+    schedule = C.global_schedule(a.seed, P.n, a.T)
+    budgets = C.agent_budgets(a, P, schedule)
+    start_models, info = theta0(comm, a, d, P, ref, agents)
+    block = C.Block(P, agents, a, budgets, start_models)
+    if a.init == "private_ws":
+        for i in agents.tolist():
+            block.release[i].charge(C.warm_start_event(a.eps_ws))
+    ev = Evaluator(comm, P, d, agents, ref, a.R)
+    keep = C.effective_ticks(schedule, P.n, a.T_agent)
+    replay = clock == "replay"
+    rounds = C.cut_rounds(schedule, keep, P.graph, a.record_every) if replay else None
+    # checkpoints: replay only (a live configuration runs in wall time and restarts from its
+    # start on resume); the peers' states are keyed by peer id: any rank count resumes
+    saved = comm.bcast(recorder.saved_state() if recorder is not None and replay else None,
+                       root=0)
+    puts0 = 0  # puts before the checkpoint, less the resumed re-posts (one per edge slot)
+    if saved is not None and rounds is not None:
+        block.restore(saved["peers"])
+        puts0 = saved["puts"] - P.graph.W.nnz
+        if progress and rank == 0:
+            prog.info(f"[{label}] resumed from its checkpoint at tick "
+                      f"{rounds.record_at[saved['round']]} ({rounds.starts[saved['round'] + 1]}"
+                      f"/{len(keep)} wake-ups)")
+    boxes = collective(comm, lambda: rma.Mailboxes(comm, P.graph.W, a.R * P.p, st))
+    epoch = contextlib.ExitStack()
+    if rounds is not None:  # replay: one Lock_all epoch from the initial posts on (barriers
+        epoch.enter_context(boxes.rounds())  # order every read after the writes it sees)
+    C.post_initial(block, boxes)
+    comm.Barrier()
+    bar = prog.Progress(label, len(keep), unit="wake-up", enabled=progress and rank == 0)
+    deg = np.diff(P.graph.W.indptr)
+    sent_cum = np.cumsum(deg[schedule[keep]])
+
+    def record(t: int) -> None:
+        done = int(np.searchsorted(keep, t))  # kept ticks < t
+        vals = ev.record(block)
+        if recorder is not None and vals is not None:
+            vals["vectors_sent"] = float(sent_cum[done - 1]) if done else 0.0
+            recorder.append(t, vals)
+        rma.polite_barrier(comm)  # the others nap while rank 0 sums Q and writes
+
+    def checkpoint(r: int) -> None:
+        """Collective, after round r's record: every peer's state when rank 0's recorder
+        says a checkpoint is due (not at the last round)."""
+        assert rounds is not None
+        if r >= rounds.count - 1:
+            return
+        save, signum = stop.at_record(comm, recorder is not None and recorder.checkpoint_due())
+        if save:
+            parts = comm.gather(block.state(), root=0)
+            puts = comm.reduce(boxes.puts, root=0)
+            if parts is not None and recorder is not None:
+                recorder.save_state({"round": r, "puts": puts + puts0, "peers": {
+                    i: v for part in parts for i, v in part.items()}})
+        if signum:
+            raise stop.Interrupted(signum)
+
+    if saved is None:
+        record(0)
+    log = None
+    if rounds is not None:
+        start = 0 if saved is None else saved["round"] + 1
+        with epoch:  # the rounds exclude readers from writers: no locks needed
+            C.replay(block, boxes, rounds, comm.Barrier, record, bar.update, checkpoint, start)
+    else:
+        log = C.live(block, boxes, tau, wall_budget, boxes.poll, bar.update)
+        req = comm.Ibarrier()  # idle ranks sleep instead of spinning in a barrier
+        while not req.Test():
+            boxes.poll()
+            time.sleep(1e-3)
+    record(a.T)
+    puts = comm.reduce(boxes.puts, root=0)
+    logs = comm.gather(log, root=0)
+    rep = comm.gather(C.theorem1_report(block, a), root=0)
+    if "theta_loc" not in ref:  # the local models, evaluation-only, after the rounds
+        complete_reference(comm, P, d, ref)
+    final = ev.final(block, val_clip)
+    ledgers = comm.gather([block.ledgers[int(i)] for i in agents], root=0)
+    boxes.free()
+    if rank != 0:
+        return None
+    report: dict[int, dict[str, float]] = {}
+    for part in rep:
+        report.update(part)
+    return CDRun(final, report, sorted((led for part in ledgers for led in part),
+                                       key=lambda x: x.agent),
+                 logs, schedule, keep, deg, int(puts + puts0), info)
+
+
+# -- baselines ---------------------------------------------------------------------------------
+def run_admm(comm: MPI.Comm, obj: Objective, P: M.Problem, d: Data, full: Data | None,
+             ref: dict[str, Any], recorder: Any, rho: Any, inner: int, T: int, seed: int,
+             record_every: int) -> tuple[dict[str, Any], float] | None:
+    """Collective: the gossip-ADMM baseline (p2p_baselines.gossip_admm, non-private), simulated
+    serially on rank 0 from every peer's records (`full`) and the local models; records Q and
+    the mean test metric. Returns (the final scores, rho: 'auto' = the mean positive W_ij) on
+    rank 0."""
+    ev = Evaluator(comm, P, d, np.arange(0), ref, 1)
+    if comm.Get_rank() != 0:
+        comm.barrier()
+        return None
+    assert full is not None
+    Pf = obj.problem(full, P.L_loc)
+    rho = float(np.mean(Pf.graph.W.data)) if rho == "auto" else float(rho)
+    u, recs = B.gossip_admm(Pf, ref["theta_loc"], rho, inner, T, seed, record_every,
+                            lambda t, u, sent: ev.metrics_all(full, u[None]))
+    for r in recs if recorder is not None else ():
+        vals = {"Q": np.array([r["Q"]]), "test_metric": r["test_metric"],
+                "vectors_sent": float(r["vectors_sent"])}
+        if "Q_star" in ref:
+            vals["gap"] = np.array([r["Q"] - ref["Q_star"]])
+        recorder.append(int(r["iteration"]), vals)
+    comm.barrier()
+    return ev.final_all(full, u[None]), rho
+
+
+def run_local_dp(comm: MPI.Comm, P: M.Problem, d: Data, a: C.Settings, eps: float,
+                 bound: float, ref: dict[str, Any], recorder: Any
+                 ) -> tuple[dict[str, Any], list[Ledger]] | None:
+    """Collective: the local-DP baseline: every hosted peer perturbs its records once
+    (p2p_baselines.local_dp_data: features clipped to [-bound, bound] + Laplace, labels by
+    randomised response, at `eps`) and trains its purely local model on them, per run. Returns
+    (the final scores, every peer's ledger in peer order) on rank 0."""
+    agents = hosted(comm, P.n)
+    models, ledgers = {}, []
+    for i in agents.tolist():
+        rel = OwnerRelease(i, a.R, a.calibration[i] if a.calibration else None)
+        th = np.empty((a.R, P.p))
+        for k, r in enumerate(a.runs):
+            Xp, yp, events = B.local_dp_data(d.X[i], d.y[i], eps, bound, a.seed, i, r)
+            th[k] = REF.local_model(P.loss, Xp, yp, float(P.lam[i]))
+            if k == 0:  # each record is released once: one release of each per owner
+                for e in events:
+                    rel.charge(e)
+        models[i] = th
+        ledgers.append(rel.ledger)
+    ev = Evaluator(comm, P, d, agents, ref, a.R)
+    block = HostedModels(models, agents)
+    vals = ev.record(block)
+    if recorder is not None and vals is not None:
+        recorder.append(0, vals)
+    final = ev.final(block)
+    gl = comm.gather(ledgers, root=0)
+    if comm.Get_rank() != 0:
+        return None
+    return final, sorted((x for part in gl for x in part), key=lambda x: x.agent)

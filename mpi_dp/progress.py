@@ -1,0 +1,89 @@
+"""One progress reporter for every method: rank 0's lines through `logging` (logger "mpi_dp"),
+throttled to one line per EVERY_S seconds, one line per event (Slurm logs stay readable: no
+carriage returns, no bars).
+
+`mpi-dp run` sets the level (`--quiet`: warnings only; default: progress; `-v`: also debug
+lines such as per-record timings). Library users get the standard behaviour of `logging`:
+nothing is printed unless they configure a handler or call `configure`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable
+
+#: the package's logger; progress lines are INFO, details DEBUG
+LOGGER = logging.getLogger("mpi_dp")
+#: seconds between two progress lines of one loop (the last step is always reported)
+EVERY_S = 10.0
+_HANDLER_FLAG = "_mpi_dp_handler"
+
+
+class _Stderr(logging.StreamHandler):
+    """A handler on whatever sys.stderr is when a line is written (pytest, redirections)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # logging assigns it in __init__
+        pass
+
+
+def configure(verbosity: int = 0) -> None:
+    """Print the package's log on stderr as `mpi-dp: message`: verbosity -1 (--quiet) warnings
+    and errors only, 0 progress, 1 (-v) also debug lines. Idempotent."""
+    level = logging.WARNING if verbosity < 0 else logging.INFO if verbosity == 0 else logging.DEBUG
+    LOGGER.setLevel(level)
+    if not any(getattr(h, _HANDLER_FLAG, False) for h in LOGGER.handlers):
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("mpi-dp: %(message)s"))
+        setattr(handler, _HANDLER_FLAG, True)
+        LOGGER.addHandler(handler)
+        LOGGER.propagate = False
+
+
+def info(message: str) -> None:
+    """A one-off progress line (set-up, calibration, where a result was written)."""
+    LOGGER.info(message)
+
+
+def debug(message: str) -> None:
+    LOGGER.debug(message)
+
+
+class Progress:
+    """Progress of one loop of `total` steps (iterations, rounds, wake-ups) on the rank that
+    reports (`enabled`: rank 0 and progress wanted): `update(k)` logs at most one line per
+    `every_s` seconds and always at k == total, as `[label] unit k/total, detail (t s)`."""
+
+    def __init__(self, label: str, total: int, unit: str = "iteration", enabled: bool = True,
+                 every_s: float = EVERY_S, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.label, self.total, self.unit = label, int(total), unit
+        self.enabled, self.every_s, self._clock = enabled, float(every_s), clock
+        self.t0 = clock()
+        self._next = self.t0 + self.every_s
+
+    def due(self, k: int) -> bool:
+        """Whether `update(k)` would log now (lets a caller skip computing its detail)."""
+        if not self.enabled or not LOGGER.isEnabledFor(logging.INFO):
+            return False
+        return k >= self.total or self._clock() >= self._next
+
+    def update(self, k: int, detail: str | Callable[[], str] = "") -> bool:
+        """Log step k when due; `detail` (text, or a function giving it, called only when a
+        line is written) follows the count. Returns whether a line was written."""
+        if not self.due(k):
+            return False
+        now = self._clock()
+        self._next = now + self.every_s
+        text = detail() if callable(detail) else detail
+        LOGGER.info(f"[{self.label}] {self.unit} {k}/{self.total}"
+                    f"{', ' + text if text else ''} ({now - self.t0:.1f} s)")
+        return True
