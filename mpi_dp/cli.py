@@ -75,12 +75,41 @@ RESUME_HINT = ("continue it with the same command and --resume (complete configu
                "kept, the stopped one continues from its last checkpoint)")
 
 
+class _EarlyStop:
+    """SIGTERM / SIGINT caught from the start of a collective command, before MPI starts and the
+    numerical libraries load (seconds on a busy node: Slurm's time-limit warning can come then),
+    and handed to comm.stop once it is installed: the job then stops before its first
+    configuration, with the result file saying 'interrupted', instead of dying by the signal."""
+
+    def __init__(self) -> None:
+        import signal
+
+        self.signum = 0
+
+        def catch(signum: int, frame: object) -> None:
+            self.signum = self.signum or signum
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, catch)
+
+    def hand_over(self, stop) -> None:
+        if self.signum:
+            stop.request(self.signum)
+
+
+#: the start-up catcher of the collective command being run (main installs it first thing)
+_EARLY: _EarlyStop | None = None
+#: the commands that run under mpiexec and stop at a record on SIGTERM / SIGINT
+COLLECTIVE = ("run", "audit")
+
+
 def _under_mpi(fn) -> int:
     """Run a collective command: agreed user errors print once; a first SIGTERM/SIGINT (Slurm's
     warning, mpiexec passing on a kill, Ctrl-C) stops every rank at its next record with the
     result file saying 'interrupted' (exit 143 / 130); a rank that raises stops every rank,
     never a hang: a user error (MpiDpError) in one line, anything else is a bug and prints its
     rank-tagged traceback."""
+    global _EARLY
+    early, _EARLY = _EARLY or _EarlyStop(), None  # a signal during the start-up stops cleanly too
     from mpi4py import MPI
 
     from .comm import stop
@@ -89,6 +118,7 @@ def _under_mpi(fn) -> int:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     stop.install()
+    early.hand_over(stop)
     try:
         fn(comm)
     except AgreedError as e:
@@ -664,6 +694,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global _EARLY
+    words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
+    if words and words[0] in COLLECTIVE:  # before the parser, which loads the methods (~2 s)
+        _EARLY = _EarlyStop()
+        if os.environ.get("MPI_DP_TEST_TERM_AT_START"):  # test seam: Slurm's warning, early
+            import signal
+
+            os.kill(os.getpid(), signal.SIGTERM)
     args = build_parser().parse_args(argv)
     from .progress import configure
 

@@ -334,6 +334,23 @@ def test_sigterm_stops_every_rank_at_a_record_and_resume_finishes_it_bit_for_bit
     _same_datasets(whole, out)
 
 
+def test_a_stop_signal_during_start_up_stops_cleanly_before_the_first_configuration(files,
+                                                                                 tmp_path):
+    """SIGTERM while the ranks still load the libraries (Slurm's time-limit warning on a busy
+    node): no death by the signal, every rank stops before the first configuration, exit 143,
+    the file says 'interrupted' and --resume then runs the job."""
+    job = _fault_job(files, runs=2, T=200)
+    out = tmp_path / "early.h5"
+    env = {"MPI_DP_TEST_TERM_AT_START": "1"}
+    cp = mpi_run(2, ["run", str(job), "--out", str(out)], cwd=files, env=env)
+    assert cp.returncode == 143, cp.stderr
+    assert "interrupted (stopped by SIGTERM)" in cp.stderr and "BAD TERMINATION" not in cp.stderr
+    with h5py.File(f"{out}.partial", "r", locking=False) as f:
+        assert f.attrs["status"] == "interrupted" and int(f.attrs["progress_config"]) == 0
+    cp = mpi_run(2, ["run", str(job), "--out", str(out), "--resume", "--quiet"], cwd=files)
+    assert cp.returncode == 0 and out.exists(), cp.stderr
+
+
 def test_an_eps_so_large_the_noise_vanishes_runs_and_is_accounted_exactly(files):
     job = _fault_job(files)
     out = files / "huge_eps.h5"

@@ -81,12 +81,15 @@ def table3(data: Path) -> Path:
 
 
 def _configs(path: Path) -> list[dict]:
-    """Per configuration, straight from h5py: attrs and every metric's last record (runs,)."""
+    """Per configuration, straight from h5py: attrs (with the per-agent values, datasets on
+    `agent`) and every metric's last record (runs,)."""
     out = []
     with h5py.File(path, "r") as f:
         groups = [f["configs"][k] for k in sorted(f["configs"])] if "configs" in f else [f]
         for g in groups:
             attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in g.attrs.items()}
+            attrs.update((k, d[()]) for k, d in g.items()
+                         if isinstance(d, h5py.Dataset) and d.attrs.get("per_agent", False))
             final = {k: np.asarray(d[-1], dtype=np.float64) for k, d in g["metrics"].items()
                      if d.ndim == 2}
             out.append({"attrs": attrs, "final": final,
