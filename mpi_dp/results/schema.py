@@ -202,12 +202,14 @@ def annotate(group: h5py.Group, runs: int, n_agents: int | None = None,
         if isinstance(obj, h5py.Dataset) and not name.startswith(("checkpoint", "provenance")):
             items.append((name, obj))
 
+    guaranteed = models_covered(group)
     group.visititems(visit)
     if group.name == "/":
         items = [(n, d) for n, d in items if not n.startswith("configs/")]
     for path, ds in items:
         if "evaluation_only" not in ds.attrs or path in ("metrics/iteration",):
-            ds.attrs["evaluation_only"] = not released(path)
+            ds.attrs["evaluation_only"] = not released(path) or (
+                path.startswith("models/") and not guaranteed)
         if "long_name" not in ds.attrs:
             leaf = path.rsplit("/", 1)[-1]
             what = ds.attrs.get("what")
@@ -237,6 +239,21 @@ def annotate(group: h5py.Group, runs: int, n_agents: int | None = None,
                 ds.dims[k].attach_scale(scale)
     attrs = [k for k in group.attrs if k not in ("evaluation_only_attrs",)]
     group.attrs["evaluation_only_attrs"] = dumps(evaluation_only_attrs(attrs))
+
+
+def models_covered(group: h5py.Group) -> bool:
+    """Whether the configuration's models are covered by a guarantee: every agent's ledger row is
+    certified and either made its noisy releases or was promised eps = inf (no privacy, said so).
+    A configuration that released nothing under a finite eps (a non-private baseline such as
+    p2p's admm variant) or without a ledger has models computed from private records without
+    noise: evaluation-only."""
+    if "privacy/ledger" not in group:
+        return False
+    rows = group["privacy/ledger"][()]
+    if not len(rows):
+        return False
+    ok = rows["certified"].astype(bool) & ((rows["releases"] > 0) | np.isinf(rows["target_eps"]))
+    return bool(np.all(ok))
 
 
 def _ledger_columns(group: h5py.Group) -> None:
