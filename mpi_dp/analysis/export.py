@@ -441,11 +441,6 @@ def _copy_dataset(src: h5py.Dataset, dst_parent: h5py.Group, name: str) -> h5py.
     return ds
 
 
-def _is_scale(ds: h5py.Dataset) -> bool:
-    v = ds.attrs.get("CLASS")
-    return isinstance(v, bytes | np.bytes_ | str) and _plain(v) == "DIMENSION_SCALE"
-
-
 def write_release(src: h5py.File, dst: h5py.File, source_name: str) -> dict[str, list[str]]:
     """Copy what a release keeps from `src` into the empty `dst`; returns what was removed
     {"datasets": paths, "attrs": 'group:name' items}."""
@@ -482,7 +477,7 @@ def write_release(src: h5py.File, dst: h5py.File, source_name: str) -> dict[str,
     walk(src, dst, evaluation_only_attrs(src))
     # dimension scales: mark the released scales, then attach them where they were attached
     for s, d in kept.values():
-        if _is_scale(s):
+        if s.is_scale:
             d.make_scale(_plain(s.attrs.get("NAME")) or "")
     placeholders: dict[str, h5py.Dataset] = {}
     for s, d in list(kept.values()):
@@ -490,7 +485,7 @@ def write_release(src: h5py.File, dst: h5py.File, source_name: str) -> dict[str,
             continue
         for i, dim in enumerate(s.dims):
             for scale in dim.values():
-                if not _is_scale(scale):
+                if not scale.is_scale:
                     continue
                 if scale.name in kept:
                     d.dims[i].attach_scale(kept[scale.name][1])

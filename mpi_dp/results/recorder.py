@@ -218,11 +218,7 @@ class ConfigRecorder:
             self.run_ids = np.asarray(attrs.pop("run_ids"), dtype=np.int64)
             if "run" in self.group:
                 del self.group["run"]
-            ds = self.group.create_dataset("run", data=self.run_ids)
-            ds.make_scale("run")
-            ds.attrs["long_name"] = schema.DIMENSIONS["run"]
-            ds.attrs["units"] = "1"
-            ds.attrs["evaluation_only"] = False
+            schema.coordinate(self.group, "run", len(self.run_ids), self.run_ids)
         for k, v in attrs.items():
             if k in self.group.attrs:
                 del self.group.attrs[k]
@@ -312,6 +308,8 @@ class ResultFile:
         self.file = h5py.File(tmp, "w", libver=("v108", "latest"), locking=False)
         os.replace(tmp, self.path)  # same inode: appear under the final name at once
         self.sweep = bool(sweep)
+        #: the recorders of configurations being written (annotated when they complete)
+        self._recorders: dict[int, ConfigRecorder] = {}
         a = self.file.attrs
         a["format"] = FORMAT
         a["format_version"] = FORMAT_VERSION
@@ -367,6 +365,7 @@ class ResultFile:
         a["writer_pid"] = os.getpid()
         a["resumed"] = int(a.get("resumed", 0)) + 1
         self._resuming = True
+        self._recorders = {}
         self._beat_at = 0.0
         self.beat(self.completed[-1] + 1 if self.completed else 0, 0, force=True)
         return self
@@ -382,7 +381,7 @@ class ResultFile:
         group = self.file[f"configs/{index:03d}"] if self.sweep else self.file
         if "checkpoint" in group:
             del group["checkpoint"]
-        rec = getattr(self, "_recorders", {}).pop(index, None)
+        rec = self._recorders.pop(index, None)
         if rec is not None:
             rec.annotate()
         group.attrs["config_complete"] = True
@@ -416,8 +415,6 @@ class ResultFile:
         if keep:
             rec.resume_from_checkpoint()
         rec.set_attrs(config_index=index, runs=runs, **attrs)
-        if not hasattr(self, "_recorders"):
-            self._recorders: dict[int, ConfigRecorder] = {}
         self._recorders[index] = rec
         return rec
 

@@ -149,25 +149,19 @@ def evaluation_only_attrs(names: list[str]) -> list[str]:
         fnmatch.fnmatchcase(k, p) for p in EVALUATION_ONLY_ATTRS))
 
 
-def _is_scale(ds: h5py.Dataset) -> bool:
-    cls = ds.attrs.get("CLASS")
-    return cls is not None and (cls == b"DIMENSION_SCALE" or cls == "DIMENSION_SCALE")
-
-
-def _coordinate(group: h5py.Group, name: str, size: int, run_ids: np.ndarray | None,
-                agent_ids: np.ndarray | None) -> h5py.Dataset:
-    """The scale `name` of `size` values in `group` (created once)."""
+def coordinate(group: h5py.Group, name: str, size: int,
+               run_ids: np.ndarray | None = None) -> h5py.Dataset:
+    """The scale `name` of `size` values in `group` (created once): the run ids for `run` when
+    given, else 0..size-1; KeyError when `group` has another dataset of that name."""
     if name in group:
         ds = group[name]
         if isinstance(ds, h5py.Dataset) and ds.shape == (size,):
-            if not _is_scale(ds):
+            if not ds.is_scale:
                 ds.make_scale(name)
             return ds
         raise KeyError(name)
     if name == "run" and run_ids is not None and len(run_ids) == size:
         data = np.asarray(run_ids, dtype=np.int64)
-    elif name == "agent" and agent_ids is not None and len(agent_ids) == size:
-        data = np.asarray(agent_ids, dtype=np.int64)
     else:
         data = np.arange(size, dtype=np.int64)
     ds = group.create_dataset(name, data=data)
@@ -191,7 +185,7 @@ def annotate(group: h5py.Group, runs: int, n_agents: int | None = None,
     metrics = group.get("metrics")
     iteration = metrics.get("iteration") if isinstance(metrics, h5py.Group) else None
     if isinstance(iteration, h5py.Dataset):
-        if not _is_scale(iteration):
+        if not iteration.is_scale:
             iteration.make_scale("iteration")
         iteration.attrs["long_name"] = DIMENSIONS["iteration"]
         iteration.attrs["units"] = "1"
@@ -207,14 +201,14 @@ def annotate(group: h5py.Group, runs: int, n_agents: int | None = None,
     if group.name == "/":
         items = [(n, d) for n, d in items if not n.startswith("configs/")]
     for path, ds in items:
-        if "evaluation_only" not in ds.attrs or path in ("metrics/iteration",):
+        if "evaluation_only" not in ds.attrs:
             ds.attrs["evaluation_only"] = not released(path) or (
                 path.startswith("models/") and not guaranteed)
         if "long_name" not in ds.attrs:
             leaf = path.rsplit("/", 1)[-1]
             what = ds.attrs.get("what")
             ds.attrs["long_name"] = what if what is not None else LONG_NAMES.get(leaf, leaf)
-        if _is_scale(ds) or ds.ndim == 0:
+        if ds.is_scale or ds.ndim == 0:
             continue
         names = (["agent"] if ds.attrs.get("per_agent", False) and ds.ndim == 1
                  else list(dims_for(path, ds.ndim)))
@@ -222,17 +216,17 @@ def annotate(group: h5py.Group, runs: int, n_agents: int | None = None,
         for k in range(ds.ndim):
             name = names[k] if k < len(names) else f"{leaf}_axis{k}"
             size = ds.shape[k]
-            if sizes.setdefault(name, size) != size or name in ("iteration",) and iteration is None:
+            if sizes.setdefault(name, size) != size or name == "iteration" and iteration is None:
                 name = f"{leaf}_axis{k}"
             if name == "iteration":
                 scale = iteration
             else:
-                where = group if name in DIMENSIONS or name == "run" else ds.parent
+                where = group if name in DIMENSIONS else ds.parent
                 try:
-                    scale = _coordinate(where, name, size, run_ids, None)
+                    scale = coordinate(where, name, size, run_ids)
                 except KeyError:  # a dataset of that name is not a coordinate: a private name
                     name = f"{leaf}_axis{k}"
-                    scale = _coordinate(ds.parent, name, size, None, None)
+                    scale = coordinate(ds.parent, name, size)
             if ds.dims[k].label != name:
                 ds.dims[k].label = name
             if not any(s == scale for s in ds.dims[k].values()):
@@ -278,7 +272,7 @@ def reattach(group: h5py.Group) -> None:
             if key in ds.attrs:
                 del ds.attrs[key]
     for ds in items:
-        if ds.ndim == 0 or _is_scale(ds):
+        if ds.ndim == 0 or ds.is_scale:
             continue
         for dim in ds.dims:
             label = dim.label
@@ -294,6 +288,6 @@ def _find_scale(label: str, ds: h5py.Dataset, group: h5py.Group) -> h5py.Dataset
     `metrics/iteration` coordinate."""
     for g, name in ((ds.parent, label), (group, label), (group, f"metrics/{label}")):
         obj = g.get(name)
-        if isinstance(obj, h5py.Dataset) and _is_scale(obj):
+        if isinstance(obj, h5py.Dataset) and obj.is_scale:
             return obj
     return None
