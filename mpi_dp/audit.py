@@ -62,7 +62,7 @@ def _prepare(job_path: str, overrides: Sequence[str], out: str | None, runs: int
     out_path.parent.mkdir(parents=True, exist_ok=True)
     scratch = pathlib.Path(tempfile.mkdtemp(prefix=f".{out_path.stem}.", dir=out_path.parent))
     try:
-        w0, w1, canary = make_worlds(job["data"], scratch, owner, record, shape)
+        w0, w1, canary = make_worlds(job.generic.data, scratch, owner, record, shape)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise

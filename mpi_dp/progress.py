@@ -61,29 +61,36 @@ def debug(message: str) -> None:
 class Progress:
     """Progress of one loop of `total` steps (iterations, rounds, wake-ups) on the rank that
     reports (`enabled`: rank 0 and progress wanted): `update(k)` logs at most one line per
-    `every_s` seconds and always at k == total, as `[label] unit k/total, detail (t s)`."""
+    `every_s` seconds and always at k == total, as `[label] unit k/total, detail (t s)`;
+    `count` formats `k/total` otherwise (e.g. bytes of a download: `12.0 MiB / 40.0 MiB`)."""
 
     def __init__(self, label: str, total: int, unit: str = "iteration", enabled: bool = True,
-                 every_s: float = EVERY_S, clock: Callable[[], float] = time.perf_counter) -> None:
+                 every_s: float = EVERY_S, clock: Callable[[], float] = time.perf_counter,
+                 count: Callable[[int, int], str] | None = None) -> None:
         self.label, self.total, self.unit = label, int(total), unit
         self.enabled, self.every_s, self._clock = enabled, float(every_s), clock
+        self._count = count
+        self._last: int | None = None  # the step of the last line (never reported twice)
         self.t0 = clock()
         self._next = self.t0 + self.every_s
 
-    def due(self, k: int) -> bool:
+    def due(self, k: int, force: bool = False) -> bool:
         """Whether `update(k)` would log now (lets a caller skip computing its detail)."""
-        if not self.enabled or not LOGGER.isEnabledFor(logging.INFO):
+        if not self.enabled or not LOGGER.isEnabledFor(logging.INFO) or k == self._last:
             return False
-        return k >= self.total or self._clock() >= self._next
+        return force or k >= self.total > 0 or self._clock() >= self._next
 
-    def update(self, k: int, detail: str | Callable[[], str] = "") -> bool:
-        """Log step k when due; `detail` (text, or a function giving it, called only when a
-        line is written) follows the count. Returns whether a line was written."""
-        if not self.due(k):
+    def update(self, k: int, detail: str | Callable[[], str] = "", force: bool = False) -> bool:
+        """Log step k when due (or when `force`: a loop that ends early); `detail` (text, or a
+        function giving it, called only when a line is written) follows the count. Returns
+        whether a line was written."""
+        if not self.due(k, force):
             return False
         now = self._clock()
-        self._next = now + self.every_s
+        self._next, self._last = now + self.every_s, k
         text = detail() if callable(detail) else detail
-        LOGGER.info(f"[{self.label}] {self.unit} {k}/{self.total}"
-                    f"{', ' + text if text else ''} ({now - self.t0:.1f} s)")
+        count = (self._count(k, self.total) if self._count is not None
+                 else f"{self.unit} {k}/{self.total}")
+        LOGGER.info(f"[{self.label}] {count}{', ' + text if text else ''} "
+                    f"({now - self.t0:.1f} s)")
         return True

@@ -31,7 +31,7 @@ from .errors import DiskFullError, JobError
 from .job import load_job
 from .jobspec import Job, PrivacyKeys, resolve_per_owner
 from .methods import REGISTRY, Context, Method, Outcome, Resolved
-from .methods.base import shard_sizes
+from .methods.base import RunHooks, shard_sizes
 from .privacy import accountants, contract, noise_signal
 from .results import footprint, provenance
 from .results.output import (
@@ -352,8 +352,9 @@ def _block_text(lo: int, hi: int, n: int, task: tuple[int, int] | None) -> str:
 
 def _run_one(method: Method, ctx: Context, prepared: Any, rc: Resolved, s: Any, n_configs: int,
              result: ResultFile | None, extra: dict[str, Any]) -> None:
-    """One configuration with its agreed settings `s`: the group and its attributes, the run,
-    the outputs."""
+    """One configuration with its agreed settings `s`: the group and its attributes, the run
+    (a method that `takes_hooks` gets the configuration's RunHooks: its recorder, label,
+    progress and checkpoints), the outputs."""
     rec = None
     if result is not None:
         attrs = {"label": rc.label, "variant": rc.variant, "eps": np.array(rc.eps),
@@ -366,7 +367,11 @@ def _run_one(method: Method, ctx: Context, prepared: Any, rc: Resolved, s: Any, 
         rec = result.config(rc.index, ctx.runs, expected_records=method.expected_records(ctx, s),
                             **attrs)
     label = f"{rc.index + 1}/{n_configs} {rc.label}"
-    outcome = method.run_config(ctx, prepared, rc, s, rec, label)
+    if method.takes_hooks:  # recording, progress and checkpoints in one object
+        hooks = RunHooks(rec, label, ctx.comm, ctx.progress)
+        outcome = method.run_config(ctx, prepared, rc, s, rec, label, hooks=hooks)
+    else:
+        outcome = method.run_config(ctx, prepared, rc, s, rec, label)
     if rec is not None:
         if outcome is None:
             raise RuntimeError(f"method {method.name!r} returned no outcome on rank 0")

@@ -11,6 +11,7 @@ import scipy.linalg
 import scipy.sparse as sp
 
 from mpi_dp.algorithms import p2p_baselines as pb
+from mpi_dp.graphs import Graph
 from mpi_dp.models import p2p
 from mpi_dp.models import p2p_reference as pr
 from mpi_dp.models.reference import petsc_available
@@ -112,7 +113,7 @@ def test_local_models_are_stationary(loss):
 
 def update16(P: p2p.Problem, Theta: np.ndarray, loc: np.ndarray, i: int) -> np.ndarray:
     nb = P.graph.nbrs(i)
-    s = P.graph.weights(i) @ Theta[nb] / P.deg[i]
+    s = P.graph.nbr_weights(i) @ Theta[nb] / P.deg[i]
     return (s + P.mu * P.conf[i] * loc[i]) / (1.0 + P.mu * P.conf[i])
 
 
@@ -138,7 +139,7 @@ def test_update16_is_update4_with_unit_quadratic_loss():
     L_loc = 1 (alpha_i = 1/(1 + mu c_i)), checked on random states."""
     g = np.random.default_rng(11)
     n, p, R = 15, 4, 3
-    graph = p2p.Graph(random_graph(n, 11))
+    graph = Graph.from_weights(random_graph(n, 11))
     m = g.integers(0, 50, size=n)
     P = p2p.Problem(graph, "quadratic", 0.7, np.full(n, 0.1), m, np.ones(n), np.ones(n),
                     [None] * n, [None] * n)

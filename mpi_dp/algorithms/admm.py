@@ -24,18 +24,27 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Mapping
+from typing import ClassVar
 
 import numpy as np
 
-from .. import progress as prog
 from ..comm.star import Star
 from ..errors import NumericalError
 from ..models import multinomial
-from ..privacy import GaussianEvent, LaplaceEvent, tap
+from ..privacy import GaussianEvent, LaplaceEvent, Ledger, tap
 from ..privacy.release import OwnerRelease
 from ..rng import run_streams
 from . import admm_steps as steps
-from .common import Checkpointed, ReleasePath, agent_order_sum, load_checkpoint, save_checkpoint
+from .common import (
+    Checkpointed,
+    ReleasePath,
+    ResultRecord,
+    agent_order_sum,
+    load_checkpoint,
+    save_checkpoint,
+)
+from .hooks import RunHooks
 
 METHODS = ("objt", "objp", "outp")
 
@@ -363,17 +372,45 @@ def iterate(star: Star, agents: list[Agent], s: Settings, w: np.ndarray, t: int,
     return w
 
 
+@dataclasses.dataclass(frozen=True)
+class AdmmResult(ResultRecord):
+    """What a configuration leaves on the server (`run_config`).
+
+    final: the server's model w (R, J, K); ledgers: every agent's ledger in agent order;
+    iterations: releases of each agent (the most over runs); eps_total_basic, delta_total_basic:
+    each agent's basic composition of its releases (the most over runs); ended_at, end_reason:
+    the iteration the run stopped at and why; seconds: wall time of the run; baselines: the
+    evaluation-only trivial predictors (`baselines`; empty in an audit).
+    """
+
+    KEYS: ClassVar[Mapping[str, str]] = {"models/final": "final"}
+
+    final: np.ndarray
+    ledgers: list[Ledger]
+    iterations: np.ndarray
+    eps_total_basic: np.ndarray
+    delta_total_basic: np.ndarray
+    ended_at: int
+    end_reason: str
+    seconds: float
+    baselines: dict[str, float]
+
+
 def run_config(star: Star, agents: list[Agent], s: Settings, test: tuple | None,
-               recorder=None, label: str = "", progress: bool = True) -> dict | None:
+               recorder=None, label: str = "", progress: bool = True,
+               hooks: RunHooks | None = None) -> AdmmResult | None:
     """Run one configuration (collective). `test` = (X, y) on the server (test error of w).
+    `hooks` (the runner's RunHooks) record, report progress and checkpoint; without them they
+    are built from `recorder`, `label` and `progress`.
 
     Returns, on the server, the final models, the privacy accounting and (outside an audit) the
-    evaluation-only trivial baselines (`baselines`).
+    evaluation-only trivial baselines (`baselines`): an AdmmResult; None elsewhere.
     """
+    hooks = RunHooks.of(hooks, recorder, label, star.comm, progress)
     R = s.runs
     w = np.zeros((R, s.J, s.K))
     t0 = time.perf_counter()
-    bar = prog.Progress(label, s.T, "iteration", enabled=progress and star.is_learner)
+    hooks.start(s.T, "iteration")
     trivial = baselines(star, agents, s, test) if tap.evaluating() else None
 
     def record(k: int, rho: float) -> None:
@@ -387,16 +424,15 @@ def run_config(star: Star, agents: list[Agent], s: Settings, test: tuple | None,
         train_cost = tot[0] / s.I + s.gamma * np.einsum("rjk,rjk->r", w, w)
         test_err = (multinomial.errors(test[0], test[1], w) / len(test[1])
                     if test is not None else np.full(R, np.nan))
-        if recorder is not None:
-            recorder.append(k, {"test_error": test_err, "train_cost": train_cost,
-                                "consensus": tot[1] / s.P, "noise_mag": tot[2] / s.P,
-                                "lap_scale": tot[3] / s.P, "z_change": tot[4] / s.P,
-                                "rho": rho, "train_error": tot[5] / s.I})
-        bar.update(k, lambda: f"mean test error {np.mean(test_err):.4f}, CV "
-                   f"{np.mean(tot[1]) / s.P:.3g}, "
-                   f"{(time.perf_counter() - t0) / max(k, 1):.3f} s/iter")
+        hooks.record(k, {"test_error": test_err, "train_cost": train_cost,
+                         "consensus": tot[1] / s.P, "noise_mag": tot[2] / s.P,
+                         "lap_scale": tot[3] / s.P, "z_change": tot[4] / s.P,
+                         "rho": rho, "train_error": tot[5] / s.I})
+        hooks.progress(k, lambda: f"mean test error {np.mean(test_err):.4f}, CV "
+                       f"{np.mean(tot[1]) / s.P:.3g}, "
+                       f"{(time.perf_counter() - t0) / max(k, 1):.3f} s/iter")
 
-    saved = load_checkpoint(star, recorder, agents, label, progress, clock="t")
+    saved = load_checkpoint(star, hooks, agents, clock="t")
     k0 = 0
     if saved is None:
         record(0, s.rho(0))
@@ -416,17 +452,17 @@ def run_config(star: Star, agents: list[Agent], s: Settings, test: tuple | None,
         k = t + 1
         if k % s.record_every == 0 or k == s.T:
             record(k, rho)
-            save_checkpoint(star, recorder, k, s.T, agents, w=w)
+            save_checkpoint(star, hooks, k, s.T, agents, w=w)
     ledgers = star.gather_objects([a.ledger for a in agents])
     if not star.is_learner:
         return None
     ledgers = sorted((lg for part in ledgers for lg in part), key=lambda lg: lg.agent)
     iters = np.array([int(lg.releases.max()) for lg in ledgers], dtype=np.int64)
-    return {"models/final": w, "ledgers": ledgers, "iterations": iters,
-            "eps_total_basic": np.array([lg.spent_eps.max() for lg in ledgers]),
-            "delta_total_basic": np.array([lg.spent_delta.max() for lg in ledgers]),
-            "ended_at": ended_at, "end_reason": end_reason,
-            "seconds": time.perf_counter() - t0, "baselines": trivial or {}}
+    return AdmmResult(final=w, ledgers=ledgers, iterations=iters,
+                      eps_total_basic=np.array([lg.spent_eps.max() for lg in ledgers]),
+                      delta_total_basic=np.array([lg.spent_delta.max() for lg in ledgers]),
+                      ended_at=ended_at, end_reason=end_reason,
+                      seconds=time.perf_counter() - t0, baselines=trivial or {})
 
 
 def _all_can_release(star: Star, agents: list[Agent], t: int, rho: float) -> bool:

@@ -24,18 +24,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Mapping
+from typing import ClassVar
 
 import numpy as np
 import scipy.sparse as sp
 
-from .. import progress as prog
 from ..comm import stop
 from ..comm.p2p_star import ANSWERED, DECLINED, LAST_ANSWER, OwnerClocks, P2PStar
 from ..comm.schedule import LoggedSchedule, Scheduler
 from ..comm.star import Star
 from ..errors import JobError, NumericalError
 from ..models import kernels, linear
-from ..privacy import l1_sensitivity_mean, lap_scale, tap
+from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, tap
 from ..privacy.release import OwnerRelease
 from ..rng import LEARNER, run_streams, stream
 from .common import (
@@ -45,9 +46,11 @@ from .common import (
     Oracle,
     Reference,
     ReleasePath,
+    ResultRecord,
     agent_order_sum,
     load_checkpoint,
 )
+from .hooks import RunHooks
 
 #: decline reasons recorded in schedule/declines
 RETIRED, REFUSED = 1, 2
@@ -405,16 +408,35 @@ class GramEvaluator:
         th = np.atleast_2d(thetas)
         return 0.5 * self.lam * np.einsum("ij,ij->i", th, th) + self.mse(th)
 
+    def record(self, thetas: np.ndarray, utility: bool = True) -> dict[str, np.ndarray] | None:
+        """The evaluation-only metrics of a record (evaluation.Evaluator; learner-only, no
+        collective): 'objective' f and, with `utility` (outside an audit), 'train_mse' of each
+        model; None where the statistics are not held (owners' ranks)."""
+        if not self.ready:
+            return None
+        return {"objective": self.f(thetas), **({"train_mse": self.mse(thetas)} if utility
+                                                else {})}
 
-def _report(bar: prog.Progress, k: int, psi: np.ndarray | None, ended: bool = False) -> None:
+    def final(self, isolated: np.ndarray, f_star: float) -> dict[str, np.ndarray] | None:
+        """The end of a run (evaluation.Evaluator): 'psi_isolated', psi = f / f_star - 1 of the
+        owners' isolated optima `isolated` on the same (Gram) footing as the records; None
+        where the statistics are not held."""
+        if not self.ready:
+            return None
+        return {"psi_isolated": self.f(isolated) / f_star - 1.0}
+
+
+def _report(hooks: RunHooks, k: int, psi: np.ndarray | None, ended: bool = False) -> None:
     """The learner's progress line at update k (median psi, updates per second); `ended`: every
     run ended before T, a line in any case."""
+    bar = hooks.bar
+
     def detail() -> str:
         med = "" if psi is None else f"median psi {np.median(psi):.3g}, "
         return f"{med}{k / max(time.perf_counter() - bar.t0, 1e-9):.3g} updates/s"
-    if not bar.update(k, detail) and ended and bar.enabled:
-        prog.info(f"[{bar.label}] {bar.unit} {k}/{bar.total}, every run ended, {detail()} "
-                  f"({time.perf_counter() - bar.t0:.1f} s)")
+    if not hooks.progress(k, detail) and ended:
+        hooks.info(f"{bar.unit} {k}/{bar.total}, every run ended, {detail()} "
+                   f"({time.perf_counter() - bar.t0:.1f} s)")
 
 
 class _Records:
@@ -425,8 +447,8 @@ class _Records:
     """
 
     def __init__(self, s: Settings, ref: Reference | None, gram: GramEvaluator | None,
-                 recorder) -> None:
-        self.s, self.ref, self.gram, self.recorder = s, ref, gram, recorder
+                 hooks: RunHooks) -> None:
+        self.s, self.ref, self.gram, self.hooks = s, ref, gram, hooks
         self.utility = tap.evaluating()
         self.f_star = None
         if ref is not None and gram is not None and gram.ready:
@@ -449,17 +471,17 @@ class _Records:
         if self.gram is None:
             self.pending.append((k, theta_L.copy()))
             return
-        util = {"train_mse": self.gram.mse(theta_L)} if self.utility else {}
-        self._append(k, theta_L, self.gram.f(theta_L), util)
+        rec = self.gram.record(theta_L, self.utility)
+        self._append(k, theta_L, rec.pop("objective"), rec)
 
     def _append(self, k: int, theta: np.ndarray, f: np.ndarray,
                 util: dict[str, np.ndarray]) -> None:
         psi = f / self.f_star - 1.0
         d = theta - self.ref.theta_star
         self.last_psi = psi
-        if self.recorder is not None:
-            self.recorder.append(k, {"psi": psi, "objective": f,
-                                     "dist_sq": np.einsum("ij,ij->i", d, d), **util})
+        if self.hooks.recording:
+            self.hooks.record(k, {"psi": psi, "objective": f,
+                                  "dist_sq": np.einsum("ij,ij->i", d, d), **util})
 
     def finish(self, oracle: Oracle, is_learner: bool, star: Star) -> None:
         """Collective: evaluate the stored models of non-squared losses after the run."""
@@ -473,37 +495,68 @@ class _Records:
                   else np.zeros((m * R, p)))
         thetas = np.concatenate([thetas, np.asarray(self.ref.theta_star)[None, :]]
                                 if is_learner else [thetas, np.zeros((1, p))])
-        out = (oracle.evaluate_with_utility(thetas, slice(0, m * R)) if self.utility
-               else oracle.evaluate(thetas))
-        if out is None:
+        util = oracle.record(thetas, slice(0, m * R) if self.utility else None)
+        if util is None:
             return
-        f, util = out if self.utility else (out, {})
+        f = util.pop("objective")
         self.f_star = float(f[-1])
         for j, (k, th) in enumerate(self.pending):
             rows = slice(j * R, (j + 1) * R)
             self._append(k, th, f[rows], {name: v[rows] for name, v in util.items()})
 
 
+@dataclasses.dataclass(frozen=True)
+class AsyncStarResult(ResultRecord):
+    """What a configuration leaves on the learner (`run_config`).
+
+    final: theta_L (R, p); local: the local copies theta_loc (R, N, p); trace: the realised
+    schedule (Trace); answered, spent_eps, clip_fraction: per run and owner (R, N), the clip
+    fraction evaluation-only; dropped_ticks: clock ticks dropped per host (live mode); f_star:
+    f(theta*) on the records' own footing (None: the reference's); ledgers: every participating
+    owner's ledger in owner order; final_psi: psi of the last record (None without records);
+    psi_isolated: psi of the owners' isolated optima (N,).
+    """
+
+    KEYS: ClassVar[Mapping[str, str]] = {"models/final": "final", "models/local": "local"}
+
+    final: np.ndarray
+    local: np.ndarray
+    trace: Trace
+    answered: np.ndarray
+    spent_eps: np.ndarray
+    clip_fraction: np.ndarray
+    dropped_ticks: np.ndarray
+    f_star: float | None
+    ledgers: list[Ledger]
+    final_psi: np.ndarray | None
+    psi_isolated: np.ndarray
+
+
 def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
                ref: Reference | None, recorder=None, label: str = "", progress: bool = True,
                logged: tuple[np.ndarray, np.ndarray] | None = None,
-               evalset: EvalSet | None = None) -> dict | None:
-    """Run one configuration (collective over star.comm). The learner returns the final arrays.
+               evalset: EvalSet | None = None, hooks: RunHooks | None = None
+               ) -> AsyncStarResult | None:
+    """Run one configuration (collective over star.comm). The learner returns the final arrays
+    (AsyncStarResult), the others None.
 
     `shards` are the owners hosted on this rank (owners >= N take no part and hold no records);
     `ref` (theta*, f*) is needed on the learner; `logged` = (owner (T,), time (T,)) replays a
     logged schedule instead of drawing one; `evalset`: where a classifier's test error is
-    measured (default: no test set). Replay mode resumes from the recorder's checkpoint, if any
-    (live mode never checkpoints: it restarts a stopped configuration from its start).
+    measured (default: no test set); `hooks` (the runner's RunHooks) record, report progress
+    and checkpoint, else hooks are built from `recorder`, `label` and `progress`. Replay mode
+    resumes from the recorder's checkpoint, if any (live mode never checkpoints: it restarts a
+    stopped configuration from its start).
     """
+    hooks = RunHooks.of(hooks, recorder, label, star.comm, progress)
     R, N = s.runs, s.N
     parts = [sh for sh in shards if sh.agent < N]
     owners = {sh.agent: DataOwner(sh, s.eps[sh.agent], s.caps[sh.agent], s) for sh in parts}
     answer = owners_answer(owners)
     oracle = Oracle(star, shards, s.loss, s.lam, s.n_total, s.p, evalset)
     gram = GramEvaluator(star, shards, s.lam, s.n_total, s.p) if s.loss == "squared" else None
-    records = _Records(s, ref, gram, recorder)
-    saved = (load_checkpoint(star, recorder, owners.values(), label, progress, owners_only=True)
+    records = _Records(s, ref, gram, hooks)
+    saved = (load_checkpoint(star, hooks, owners.values(), owners_only=True)
              if s.mode == "replay" else None)
     trace = Trace(R, s.T) if saved is None else saved["trace"]
     dropped = np.zeros(0)
@@ -518,16 +571,16 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
         else:
             learner.theta_L, learner.theta_loc = saved["theta_L"], saved["theta_loc"]
             records.restore(saved["records"])
-        bar = prog.Progress(label, s.T, "update", enabled=progress)
+        hooks.start(s.T, "update")
         try:
             if s.mode == "live":
-                _live_learner(link, learner, s, trace, records, bar)
+                _live_learner(link, learner, s, trace, records, hooks)
             else:
                 sched = (saved["sched"] if saved is not None
                          else LoggedSchedule(logged[0], logged[1], N, R) if logged is not None
                          else Scheduler(s.scheduler, N, s.seed, s.run_ids,
                                         np.array(s.rates) if s.rates else None))
-                _replay_learner(link, answer, learner, sched, s, trace, records, bar, owners,
+                _replay_learner(link, answer, learner, sched, s, trace, records, hooks, owners,
                                 saved)
         except stop.Interrupted as e:
             stopped = e.signum
@@ -561,13 +614,13 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
             answered[:, a] = lg.releases
             spent[:, a] = lg.spent_eps
             clip_frac[:, a] = clipped / np.maximum(lg.releases, 1) / s.n[a]
-    out = {"models/final": learner.theta_L, "models/local": learner.theta_loc, "trace": trace,
-           "answered": answered, "spent_eps": spent, "clip_fraction": clip_frac,
-           "dropped_ticks": dropped, "f_star": records.f_star, "ledgers": ledgers,
-           "final_psi": records.last_psi, "psi_isolated": ref.psi_isolated[:N]}
+    psi_isolated = ref.psi_isolated[:N]
     if records.gram is not None:  # psi of the isolated optima on the same (Gram) footing
-        out["psi_isolated"] = records.gram.f(ref.theta_isolated[:N]) / records.f_star - 1.0
-    return out
+        psi_isolated = records.gram.final(ref.theta_isolated[:N], records.f_star)["psi_isolated"]
+    return AsyncStarResult(final=learner.theta_L, local=learner.theta_loc, trace=trace,
+                           answered=answered, spent_eps=spent, clip_fraction=clip_frac,
+                           dropped_ticks=dropped, f_star=records.f_star, ledgers=ledgers,
+                           final_psi=records.last_psi, psi_isolated=psi_isolated)
 
 
 def _owner_states(owners: dict[int, DataOwner]) -> list[tuple[int, dict]]:
@@ -575,13 +628,13 @@ def _owner_states(owners: dict[int, DataOwner]) -> list[tuple[int, dict]]:
 
 
 def _replay_learner(link: P2PStar, answer, learner: Learner, sched, s: Settings, trace: Trace,
-                    records: _Records, bar: prog.Progress, owners: dict[int, DataOwner],
+                    records: _Records, hooks: RunHooks, owners: dict[int, DataOwner],
                     saved: dict | None = None) -> None:
     """Iterations k = 1..T (from the checkpoint's k + 1 with `saved`); at a record, when the
-    recorder says so, checkpoint the learner and every owner (asked from its host)."""
+    recorder says so (hooks.checkpoint_due) or a stop was asked, checkpoint the learner and
+    every owner (asked from its host: the learner alone decides, the hosts serve)."""
     R = s.runs
     alive, k0 = (np.ones(R, dtype=bool), 0) if saved is None else (saved["alive"], saved["k"])
-    rec = records.recorder
     for k in range(k0 + 1, s.T + 1):
         pending = np.flatnonzero(alive)
         while pending.size:
@@ -609,24 +662,22 @@ def _replay_learner(link: P2PStar, answer, learner: Learner, sched, s: Settings,
                 trace.ended_at[r] = k
         if k % s.record_every == 0 or k == s.T or not alive.any():
             records.add(k, learner.theta_L)
-            _report(bar, k, records.last_psi, ended=not alive.any())
+            _report(hooks, k, records.last_psi, ended=not alive.any())
         if not alive.any():
             trace.end_reason = (f"every run ended by k={int(trace.ended_at.max())}: no owner "
                                 "left with budget")
             break
-        if k % s.record_every == 0 and k < s.T and (stop.requested() or (
-                rec is not None and rec.checkpoint_due())):
+        if k % s.record_every == 0 and k < s.T and (stop.requested() or hooks.checkpoint_due()):
             snap = dict(link.snapshot(lambda: _owner_states(owners)))
-            if rec is not None:
-                rec.save_state({"k": k, "alive": alive, "theta_L": learner.theta_L,
-                                "theta_loc": learner.theta_loc, "sched": sched, "trace": trace,
-                                "records": records.state(), "owners": snap})
+            hooks.save_state({"k": k, "alive": alive, "theta_L": learner.theta_L,
+                              "theta_loc": learner.theta_loc, "sched": sched, "trace": trace,
+                              "records": records.state(), "owners": snap})
             if stop.requested():  # the hosts learn it when the learner stops them (run_config)
                 raise stop.Interrupted(stop.requested())
 
 
 def _live_learner(link: P2PStar, learner: Learner, s: Settings, trace: Trace, records: _Records,
-                  bar: prog.Progress) -> None:
+                  hooks: RunHooks) -> None:
     """Serve owners in arrival order, one-on-one; every run follows the realised schedule.
 
     The hot path allocates nothing per update: the query points are written into the QRY buffer,
@@ -634,13 +685,13 @@ def _live_learner(link: P2PStar, learner: Learner, s: Settings, trace: Trace, re
     the trace written in place (mpi_dp.models.kernels)."""
     q = link.owner_query(s.runs)
     try:
-        _live_loop(link, learner, s, trace, records, bar, q)
+        _live_loop(link, learner, s, trace, records, hooks, q)
     finally:
         q.close()
 
 
 def _live_loop(link: P2PStar, learner: Learner, s: Settings, trace: Trace, records: _Records,
-               bar: prog.Progress, q) -> None:
+               hooks: RunHooks, q) -> None:
     R, N = s.runs, s.N
     hosts = link.host_of(np.arange(N)).tolist()
     retired: set[int] = set()
@@ -680,7 +731,7 @@ def _live_loop(link: P2PStar, learner: Learner, s: Settings, trace: Trace, recor
             trace.declines.extend((r, k, i, t_k, RETIRED) for r in range(R))
         if k % s.record_every == 0 or k == s.T:
             records.add(k, learner.theta_L)
-            _report(bar, k, records.last_psi)
+            _report(hooks, k, records.last_psi)
             if stop.requested() and k < s.T:  # live: no checkpoint, a resume restarts it
                 raise stop.Interrupted(stop.requested())
     if k < s.T:

@@ -10,18 +10,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 import scipy.sparse as sp
 
-from .. import progress as prog
-from ..comm import stop
 from ..comm.star import Star
 from ..errors import JobError
 from ..models import linear, reference
 from ..privacy import Ledger, tap
 from ..privacy.release import OwnerRelease
+from .hooks import RunHooks
 
 #: losses whose models are binary classifiers (labels in {-1, +1}): they get error rates
 CLASSIFICATION_LOSSES = ("hinge", "logistic")
@@ -125,7 +125,8 @@ class Reference:
 
 
 class Oracle:
-    """Evaluation-only access to the full objective f, computed across ranks in agent order."""
+    """Evaluation-only access to the full objective f, computed across ranks in agent order
+    (an evaluation.Evaluator: `record`, `final`)."""
 
     def __init__(self, star: Star, shards: list[LocalShard], loss: str, lam: float,
                  n_total: int, p: int, evalset: EvalSet | None = None) -> None:
@@ -218,19 +219,45 @@ class Oracle:
         total = agent_order_sum(sums[:, : thetas.shape[0]])
         return 0.5 * self.lam * np.einsum("ij,ij->i", thetas, thetas) + total / self.n_total
 
+    def record(self, thetas: np.ndarray, rows: slice | None = None,
+               extra_local: np.ndarray | None = None) -> dict[str, np.ndarray] | None:
+        """The evaluation-only metrics of a record (evaluation.Evaluator; collective, the
+        learner gets them, others None): 'objective', f at each row of `thetas` (M,); with
+        `rows`, the `utility` metrics of thetas[rows]; with `extra_local` (n_local, E, riding
+        along `loss_sums`), 'extra': its columns summed over agents in agent order (E,). f is
+        bitwise the same with or without the others."""
+        sums = self.loss_sums(thetas, extra_local=extra_local, errors=rows)
+        if sums is None:
+            return None
+        m = thetas.shape[0]
+        e = 0 if extra_local is None else extra_local.shape[1]
+        out = {"objective": self.objective(thetas, sums)}
+        if e:
+            out["extra"] = agent_order_sum(sums[:, m : m + e])
+        if rows is not None:
+            out.update(self.utility(thetas, sums, rows, m + e))
+        return out
+
+    def final(self) -> None:
+        """evaluation.Evaluator's end of a run: nothing here. The star methods' final
+        evaluation-only outputs are the reference quantities (`reference_quantities`: theta*,
+        f*, the isolated optima, the trivial baselines), computed before the run, and the
+        last record."""
+        return None
+
     def evaluate(self, thetas: np.ndarray) -> np.ndarray | None:
         """f at each row of `thetas` (collective); the learner gets (M,), others None."""
-        sums = self.loss_sums(thetas)
-        return None if sums is None else self.objective(thetas, sums)
+        rec = self.record(thetas)
+        return None if rec is None else rec["objective"]
 
     def evaluate_with_utility(self, thetas: np.ndarray, rows: slice
                               ) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
         """f at each row of `thetas` and the `utility` metrics of thetas[rows] (collective; the
         learner gets them, others None). f is bitwise what `evaluate` gives."""
-        sums = self.loss_sums(thetas, errors=rows)
-        if sums is None:
+        rec = self.record(thetas, rows)
+        if rec is None:
             return None
-        return self.objective(thetas, sums), self.utility(thetas, sums, rows, thetas.shape[0])
+        return rec.pop("objective"), rec
 
     # -- reference optimum ----------------------------------------------------------------
     def _fg_serve(self) -> None:
@@ -420,35 +447,49 @@ class Checkpointed:
         getattr(self, self.NOISE).seek(st["noise"])
 
 
-def save_checkpoint(star: Star, recorder, k: int, T: int, owners: list, **learner) -> None:
+def save_checkpoint(star: Star, hooks: RunHooks, k: int, T: int, owners: list,
+                    **learner) -> None:
     """Collective, at a record: when the learner's recorder says a checkpoint is due or a stop
-    was asked (comm.stop; not at the last record), store the learner's state with every owner's
-    `state()`; after a stop's checkpoint every rank raises Interrupted."""
+    was asked (hooks.checkpoint; not at the last record), store the learner's state with every
+    owner's `state()`; after a stop's checkpoint every rank raises Interrupted."""
     if k >= T:
         return
-    save, signum = stop.at_record(star.comm, recorder is not None and recorder.checkpoint_due())
-    if save:
+
+    def state() -> dict | None:
         states = star.gather_objects([(o.agent, o.state()) for o in owners])
-        if star.is_learner and recorder is not None:
-            recorder.save_state({**learner, "k": k,
-                                 "owners": dict(st for part in states for st in part)})
-    if signum:
-        raise stop.Interrupted(signum)
+        if not star.is_learner:
+            return None
+        return {**learner, "k": k, "owners": dict(st for part in states for st in part)}
+
+    hooks.checkpoint(state, star.comm)
 
 
-def load_checkpoint(star: Star, recorder, owners: Iterable, label: str, progress: bool,
-                    clock: str = "k", owners_only: bool = False) -> dict | None:
+def load_checkpoint(star: Star, hooks: RunHooks, owners: Iterable, clock: str = "k",
+                    owners_only: bool = False) -> dict | None:
     """Collective: the checkpoint a resumed configuration continues from (None: start afresh),
     with every hosted owner (objects with `agent` and `restore`) restored; the learner's state
     is in the dict returned (`owners_only`: only the owners' part is broadcast, and only the
     learner gets the dict)."""
-    saved = recorder.saved_state() if recorder is not None else None
+    saved = hooks.saved_state()
     sent = star.comm.bcast(saved if not owners_only or saved is None else
                            {"owners": saved["owners"], "k": saved["k"]}, root=0)
     if sent is None:
         return None
     for o in owners:
         o.restore(sent["owners"][o.agent])
-    if progress and star.is_learner:
-        prog.info(f"[{label}] resumed from its checkpoint at {clock}={sent['k']}")
+    hooks.info(f"resumed from its checkpoint at {clock}={sent['k']}")
     return saved if star.is_learner else None if owners_only else sent
+
+
+class ResultRecord:
+    """What a star algorithm's `run_config` returns on the learner: a frozen dataclass whose
+    fields are the run's outputs. `KEYS` maps the keys of the dict these runs returned before
+    (e.g. 'models/final') to fields, so `result["models/final"]` still reads `result.final`."""
+
+    KEYS: ClassVar[Mapping[str, str]] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        name = self.KEYS.get(key, key)
+        if name not in {f.name for f in dataclasses.fields(self)}:  # type: ignore[arg-type]
+            raise KeyError(key)
+        return getattr(self, name)

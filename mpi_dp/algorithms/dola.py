@@ -37,6 +37,7 @@ from .. import rng
 from ..comm import topology as tp
 from ..privacy import Ledger, gaussian_sigma
 from ..privacy.release import BlockRelease, OwnerRelease
+from .hooks import RunHooks
 
 VARIANTS = ("laplace", "gaussian", "sparse", "minibatch")
 GAUSS_MODES = ("per_record", "total_T", "paper")
@@ -713,28 +714,66 @@ def collect(block: Block, test: tuple[Any, np.ndarray] | None) -> dict[str, Any]
     return out
 
 
-def drive(block: Block, test: tuple[Any, np.ndarray] | None,
+class Evaluation:
+    """dola's evaluator (algorithms.evaluation.Evaluator; evaluation-only, from the agents'
+    clean iterates and the public test set): `record(block)` is `collect` (collective over the
+    net), `final()` the models of the last record on the root."""
+
+    def __init__(self, test: tuple[Any, np.ndarray] | None) -> None:
+        self.test = test
+        self.last: dict[str, Any] | None = None
+
+    def record(self, block: Block) -> dict[str, Any] | None:
+        """The record of round block.t on the root (`collect`; None elsewhere): per-run metrics
+        and per-round scalars, and the models under '_w_bar' and '_w_hat' (not metrics)."""
+        rec = collect(block, self.test)
+        if rec is not None:
+            self.last = rec
+        return rec
+
+    def final(self) -> dict[str, Any] | None:
+        """The last record's models on the root: w_hat ((1/T) sum_t w_bar_t, the online-to-
+        batch model) and w_bar (the network mean of the clean iterates); None elsewhere or
+        before any record."""
+        if self.last is None:
+            return None
+        return {"w_hat": self.last["_w_hat"], "w_bar": self.last["_w_bar"]}
+
+
+def drive(block: Block, test: tuple[Any, np.ndarray] | Evaluation | None,
           on_record: Callable[[int, dict[str, Any]], None] | None = None,
           progress: Callable[[int], None] | None = None,
-          checkpoint: Callable[[], None] | None = None) -> dict[str, Any] | None:
-    """Run the rounds from block.t to T; collect a record every record_every rounds and at T,
-    then call `checkpoint` (collective) after each record before T. Returns the last record on
-    the root."""
+          checkpoint: Callable[[], None] | None = None,
+          hooks: RunHooks | None = None) -> dict[str, Any] | None:
+    """Run the rounds from block.t to T; collect a record every record_every rounds and at T
+    (`test`: an Evaluation, or the public test set (X, y) or None to evaluate on), then
+    checkpoint (collective) after each record before T. Returns the last record on the root.
+
+    `hooks` (the runner's RunHooks): each record's metrics (its keys without a leading '_') go
+    to hooks.record, hooks.checkpoint(block.state) follows each record before T and
+    hooks.progress(t) each round. `on_record` (the whole record), `checkpoint` and `progress`
+    are the same steps as plain callables (the simulator, tests), called after the hooks'."""
     s = block.s
-    last = None
+    ev = test if isinstance(test, Evaluation) else Evaluation(test)
     while block.t < s.T:
         block.round()
         if block.t % s.record_every == 0 or block.t == s.T:
-            rec = collect(block, test)
+            rec = ev.record(block)
             if rec is not None:
-                last = rec
+                if hooks is not None and hooks.recording:
+                    hooks.record(block.t, {k: v for k, v in rec.items() if not k.startswith("_")})
                 if on_record is not None:
                     on_record(block.t, rec)
-            if checkpoint is not None and block.t < s.T:
-                checkpoint()
+            if block.t < s.T:
+                if hooks is not None:
+                    hooks.checkpoint(block.state)
+                if checkpoint is not None:
+                    checkpoint()
+        if hooks is not None:
+            hooks.progress(block.t)
         if progress is not None:
             progress(block.t)
-    return last
+    return ev.last
 
 
 def simulate(s: Settings, graph: tp.Graph, read: Callable[[int, int, int], tuple[Any, np.ndarray]],

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..graphs import Graph
 from ..models import p2p as M
 from ..privacy import Ledger, PureEvent
 from ..privacy import kairouz as K
@@ -131,7 +132,7 @@ class Rounds:
         return len(self.starts) - 1
 
 
-def cut_rounds(schedule: np.ndarray, keep: np.ndarray, graph: M.Graph, record_every: int,
+def cut_rounds(schedule: np.ndarray, keep: np.ndarray, graph: Graph, record_every: int,
                packing: str = "levels") -> Rounds:
     """Conflict-free rounds of the kept ticks, records at every multiple of record_every (the
     ticks between two records are a segment; no round spans two).
@@ -233,7 +234,7 @@ class Net(Protocol):
 class LocalNet:
     """All agents in one process: the latest broadcast of every agent, visible at once."""
 
-    def __init__(self, n: int, item: int, graph: M.Graph) -> None:
+    def __init__(self, n: int, item: int, graph: Graph) -> None:
         self.models = np.zeros((n, item))
         self.stamps = np.full(n, -1.0)
         self.graph = graph
@@ -316,7 +317,7 @@ class Block:
             g = g + sc * self.noise[i][:, k, :]
             self.clipped[i] += frac
         nb = nbr_models.reshape(-1, s.R, P.p)
-        w = P.graph.weights(i) / P.deg[i]
+        w = P.graph.nbr_weights(i) / P.deg[i]
         mixed = (w[:, None, None] * nb).sum(axis=0)  # fixed order, no BLAS: bitwise everywhere
         a = P.alpha[i]
         new = (1.0 - a) * th + a * (mixed - (P.mu * P.conf[i]) * g)

@@ -22,7 +22,7 @@ from ..data import ShardFile
 from ..data.bounds import row_norm_bound
 from ..data.graphs import has_graph, read_descriptors, read_graph, stored_graph
 from ..errors import DataError, JobError
-from ..models import p2p as M
+from ..graphs import Graph
 from ..rng import stream
 
 
@@ -43,7 +43,7 @@ class Data:
     Xv: list | None = None  # held-out validation records of each peer (p2p.validation > 0)
     yv: list | None = None
     m_all: np.ndarray | None = None  # records in the shard file (m + the validation share)
-    graph: M.Graph | None = None  # the checked graph of W, built once (`Objective.problem`)
+    graph: Graph | None = None  # the checked graph of W, built once (`Objective.problem`)
     graph_info: dict | None = None  # what the output records about the graph (public)
     test_global: tuple | None = None  # the shard file's global test set (rank 0 only)
 

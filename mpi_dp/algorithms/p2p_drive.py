@@ -22,7 +22,6 @@ import time
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 from mpi4py import MPI
 
 from .. import progress as prog
@@ -30,6 +29,7 @@ from ..comm import rma, stop
 from ..comm.agree import collective
 from ..comm.graph import block_starts
 from ..comm.rma import on_root
+from ..graphs import Graph
 from ..models import p2p as M
 from ..models import p2p_reference as REF
 from ..privacy import Ledger
@@ -54,7 +54,7 @@ class Objective:
         """The Problem of d's records (where loaded); `L_loc`: every peer's constant instead of
         the one computed here (data mode: gathered from the ranks hosting the peers)."""
         if d.graph is None:
-            d.graph = M.Graph(sp.csr_matrix(d.W), symmetric=True)  # read_graph made W so
+            d.graph = Graph.from_weights(d.W, symmetric=True)  # read_graph made W so
         P = M.make_problem(d.graph, d.X, d.y, self.loss, self.mu, np.asarray(self.lam), m=d.m,
                            smooth=self.smooth, row_norm=d.row_norm)
         if L_loc is not None:

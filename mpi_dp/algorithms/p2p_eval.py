@@ -154,7 +154,7 @@ class Evaluator:
 
     def _Q(self, theta: np.ndarray, lo: np.ndarray) -> np.ndarray:
         P = self.P
-        smooth = P.graph.smooth_term(theta)
+        smooth = M.smooth_term(P.graph, theta)
         return smooth + P.mu * ((P.deg * P.conf)[:, None] * lo).sum(axis=0)
 
     def record(self, block: HostedModels | Block) -> dict[str, Any] | None:

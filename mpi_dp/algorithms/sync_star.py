@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
+from typing import ClassVar
 
 import numpy as np
 
-from .. import progress as prog
 from ..comm.star import Star
 from ..errors import BudgetExceededError, JobError, NumericalError
 from ..models import linear
-from ..privacy import l1_sensitivity_mean, lap_scale, tap
+from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, tap
 from ..privacy.release import OwnerRelease
 from ..rng import run_streams
 from .common import (
@@ -31,10 +32,11 @@ from .common import (
     Oracle,
     Reference,
     ReleasePath,
-    agent_order_sum,
+    ResultRecord,
     load_checkpoint,
     save_checkpoint,
 )
+from .hooks import RunHooks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,16 +147,35 @@ def _median_psi(psi: np.ndarray | None) -> str:
     return "" if psi is None else f"median psi {np.median(psi):.3g}"
 
 
+@dataclasses.dataclass(frozen=True)
+class SyncStarResult(ResultRecord):
+    """What a configuration leaves on the learner (`run_config`): final, the reported model
+    (alg2: the average, alg1: the last iterate) (R, p); final_iterate, the last iterate (R, p);
+    ledgers, every owner's ledger in owner order."""
+
+    KEYS: ClassVar[Mapping[str, str]] = {"models/final": "final",
+                                         "models/final_iterate": "final_iterate"}
+
+    final: np.ndarray
+    final_iterate: np.ndarray
+    ledgers: list[Ledger]
+
+
 def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference | None,
                recorder=None, label: str = "", progress: bool = True,
                theta_init: np.ndarray | None = None,
-               evalset: EvalSet | None = None) -> dict | None:
-    """Run one configuration (collective). The learner returns a dict of final arrays.
+               evalset: EvalSet | None = None, hooks: RunHooks | None = None
+               ) -> SyncStarResult | None:
+    """Run one configuration (collective). The learner returns the final arrays
+    (SyncStarResult), the others None.
 
     `ref` (theta*, f*: see common.reference_quantities) is needed on the learner only.
     `theta_init` (p,) replaces theta0 (test hook, e.g. starting at theta* as spec check V5 does).
-    `evalset`: where a classifier's test error is measured (default: no test set).
+    `evalset`: where a classifier's test error is measured (default: no test set). `hooks` (the
+    runner's RunHooks) record, report progress and checkpoint; without them they are built from
+    `recorder`, `label` and `progress`.
     """
+    hooks = RunHooks.of(hooks, recorder, label, star.comm, progress)
     n_agents = star.layout.n_agents
     p = s.p
     n_total = int(sum(s.n))
@@ -170,30 +191,26 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
     theta_avg = theta.copy()
     step_sum = 0.0
     responses_local = np.empty((len(owners), R, p))
-    bar = prog.Progress(label, s.T, "iteration", enabled=progress and star.is_learner)
+    hooks.start(s.T, "iteration")
 
     def record(k: int, mu: float) -> np.ndarray | None:
         if not tap.evaluating() or s.record_every == 0:  # evaluation-only: an audit, or none
             return None  # wanted (record_every = 0: the method's cost alone)
         clipped = np.array([o.last_clipped for o in owners]).reshape(len(owners), R)
-        sums = oracle.loss_sums(np.concatenate([theta_avg, theta]), extra_local=clipped,
-                                errors=reported)
-        if sums is None:
-            return None
         both = np.concatenate([theta_avg, theta])
-        f = oracle.objective(both, sums)
+        util = oracle.record(both, reported, extra_local=clipped)
+        if util is None:
+            return None
+        f, clip_total = util.pop("objective"), util.pop("extra")
         f_avg, f_it = f[:R], f[R:]
         report = f_avg if s.variant == "alg2" else f_it
-        clip_total = agent_order_sum(sums[:, 2 * R : 3 * R])
         psi = report / ref.f_star - 1.0
-        if recorder is not None:
-            recorder.append(k, {"psi": psi, "psi_iterate": f_it / ref.f_star - 1.0,
-                                "objective": report, "clip_fraction": clip_total / n_total,
-                                "step_size": mu,
-                                **oracle.utility(both, sums, reported, 3 * R)})
+        hooks.record(k, {"psi": psi, "psi_iterate": f_it / ref.f_star - 1.0,
+                         "objective": report, "clip_fraction": clip_total / n_total,
+                         "step_size": mu, **util})
         return psi
 
-    saved = load_checkpoint(star, recorder, owners, label, progress)
+    saved = load_checkpoint(star, hooks, owners)
     k0 = 0
     if saved is None:
         record(0, 0.0)
@@ -231,16 +248,16 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
             theta_avg = (1.0 - gamma) * theta_avg + gamma * theta
         if k == s.T or (s.record_every and k % s.record_every == 0):
             psi = record(k, mu)
-            save_checkpoint(star, recorder, k, s.T, owners, theta=theta, theta_avg=theta_avg,
+            save_checkpoint(star, hooks, k, s.T, owners, theta=theta, theta_avg=theta_avg,
                             step_sum=step_sum)
-            bar.update(k, lambda psi=psi: _median_psi(psi))
+            hooks.progress(k, lambda psi=psi: _median_psi(psi))
 
     ledgers = star.gather_objects([o.ledger for o in owners])
     if not star.is_learner:
         return None
-    return {"models/final": theta_avg if s.variant == "alg2" else theta,
-            "models/final_iterate": theta,
-            "ledgers": sorted((lg for part in ledgers for lg in part), key=lambda lg: lg.agent)}
+    return SyncStarResult(
+        final=theta_avg if s.variant == "alg2" else theta, final_iterate=theta,
+        ledgers=sorted((lg for part in ledgers for lg in part), key=lambda lg: lg.agent))
 
 
 def check_settings(s: Settings, path: str) -> None:

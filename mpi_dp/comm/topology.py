@@ -1,5 +1,7 @@
 """Agent graphs and time-varying doubly stochastic mixing (seed 003, spec §3). Pure NumPy, no MPI.
 
+The graph type itself is mpi_dp.graphs.Graph (one for both peer methods), re-exported here.
+
 The graph construction of both peer methods lives here (`make_graph`): dola's kinds and the
 spellings shared with p2p's `p2p.graph` (`parse_graph_spec`: "shard", "knn:K", "complete",
 "erdos_renyi[:p]", "random_geometric[:r]", an edge-list path). What a kind needs from the shard file
@@ -17,20 +19,19 @@ its own row from public degrees; A_t is symmetric and row-stochastic, hence doub
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 from scipy.sparse import csgraph
 from scipy.spatial import cKDTree
 from scipy.spatial.distance import cdist
 
 from mpi_dp import rng
 from mpi_dp.errors import JobError
+from mpi_dp.graphs import Graph  # the one graph type (re-exported: dola's code names tp.Graph)
 
 #: mean degree of the random geometric graphs standing in for the paper's T1/T2/T3
 RGG_DEGREE = {"sparse": 4.0, "medium": 10.0, "dense": 24.0}
@@ -50,99 +51,6 @@ ACTIVATIONS = ("hash", "fixed")
 WEIGHTS = ("mh_static", "mh_active", "max_degree")
 #: resampling attempts before a random graph kind gives up on connectivity
 MAX_ATTEMPTS = 200
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Graph:
-    """An undirected simple graph on agents 0..m-1; `edges` (E, 2) with i < j, sorted.
-
-    `weights` (E,), aligned with `edges`, are positive edge weights where the graph has them (a
-    stored similarity graph, an edge list with a third column); None: unweighted, which p2p
-    reads as weight 1 on every edge. dola's mixing ignores them (Metropolis-Hastings weights
-    from the degrees)."""
-
-    m: int
-    edges: np.ndarray
-    kind: str
-    info: dict[str, Any] = dataclasses.field(default_factory=dict)
-    positions: np.ndarray | None = None
-    weights: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        e = np.asarray(self.edges, dtype=np.int64).reshape(-1, 2)
-        if e.size and (e.min() < 0 or e.max() >= self.m or np.any(e[:, 0] >= e[:, 1])):
-            raise ValueError("edges must be pairs i < j of agents in 0..m-1")
-        if self.weights is None:
-            e = np.unique(e, axis=0) if e.size else e
-        else:  # sorted like np.unique, the weights along; a repeated pair is refused
-            w = np.asarray(self.weights, dtype=np.float64).reshape(-1)
-            if w.shape != (len(e),) or not np.all(np.isfinite(w) & (w > 0)):
-                raise ValueError("weights must be (E,) finite and > 0, one per edge")
-            order = np.lexsort((e[:, 1], e[:, 0]))
-            e, w = e[order], w[order]
-            if len(e) > 1 and np.any(np.all(e[1:] == e[:-1], axis=1)):
-                raise ValueError("an edge is listed twice")
-            object.__setattr__(self, "weights", w)
-        object.__setattr__(self, "edges", e)
-
-    @functools.cached_property
-    def adjacency(self) -> sp.csr_matrix:
-        """Symmetric CSR adjacency with sorted column indices (neighbours by ascending id)."""
-        e = self.edges
-        rows = np.concatenate([e[:, 0], e[:, 1]])
-        cols = np.concatenate([e[:, 1], e[:, 0]])
-        a = sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(self.m, self.m))
-        a.sort_indices()
-        return a
-
-    @property
-    def degrees(self) -> np.ndarray:
-        return np.diff(self.adjacency.indptr).astype(np.int64)
-
-    def neighbours(self, i: int) -> np.ndarray:
-        a = self.adjacency
-        return a.indices[a.indptr[i]:a.indptr[i + 1]].astype(np.int64)
-
-    def edge_ids(self, i: int) -> np.ndarray:
-        """Index into `edges` of each edge of agent i, in the order of `neighbours(i)`."""
-        nb = self.neighbours(i)
-        lo, hi = np.minimum(nb, i), np.maximum(nb, i)
-        return self._edge_lookup(lo, hi)
-
-    def _edge_lookup(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        key = self.edges[:, 0] * self.m + self.edges[:, 1]
-        return np.searchsorted(key, lo * self.m + hi).astype(np.int64)
-
-    def is_connected(self) -> bool:
-        if self.m <= 1:
-            return True
-        n, _ = csgraph.connected_components(self.adjacency, directed=False)
-        return n == 1
-
-    @property
-    def mean_degree(self) -> float:
-        return 2.0 * len(self.edges) / self.m
-
-    def describe(self) -> dict[str, Any]:
-        """What the output records about the graph (with the edge list stored beside it)."""
-        d = self.degrees
-        out = {"kind": self.kind, "m": self.m, "n_edges": int(len(self.edges)),
-               "mean_degree": float(self.mean_degree), "max_degree": int(d.max(initial=0)),
-               "min_degree": int(d.min()) if d.size else 0, **self.info}
-        if self.weights is not None:
-            out["weighted"] = True
-        return out
-
-    def weight_matrix(self) -> sp.csr_matrix:
-        """The symmetric weight matrix W (m x m CSR, sorted indices, zero diagonal): the edge
-        weights, or 1 on every edge of an unweighted graph (p2p's similarity graph)."""
-        e = self.edges
-        w = np.ones(len(e)) if self.weights is None else self.weights
-        W = sp.csr_matrix((np.concatenate([w, w]), (np.concatenate([e[:, 0], e[:, 1]]),
-                                                    np.concatenate([e[:, 1], e[:, 0]]))),
-                          shape=(self.m, self.m))
-        W.sort_indices()
-        return W
 
 
 # -- generators --------------------------------------------------------------------------------

@@ -25,10 +25,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from mpi_dp import progress as prog
 from mpi_dp.data import registry
 from mpi_dp.data.registry import Dataset, RemoteFile
 from mpi_dp.errors import DataError
@@ -37,7 +38,7 @@ CACHE_ENV = "MPI_DP_DATA_CACHE"
 MIRROR_ENV = "MPI_DP_DATA_MIRROR"
 MANIFEST = "MANIFEST.json"
 CHUNK = 1 << 20
-PROGRESS_EVERY = 4 << 20
+DOWNLOAD_EVERY_S = 2.0
 USER_AGENT = "mpi-dp-data-fetch/1"
 
 
@@ -194,22 +195,16 @@ def _human(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
-class _Progress:
-    """Prints 'dataset/file: x / y MiB' to stderr every few MiB (nothing when disabled)."""
+def _download_progress(label: str, total: int | None, enabled: bool) -> Callable[..., None]:
+    """`show(done, final=False)`: the project's progress reporter on a download, as
+    '[dataset/file] x / y MiB, z MiB/s (t s)' every DOWNLOAD_EVERY_S seconds and at the end."""
+    bar = prog.Progress(label, total or 0, enabled=enabled, every_s=DOWNLOAD_EVERY_S,
+                        count=lambda k, t: _human(k) + (f" / {_human(t)}" if t else ""))
 
-    def __init__(self, label: str, total: int | None, enabled: bool) -> None:
-        self.label, self.total, self.enabled = label, total, enabled
-        self.next = PROGRESS_EVERY
-        self.start = time.perf_counter()
-
-    def __call__(self, done: int, final: bool = False) -> None:
-        if not self.enabled or (done < self.next and not final):
-            return
-        while self.next <= done:
-            self.next += PROGRESS_EVERY
-        total = f" / {_human(self.total)}" if self.total else ""
-        rate = done / 2**20 / max(time.perf_counter() - self.start, 1e-6)
-        print(f"  {self.label}: {_human(done)}{total} ({rate:.1f} MiB/s)", file=sys.stderr)
+    def show(done: int, final: bool = False) -> None:
+        bar.update(done, lambda: f"{done / 2**20 / max(time.perf_counter() - bar.t0, 1e-6):.1f} "
+                   "MiB/s", force=final)
+    return show
 
 
 def _download(
@@ -227,7 +222,7 @@ def _download(
                 with _urlopen(url, timeout) as response:
                     length = response.headers.get("Content-Length") if hasattr(response, "headers") else None
                     total = int(length) if length and length.isdigit() else None
-                    show = _Progress(f"{dataset}/{rf.name}", total or rf.size, progress)
+                    show = _download_progress(f"{dataset}/{rf.name}", total or rf.size, progress)
                     for chunk in _chunks(response):
                         out.write(chunk)
                         d.update(chunk)

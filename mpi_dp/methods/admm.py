@@ -27,6 +27,7 @@ from .base import (
     Method,
     Outcome,
     Resolved,
+    RunHooks,
     calibration_attrs,
     default_of,
     owner_plans,
@@ -185,6 +186,7 @@ class Admm(Method[Prepared, _S]):
                     "perturbation, decreasing variance)")
     reads = ("comm.aggregate",)
     sections = {"admm": AdmmKeys.keys()}
+    takes_hooks = True
     legacy_keys = {"admm.method": "variant", "sweep.method": "sweep.variant"}
     variant_aliases = {"iadmm": None}
     label_variant = True
@@ -348,7 +350,7 @@ class Admm(Method[Prepared, _S]):
                 "privacy": what, "evaluation_only": EVALUATION_ONLY}
 
     def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S, recorder: Any,
-                   label: str) -> Outcome | None:
+                   label: str, hooks: RunHooks | None = None) -> Outcome | None:
         agents = ctx.agree(lambda: [admm.Agent(i, X[: rc.n[i]], y[: rc.n[i]], s)
                                     for i, (X, y) in prep.local.items()])
         w_star = star_err = None
@@ -360,7 +362,7 @@ class Admm(Method[Prepared, _S]):
                 prep.optima[optimum] = (w, admm.train_error(ctx.star, agents, s, w), nit, grad)
             w_star, star_err, nit, grad = prep.optima[optimum]
         out = admm.run_config(ctx.star, agents, s, prep.test, recorder, label=label,
-                              progress=ctx.progress)
+                              progress=ctx.progress, hooks=hooks)
         if out is None:
             return None
         if s.calibrated:
@@ -374,17 +376,17 @@ class Admm(Method[Prepared, _S]):
                          "(ObjT/ObjP, Laplace) or (eps_bar, dp_delta)-DP (OutP, Gaussian) for "
                          "agent p's data; it composes nothing across iterations, the totals here "
                          "compose all of an agent's releases")
-        res = Outcome(out["ledgers"], guarantee=guarantee)
-        res.add("models/final", out["models/final"])
-        for name, value in out["baselines"].items():
+        res = Outcome(out.ledgers, guarantee=guarantee)
+        res.add("models/final", out.final)
+        for name, value in out.baselines.items():
             res.add(f"reference/{name}", value, evaluation_only=True, what=BASELINE_WHAT[name])
         if w_star is not None:
             for name, value in optimum_utility(w_star, star_err, prep.test).items():
                 res.add(f"reference/{name}", value, evaluation_only=True, what=BASELINE_WHAT[name])
             res.attrs.update(w_star_iterations=nit, w_star_gradient=grad)
-        res.attrs.update(eps_total_basic=float(np.max(out["eps_total_basic"])),
-                         seconds=round(out["seconds"], 3), ended_at=out["ended_at"],
-                         end_reason=out["end_reason"])
+        res.attrs.update(eps_total_basic=float(np.max(out.eps_total_basic)),
+                         seconds=round(out.seconds, 3), ended_at=out.ended_at,
+                         end_reason=out.end_reason)
         return res
 
     def analyze(self, result: Any, metric: str | None = None) -> str:

@@ -23,6 +23,7 @@ from .base import (
     Context,
     Outcome,
     Resolved,
+    RunHooks,
     calibration_attrs,
     default_of,
     owner_plans,
@@ -161,6 +162,7 @@ class AsyncStar(StarMethod[Prepared, _S]):
                     "authors' code; default) or printed ((N-1) rho/(N T^2 lam))")
     reads = STAR_READS + ("owners", "sweep.owners")
     sections = {AsyncKeys.NAME: SECTION}
+    takes_hooks = True
     key_help = {"T": "learner updates over all owners", "eps": "each owner's total for its at "
                 "most m_i answers (async.per_owner_cap, T by default); its Laplace scale is "
                 "b_i = nm_i 2 xi / n_i with nm_i from privacy.calibration"}
@@ -239,7 +241,7 @@ class AsyncStar(StarMethod[Prepared, _S]):
                 **utility_attrs(s.loss, prep.evalset), "evaluation_only": EVALUATION_ONLY}
 
     def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S, recorder: Any,
-                   label: str) -> Outcome | None:
+                   label: str, hooks: RunHooks | None = None) -> Outcome | None:
         star, job = ctx.star, ctx.job
         logged = None
         if job.section(AsyncKeys).schedule_from:
@@ -247,7 +249,8 @@ class AsyncStar(StarMethod[Prepared, _S]):
                                if star.is_learner else None)
         shards, ref = self.shards_and_reference(ctx, prep, s, rc.n)
         out = async_star.run_config(star, prep.link, shards, s, ref, recorder, label=label,
-                                    progress=ctx.progress, logged=logged, evalset=prep.evalset)
+                                    progress=ctx.progress, logged=logged, evalset=prep.evalset,
+                                    hooks=hooks)
         if out is None:
             return None
         return _outcome(out, ref, s)
@@ -258,14 +261,14 @@ class AsyncStar(StarMethod[Prepared, _S]):
         return async_report.plot_async(result, prefix, metric or self.default_metric)
 
 
-def _outcome(out: dict, ref, s: _S) -> Outcome:
+def _outcome(out: async_star.AsyncStarResult, ref, s: _S) -> Outcome:
     N = s.N
-    tr: async_star.Trace = out["trace"]
-    res = Outcome(out["ledgers"], guarantee=(
+    tr = out.trace
+    res = Outcome(out.ledgers, guarantee=(
         star_guarantee(s.calibration, "at most m_i answers")
         + ("" if s.dp_valid else "; preset paper_code: NOT DP (dp_valid = false)")))
-    res.add("models/final", out["models/final"])
-    res.add("models/local", out["models/local"])
+    res.add("models/final", out.final)
+    res.add("models/local", out.local)
     res.add("schedule/owner", tr.owner, what="i_k (0-based owner) of iteration k = 1..T; -1 "
             "after a run ended")
     res.add("schedule/time", tr.time, what="t_k: virtual time (replay) or wall seconds since "
@@ -276,21 +279,21 @@ def _outcome(out: dict, ref, s: _S) -> Outcome:
             reasons={str(k): v for k, v in async_star.REASONS.items()})
     if s.mode == "live":
         res.add("schedule/rtt_s", tr.rtt, what="learner's query-to-answer seconds")
-        res.add("schedule/dropped_ticks", out["dropped_ticks"],
+        res.add("schedule/dropped_ticks", out.dropped_ticks,
                 what="clock ticks dropped per host while a request was outstanding")
-    f_star = out["f_star"] if out["f_star"] is not None else ref.f_star
+    f_star = out.f_star if out.f_star is not None else ref.f_star
     if not math.isfinite(f_star):
         raise JobError("the reference objective is not finite")
     res.add("reference/theta_star", ref.theta_star, evaluation_only=True, solver=ref.solver)
     res.add("reference/f_star", f_star, evaluation_only=True)
     res.add("reference/theta_isolated", ref.theta_isolated[:N], evaluation_only=True)
-    res.add("reference/psi_isolated", out["psi_isolated"], evaluation_only=True)
+    res.add("reference/psi_isolated", out.psi_isolated, evaluation_only=True)
     add_utility_reference(res, ref)
-    res.add("privacy/answered", out["answered"])
-    res.add("privacy/spent_eps", out["spent_eps"], composition="basic (sequential) sum of the "
+    res.add("privacy/answered", out.answered)
+    res.add("privacy/spent_eps", out.spent_eps, composition="basic (sequential) sum of the "
             "per-release eps each owner spent, per run and owner (inf: eps = inf, no noise); the "
             "owner's guarantee is privacy/ledger's eps_pld (the tight total of the same releases)")
-    res.add("privacy/clip_fraction", out["clip_fraction"], evaluation_only=True,
+    res.add("privacy/clip_fraction", out.clip_fraction, evaluation_only=True,
             what="mean share of an owner's records clipped per answer")
     res.add("privacy/lap_scale", s.lap_scales(),
             formula=lap_scale_formula(s.calibration, "m_i") + ", m_i = answers allowed (T by "

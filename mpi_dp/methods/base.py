@@ -13,9 +13,12 @@ The runner calls, for a job of the method:
                                                   (searched once per distinct plan on rank 0)
     per configuration:
         record_attrs(ctx, prepared, rc, s)        attributes of the configuration's HDF5 group
-        run_config(ctx, prepared, rc, s, rec, label) -> Outcome on rank 0 (None elsewhere)
+        run_config(ctx, prepared, rc, s, rec, label[, hooks=RunHooks])
+                                                  -> Outcome on rank 0 (None elsewhere)
 
-and writes the outcome: its arrays, `privacy/ledger` (every agent's ledger through the
+(`hooks`, algorithms.hooks.RunHooks: the configuration's recording, progress lines and
+checkpoints in one object, for a method that sets `takes_hooks`; `rec` is its recorder on rank 0,
+None elsewhere) and writes the outcome: its arrays, `privacy/ledger` (every agent's ledger through the
 accountants, at the job's privacy.delta) and its attributes. `mpi-dp analyze` and `mpi-dp plot`
 call `analyze`, `table_rows` and `figures` of the method named in the result file.
 """
@@ -30,6 +33,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 from mpi4py import MPI
 
+from ..algorithms.hooks import RunHooks
 from ..comm.agree import collective
 from ..comm.star import Star
 from ..data import ShardFile
@@ -220,6 +224,9 @@ class Method(Generic[PreparedT, SettingsT]):
     #: its short name (the ledger's calibration column: 'paper:<name>')
     paper_rule: str = ""
     paper_rule_name: str = ""
+    #: `run_config` takes `hooks` (a RunHooks built by the runner for each configuration); a
+    #: method without it gets the recorder and the label alone, as before
+    takes_hooks: bool = False
 
     # -- job ---------------------------------------------------------------------------------
     def validate(self, values: dict[str, Any], path: str) -> None:
@@ -284,7 +291,10 @@ class Method(Generic[PreparedT, SettingsT]):
         return int(ctx.shard.n_features)
 
     def run_config(self, ctx: Context, prepared: PreparedT, rc: Resolved, s: SettingsT, recorder: Any,
-                   label: str) -> Outcome | None:
+                   label: str, hooks: RunHooks | None = None) -> Outcome | None:
+        """Run one configuration (collective): the Outcome on rank 0, None elsewhere.
+        `recorder` (rank 0's, else None) and `label` are also in `hooks` when the runner passes
+        them (`takes_hooks`); without hooks a method builds them (RunHooks.of)."""
         raise NotImplementedError
 
     # -- analysis ----------------------------------------------------------------------------

@@ -20,10 +20,8 @@ from typing import Any, ClassVar
 import numpy as np
 import scipy.sparse as sp
 
-from .. import progress as prog
 from ..algorithms import dola
 from ..comm import graph as cg
-from ..comm import stop
 from ..comm import topology as tp
 from ..comm.rma import on_root
 from ..data import ShardFile
@@ -37,6 +35,7 @@ from .base import (
     Method,
     Outcome,
     Resolved,
+    RunHooks,
     calibration_attrs,
     owner_plans,
     settings_attrs,
@@ -268,6 +267,7 @@ class Dola(Method[Prepared, DolaSettings]):
                     "minibatch (Alg. 4, h records per round)")
     reads = ("owners", "sweep.owners")
     sections = {"dola": DolaKeys.keys()}
+    takes_hooks = True
     label_variant = True
     key_help = {"T": "rounds (each agent consumes h records per round; at most dola.passes "
                 "passes over its records)",
@@ -510,7 +510,8 @@ class Dola(Method[Prepared, DolaSettings]):
         return s.algo.T // s.algo.record_every + 2
 
     def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: DolaSettings,
-                   recorder: Any, label: str) -> Outcome | None:
+                   recorder: Any, label: str, hooks: RunHooks | None = None) -> Outcome | None:
+        hooks = RunHooks.of(hooks, recorder, label, ctx.comm, ctx.progress)
         a = s.algo
         net = ctx.agree(lambda: cg.GraphNet(ctx.comm, s.graph, ctx.job.section(DolaKeys).exchange,
                                             (a.runs, a.n_features),
@@ -522,39 +523,25 @@ class Dola(Method[Prepared, DolaSettings]):
         block = dola.Block(a, s.graph, net, dola.Stream(net.agents, a.h, a.T, a.n_features,
                                                         reader), s.w_star)
         t0 = time.perf_counter()
-        bar = prog.Progress(label, a.T, "round", enabled=ctx.progress and net.is_root)
-
-        def on_record(t: int, rec: dict[str, Any]) -> None:
-            recorder.append(t, {k: v for k, v in rec.items() if not k.startswith("_")})
-
-        def checkpoint() -> None:
-            """Collective, at a record before T: every agent's state when the root's recorder
-            says a checkpoint is due or a stop was asked (keyed by agent id: any rank count
-            resumes it); after a stop's checkpoint every rank raises Interrupted."""
-            save, signum = stop.at_record(net.comm, recorder is not None
-                                          and recorder.checkpoint_due())
-            if save:
-                st = block.state()
-                if st is not None and recorder is not None:
-                    recorder.save_state(st)
-            if signum:
-                raise stop.Interrupted(signum)
-
-        t_resumed = block.restore(recorder.saved_state() if recorder is not None else None)
-        if t_resumed is not None and ctx.progress and net.is_root:
-            prog.info(f"[{label}] resumed from its checkpoint at round={t_resumed}")
-        last = dola.drive(block, prep.test, on_record if recorder is not None else None,
-                          bar.update, checkpoint)
+        hooks.start(a.T, "round")
+        # checkpoints (hooks.checkpoint, in drive): every agent's state keyed by agent id, so
+        # any rank count resumes it
+        t_resumed = block.restore(hooks.saved_state())
+        if t_resumed is not None:
+            hooks.info(f"resumed from its checkpoint at round={t_resumed}")
+        ev = dola.Evaluation(prep.test)
+        dola.drive(block, ev, hooks=hooks)
         ledgers = net.gather_objects(block.ledgers)
         exch = net.gather_objects((net.exchange_seconds, net.exchanges))
         net.free()
-        if not net.is_root or last is None:
+        final = ev.final()
+        if not net.is_root or final is None:
             return None
         out = Outcome(sorted((led for part in ledgers for led in part), key=lambda x: x.agent),
                       guarantee=self._guarantee(a))
-        out.add("models/w_hat", last["_w_hat"], what="(1/T) sum_t w_bar_t, the online-to-batch "
+        out.add("models/w_hat", final["w_hat"], what="(1/T) sum_t w_bar_t, the online-to-batch "
                 "model (evaluation: built from clean iterates)")
-        out.add("models/w_bar", last["_w_bar"], what="network mean of the final clean iterates")
+        out.add("models/w_bar", final["w_bar"], what="network mean of the final clean iterates")
         if s.w_star is not None:
             out.add("reference/w_star", s.w_star, solver=s.comparator)
             if prep.test is not None and tap.evaluating():

@@ -10,7 +10,15 @@ import numpy as np
 from ..algorithms import sync_star
 from ..jobspec import CommKeys, Section, SharedKeys, StepKeys, err, key
 from ..privacy import contract
-from .base import Context, Outcome, Resolved, calibration_attrs, owner_plans, settings_attrs
+from .base import (
+    Context,
+    Outcome,
+    Resolved,
+    RunHooks,
+    calibration_attrs,
+    owner_plans,
+    settings_attrs,
+)
 from .star_common import (
     STAR_READS,
     StarMethod,
@@ -49,6 +57,7 @@ class SyncStar(StarMethod[Prepared, sync_star.Settings]):
     reads = STAR_READS + ("comm.aggregate",)
     records_optional = True
     sections = {AverageKeys.NAME: AverageKeys.keys()}
+    takes_hooks = True
     key_help = {"T": "queries each owner answers (T releases per owner)",
                 "eps": "each owner's total for its T answers; its Laplace scale is "
                 "b_i = nm_i 2 xi / n_i with nm_i from privacy.calibration"}
@@ -110,16 +119,16 @@ class SyncStar(StarMethod[Prepared, sync_star.Settings]):
                 **utility_attrs(s.loss, prep.evalset), "evaluation_only": EVALUATION_ONLY}
 
     def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: sync_star.Settings,
-                   recorder: Any, label: str) -> Outcome | None:
+                   recorder: Any, label: str, hooks: RunHooks | None = None) -> Outcome | None:
         n = rc.n
         shards, ref = self.shards_and_reference(ctx, prep, s, n)
-        final = sync_star.run_config(ctx.star, shards, s, ref, recorder, label=label,
-                                     progress=ctx.progress, evalset=prep.evalset)
-        if final is None:
+        res = sync_star.run_config(ctx.star, shards, s, ref, recorder, label=label,
+                                   progress=ctx.progress, evalset=prep.evalset, hooks=hooks)
+        if res is None:
             return None
-        out = Outcome(final["ledgers"], guarantee=star_guarantee(s.calibration, "T answers"))
-        out.add("models/final", final["models/final"])
-        out.add("models/final_iterate", final["models/final_iterate"])
+        out = Outcome(res.ledgers, guarantee=star_guarantee(s.calibration, "T answers"))
+        out.add("models/final", res.final)
+        out.add("models/final_iterate", res.final_iterate)
         out.add("reference/theta_star", ref.theta_star, evaluation_only=True, solver=ref.solver)
         out.add("reference/f_star", ref.f_star, evaluation_only=True)
         out.add("reference/theta_isolated", ref.theta_isolated, evaluation_only=True)

@@ -6,6 +6,8 @@ mu -> inf gives the purely local models, mu -> 0 one consensus model (the paper'
 
 Models carry a leading runs axis where noted: theta (R, p), Theta (R, n, p). An agent's data may
 be absent (None) on ranks that do not host it; the public constants (W, m, lam) are everywhere.
+The graph is mpi_dp.graphs.Graph (W, deg, nbrs, nbr_weights, laplacian); its term of Q is
+`smooth_term` here.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import math
 import numpy as np
 import scipy.sparse as sp
 
+from mpi_dp.graphs import Graph
+
 LOSSES = ("logistic", "quadratic")
-#: (edge, run, coordinate) entries of one block of `Graph.smooth_term` (128 MiB of differences)
+#: (edge, run, coordinate) entries of one block of `smooth_term` (128 MiB of differences)
 SMOOTH_BLOCK = 2**24
 
 
@@ -86,73 +90,26 @@ def smoothness_bound(loss: str, row_norm: float, lam: float) -> float:
     return (row_norm**2 / 4.0 if loss == "logistic" else 2.0 * row_norm**2) + 2.0 * lam
 
 
-@dataclasses.dataclass
-class Graph:
-    """The public similarity graph: W (symmetric CSR, zero diagonal) and its derived constants.
-
-    `symmetric=True`: the caller vouches that W is symmetric (data.graphs.read_graph builds it
-    from an edge list, both directions alike), so the O(nnz) transposition check is skipped."""
-
-    W: sp.csr_matrix
-    symmetric: bool = dataclasses.field(default=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        W = sp.csr_matrix(self.W, dtype=np.float64)
-        W.sum_duplicates()
-        W.sort_indices()
-        W.eliminate_zeros()
-        if W.shape[0] != W.shape[1]:
-            raise ValueError(f"W must be square, got {W.shape}")
-        if W.nnz and not self.symmetric:  # symmetric: the transpose has the same arrays
-            T = W.T.tocsr()
-            T.sort_indices()
-            if not (np.array_equal(T.indptr, W.indptr) and np.array_equal(T.indices, W.indices)
-                    and np.array_equal(T.data, W.data)):
-                raise ValueError("W must be symmetric")
-        if W.nnz and (W.data.min() < 0 or np.any(W.diagonal() != 0)):
-            raise ValueError("W must be non-negative with a zero diagonal")
-        self.W = W
-        self.n = W.shape[0]
-        self._upper: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # smooth_term
-        self.deg = np.asarray(W.sum(axis=1)).ravel()
-        if np.any(self.deg <= 0):
-            raise ValueError(f"agent(s) {np.flatnonzero(self.deg <= 0)[:5].tolist()} have no "
-                             "neighbour (D_ii = 0)")
-
-    def nbrs(self, i: int) -> np.ndarray:
-        return self.W.indices[self.W.indptr[i]:self.W.indptr[i + 1]]
-
-    def weights(self, i: int) -> np.ndarray:
-        return self.W.data[self.W.indptr[i]:self.W.indptr[i + 1]]
-
-    @property
-    def laplacian(self) -> sp.csr_matrix:
-        return sp.csr_matrix(sp.diags(self.deg) - self.W)
-
-    def smooth_term(self, Theta: np.ndarray) -> np.ndarray:
-        """1/2 sum_{i<j} W_ij ||Theta_i - Theta_j||^2 for Theta (R, n, p): shape (R,). One
-        einsum over every (edge, run, coordinate) up to SMOOTH_BLOCK of them (the bits objective
-        (2) always had); above, the upper triangle's edges in blocks of SMOOTH_BLOCK / p per run
-        (memory O(block), not O(edges x runs x p); the same sum in another order)."""
-        W = self.W
-        R, p = Theta.shape[0], Theta.shape[2]
-        if W.nnz * R * p <= SMOOTH_BLOCK:
-            rows = np.repeat(np.arange(self.n), np.diff(W.indptr))
-            diff = Theta[:, rows, :] - Theta[:, W.indices, :]
-            return 0.25 * np.einsum("e,rep,rep->r", W.data, diff, diff)  # each edge twice
-        if self._upper is None:
-            rows = np.repeat(np.arange(self.n, dtype=W.indices.dtype), np.diff(W.indptr))
-            up = W.indices > rows
-            self._upper = (rows[up], W.indices[up], W.data[up])
-        rows, cols, w = self._upper
-        per = max(1, SMOOTH_BLOCK // max(1, p))
-        out = np.zeros(R)
-        for r in range(R):
-            T = np.ascontiguousarray(Theta[r])
-            for a in range(0, len(w), per):
-                d = T[rows[a:a + per]] - T[cols[a:a + per]]
-                out[r] += w[a:a + per] @ np.einsum("ep,ep->e", d, d)
-        return 0.5 * out
+def smooth_term(graph: Graph, Theta: np.ndarray) -> np.ndarray:
+    """1/2 sum_{i<j} W_ij ||Theta_i - Theta_j||^2 for Theta (R, n, p): shape (R,). One einsum
+    over every (edge, run, coordinate) up to SMOOTH_BLOCK of them (the bits objective (2) always
+    had); above, the upper triangle's edges (`graph.upper`) in blocks of SMOOTH_BLOCK / p per run
+    (memory O(block), not O(edges x runs x p); the same sum in another order)."""
+    W = graph.W
+    R, p = Theta.shape[0], Theta.shape[2]
+    if W.nnz * R * p <= SMOOTH_BLOCK:
+        rows = np.repeat(np.arange(graph.n), np.diff(W.indptr))
+        diff = Theta[:, rows, :] - Theta[:, W.indices, :]
+        return 0.25 * np.einsum("e,rep,rep->r", W.data, diff, diff)  # each edge twice
+    rows, cols, w = graph.upper
+    per = max(1, SMOOTH_BLOCK // max(1, p))
+    out = np.zeros(R)
+    for r in range(R):
+        T = np.ascontiguousarray(Theta[r])
+        for a in range(0, len(w), per):
+            d = T[rows[a:a + per]] - T[cols[a:a + per]]
+            out[r] += w[a:a + per] @ np.einsum("ep,ep->e", d, d)
+    return 0.5 * out
 
 
 def confidence(m: np.ndarray, conf_floor: float = 1e-3) -> np.ndarray:
@@ -204,7 +161,7 @@ class Problem:
 
     def nbr_mean(self, i: int, nbr_models: np.ndarray) -> np.ndarray:
         """sum_j (W_ij / D_ii) Theta_j for nbr_models (|N_i|, R, p) in neighbour-id order."""
-        w = self.graph.weights(i) / self.deg[i]
+        w = self.graph.nbr_weights(i) / self.deg[i]
         return np.tensordot(w, nbr_models, axes=(0, 0))
 
     def cd_step(self, i: int, theta: np.ndarray, nbr_models: np.ndarray, g: np.ndarray
@@ -226,12 +183,12 @@ class Problem:
     def combine(self, Theta: np.ndarray, terms: list[np.ndarray]) -> np.ndarray:
         """Q from the loss terms of every agent in agent order (`loss_terms`, gathered from the
         ranks hosting them: the same sum as with all the data in one place)."""
-        return self.graph.smooth_term(Theta) + self.mu * sum(terms)
+        return smooth_term(self.graph, Theta) + self.mu * sum(terms)
 
     def partial_grad(self, Theta: np.ndarray, i: int) -> np.ndarray:
         """[grad Q]_i (eq. 3) for Theta (R, n, p): shape (R, p)."""
         nb = self.graph.nbrs(i)
-        s = np.tensordot(self.graph.weights(i), Theta[:, nb, :], axes=(0, 1))
+        s = np.tensordot(self.graph.nbr_weights(i), Theta[:, nb, :], axes=(0, 1))
         return self.deg[i] * (Theta[:, i, :] + self.mu * self.conf[i] * self.grad(i, Theta[:, i, :])
                               ) - s
 
@@ -241,7 +198,7 @@ def make_problem(W: sp.spmatrix | Graph, X: list, y: list, loss: str, mu: float,
                  conf_floor: float = 1e-3) -> Problem:
     """A Problem; smooth = 'data' (L_loc from each agent's data) or 'bound' (public row norm).
     W may be a built `Graph` (shared, not copied: it is not modified)."""
-    g = W if isinstance(W, Graph) else Graph(sp.csr_matrix(W))
+    g = W if isinstance(W, Graph) else Graph.from_weights(sp.csr_matrix(W))
     lam = np.broadcast_to(np.asarray(lam, dtype=np.float64), (g.n,)).copy()
     m = np.array([x.shape[0] for x in X], dtype=np.int64) if m is None else np.asarray(m)
     L_loc, s_loc = np.empty(g.n), np.empty(g.n)

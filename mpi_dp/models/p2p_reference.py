@@ -428,7 +428,7 @@ def theta_star_petsc_dist(comm: Any, problem: p2p.Problem, tol: float = QUAD_TOL
     loss = sum(problem.deg[i] * problem.conf[i] * float(p2p.local_obj(
         problem.loss, problem.X[i], problem.y[i], float(problem.lam[i]), Theta[i][None])[0])
         for i in range(lo, hi))
-    smooth = float(problem.graph.smooth_term(Theta[None])[0])
+    smooth = float(p2p.smooth_term(problem.graph, Theta[None])[0])
     return Theta, smooth + problem.mu * comm.allreduce(loss, op=MPI.SUM)
 
 

@@ -221,12 +221,17 @@ def annotate(group: h5py.Group, runs: int, n_agents: int | None = None,
             if name == "iteration":
                 scale = iteration
             else:
+                # coordinates live in the configuration group (readers that list a subgroup's
+                # datasets, e.g. the metrics, see no extra ones); a subgroup shows them as
+                # named dimensions, `xr.open_datatree` as inherited coordinates
                 where = group if name in DIMENSIONS else ds.parent
                 try:
                     scale = coordinate(where, name, size, run_ids)
                 except KeyError:  # a dataset of that name is not a coordinate: a private name
                     name = f"{leaf}_axis{k}"
                     scale = coordinate(ds.parent, name, size)
+            if scale == ds:  # a dataset of the dimension's name is its coordinate (ledger/agent)
+                continue
             if ds.dims[k].label != name:
                 ds.dims[k].label = name
             if not any(s == scale for s in ds.dims[k].values()):
