@@ -25,8 +25,10 @@ Implementations (`record(...)` and `final(...)`; their arguments differ by metho
   the models under '_w_bar', '_w_hat', which are outputs, not metrics); final() -> {'w_hat',
   'w_bar'}, the last record's models;
 - `p2p_eval.Evaluator` (p2p): record(block) -> {'Q', 'test_metric', ...}; final(block,
-  release_clip=None) -> the final models and their metrics (its optional val_metric is a
-  private release when `release_clip` is given, not evaluation-only).
+  val=None) -> the final models and their metrics, with `val` as val_metric. The validation
+  score itself comes from `validation(block, release_clip)`, kept apart because under a
+  private selection (`release_clip` given) it is a release made by each peer, not an
+  evaluation.
 """
 
 from __future__ import annotations

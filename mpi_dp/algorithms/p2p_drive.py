@@ -24,8 +24,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .. import progress as prog
-from ..comm import rma, stop
+from ..comm import rma
 from ..comm.agree import collective
 from ..comm.graph import block_starts
 from ..comm.rma import on_root
@@ -37,6 +36,7 @@ from ..privacy.release import OwnerRelease
 from ..rng import stream
 from . import p2p_baselines as B
 from . import p2p_cd as C
+from .hooks import RunHooks
 from .p2p_data import Data
 from .p2p_eval import Evaluator, HostedModels
 
@@ -230,15 +230,15 @@ def theta0(comm: MPI.Comm, a: C.Settings, d: Data, P: M.Problem, ref: dict[str, 
 
 
 def run_cd(comm: MPI.Comm, P: M.Problem, d: Data, a: C.Settings, ref: dict[str, Any],
-           recorder: Any, label: str, clock: str = "replay", tau: float = 0.0,
-           wall_budget: float = 3600.0, val_clip: float | None = None,
-           progress: bool = True) -> CDRun | None:
+           hooks: RunHooks, clock: str = "replay", tau: float = 0.0,
+           wall_budget: float = 3600.0, val_clip: float | None = None) -> CDRun | None:
     """Collective: one configuration of Algorithm 1 / 2 on this rank's peers. `clock` replay
     runs the seeded schedule in conflict-free rounds and checkpoints after a record when the
-    recorder says one is due (a saved state resumes on any rank count); live runs Poisson
-    clocks (`tau`, `wall_budget` seconds). Records Q, the test metric and the p-vectors sent;
-    `ref` lacking the local models is completed after the rounds (`complete_reference`);
-    `val_clip`: a private selection's validation score bound (None: no selection)."""
+    hooks' recorder says one is due (a saved state resumes on any rank count); live runs Poisson
+    clocks (`tau`, `wall_budget` seconds). Records Q, the test metric and the p-vectors sent
+    (`hooks`: records, progress and checkpoints); `ref` lacking the local models is completed
+    after the rounds (`complete_reference`); `val_clip`: a private selection's validation score
+    bound (None: no selection)."""
     rank, size = comm.Get_rank(), comm.Get_size()
     st = block_starts(P.n, size)
     agents = np.arange(st[rank], st[rank + 1])
@@ -255,32 +255,29 @@ def run_cd(comm: MPI.Comm, P: M.Problem, d: Data, a: C.Settings, ref: dict[str, 
     rounds = C.cut_rounds(schedule, keep, P.graph, a.record_every) if replay else None
     # checkpoints: replay only (a live configuration runs in wall time and restarts from its
     # start on resume); the peers' states are keyed by peer id: any rank count resumes
-    saved = comm.bcast(recorder.saved_state() if recorder is not None and replay else None,
-                       root=0)
+    saved = comm.bcast(hooks.saved_state() if replay else None, root=0)
     puts0 = 0  # puts before the checkpoint, less the resumed re-posts (one per edge slot)
     if saved is not None and rounds is not None:
         block.restore(saved["peers"])
         puts0 = saved["puts"] - P.graph.W.nnz
-        if progress and rank == 0:
-            prog.info(f"[{label}] resumed from its checkpoint at tick "
-                      f"{rounds.record_at[saved['round']]} ({rounds.starts[saved['round'] + 1]}"
-                      f"/{len(keep)} wake-ups)")
+        hooks.info(f"resumed from its checkpoint at tick {rounds.record_at[saved['round']]} "
+                   f"({rounds.starts[saved['round'] + 1]}/{len(keep)} wake-ups)")
     boxes = collective(comm, lambda: rma.Mailboxes(comm, P.graph.W, a.R * P.p, st))
     epoch = contextlib.ExitStack()
     if rounds is not None:  # replay: one Lock_all epoch from the initial posts on (barriers
         epoch.enter_context(boxes.rounds())  # order every read after the writes it sees)
     C.post_initial(block, boxes)
     comm.Barrier()
-    bar = prog.Progress(label, len(keep), unit="wake-up", enabled=progress and rank == 0)
+    bar = hooks.start(len(keep), "wake-up")
     deg = np.diff(P.graph.W.indptr)
     sent_cum = np.cumsum(deg[schedule[keep]])
 
     def record(t: int) -> None:
         done = int(np.searchsorted(keep, t))  # kept ticks < t
         vals = ev.record(block)
-        if recorder is not None and vals is not None:
+        if vals is not None:
             vals["vectors_sent"] = float(sent_cum[done - 1]) if done else 0.0
-            recorder.append(t, vals)
+            hooks.record(t, vals)
         rma.polite_barrier(comm)  # the others nap while rank 0 sums Q and writes
 
     def checkpoint(r: int) -> None:
@@ -289,15 +286,16 @@ def run_cd(comm: MPI.Comm, P: M.Problem, d: Data, a: C.Settings, ref: dict[str, 
         assert rounds is not None
         if r >= rounds.count - 1:
             return
-        save, signum = stop.at_record(comm, recorder is not None and recorder.checkpoint_due())
-        if save:
+
+        def state() -> dict[str, Any] | None:  # collective: every peer's state on rank 0
             parts = comm.gather(block.state(), root=0)
             puts = comm.reduce(boxes.puts, root=0)
-            if parts is not None and recorder is not None:
-                recorder.save_state({"round": r, "puts": puts + puts0, "peers": {
-                    i: v for part in parts for i, v in part.items()}})
-        if signum:
-            raise stop.Interrupted(signum)
+            if parts is None:
+                return None
+            return {"round": r, "puts": puts + puts0,
+                    "peers": {i: v for part in parts for i, v in part.items()}}
+
+        hooks.checkpoint(state, comm)
 
     if saved is None:
         record(0)
@@ -318,7 +316,8 @@ def run_cd(comm: MPI.Comm, P: M.Problem, d: Data, a: C.Settings, ref: dict[str, 
     rep = comm.gather(C.theorem1_report(block, a), root=0)
     if "theta_loc" not in ref:  # the local models, evaluation-only, after the rounds
         complete_reference(comm, P, d, ref)
-    final = ev.final(block, val_clip)
+    val = ev.validation(block, val_clip)  # a private selection's score is a release
+    final = ev.final(block, val)
     ledgers = comm.gather([block.ledgers[int(i)] for i in agents], root=0)
     boxes.free()
     if rank != 0:
@@ -333,7 +332,7 @@ def run_cd(comm: MPI.Comm, P: M.Problem, d: Data, a: C.Settings, ref: dict[str, 
 
 # -- baselines ---------------------------------------------------------------------------------
 def run_admm(comm: MPI.Comm, obj: Objective, P: M.Problem, d: Data, full: Data | None,
-             ref: dict[str, Any], recorder: Any, rho: Any, inner: int, T: int, seed: int,
+             ref: dict[str, Any], hooks: RunHooks, rho: Any, inner: int, T: int, seed: int,
              record_every: int) -> tuple[dict[str, Any], float] | None:
     """Collective: the gossip-ADMM baseline (p2p_baselines.gossip_admm, non-private), simulated
     serially on rank 0 from every peer's records (`full`) and the local models; records Q and
@@ -348,18 +347,18 @@ def run_admm(comm: MPI.Comm, obj: Objective, P: M.Problem, d: Data, full: Data |
     rho = float(np.mean(Pf.graph.W.data)) if rho == "auto" else float(rho)
     u, recs = B.gossip_admm(Pf, ref["theta_loc"], rho, inner, T, seed, record_every,
                             lambda t, u, sent: ev.metrics_all(full, u[None]))
-    for r in recs if recorder is not None else ():
+    for r in recs if hooks.recording else ():
         vals = {"Q": np.array([r["Q"]]), "test_metric": r["test_metric"],
                 "vectors_sent": float(r["vectors_sent"])}
         if "Q_star" in ref:
             vals["gap"] = np.array([r["Q"] - ref["Q_star"]])
-        recorder.append(int(r["iteration"]), vals)
+        hooks.record(int(r["iteration"]), vals)
     comm.barrier()
     return ev.final_all(full, u[None]), rho
 
 
 def run_local_dp(comm: MPI.Comm, P: M.Problem, d: Data, a: C.Settings, eps: float,
-                 bound: float, ref: dict[str, Any], recorder: Any
+                 bound: float, ref: dict[str, Any], hooks: RunHooks
                  ) -> tuple[dict[str, Any], list[Ledger]] | None:
     """Collective: the local-DP baseline: every hosted peer perturbs its records once
     (p2p_baselines.local_dp_data: features clipped to [-bound, bound] + Laplace, labels by
@@ -381,9 +380,9 @@ def run_local_dp(comm: MPI.Comm, P: M.Problem, d: Data, a: C.Settings, eps: floa
     ev = Evaluator(comm, P, d, agents, ref, a.R)
     block = HostedModels(models, agents)
     vals = ev.record(block)
-    if recorder is not None and vals is not None:
-        recorder.append(0, vals)
-    final = ev.final(block)
+    if vals is not None:
+        hooks.record(0, vals)
+    final = ev.final(block, ev.validation(block))
     gl = comm.gather(ledgers, root=0)
     if comm.Get_rank() != 0:
         return None

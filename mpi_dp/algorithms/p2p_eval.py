@@ -172,11 +172,18 @@ class Evaluator:
             vals["gap"] = Q - self.ref["Q_star"]
         return vals
 
-    def final(self, block: HostedModels | Block, release_clip: float | None = None
+    def validation(self, block: HostedModels | Block, release_clip: float | None = None
+                   ) -> float | None:
+        """Collective: val_metric of the final models on rank 0 (NaN elsewhere), None without
+        validation records. Not an evaluator's output when `release_clip` is given: then every
+        peer releases its score through its own release path (`_val`), a private selection's
+        input; without it the score is evaluation-only."""
+        return self._val(block, release_clip) if self.d.Xv is not None else None
+
+    def final(self, block: HostedModels | Block, val: float | None = None
               ) -> dict[str, Any] | None:
-        """The final models' metrics on rank 0; with validation records also val_metric
-        (`_val`: released privately when `release_clip` is given)."""
-        val = self._val(block, release_clip) if self.d.Xv is not None else None
+        """The final models' metrics on rank 0 (collective); `val`: the `validation` score to
+        report beside them as val_metric (None: none)."""
         parts = self.comm.gather(self._mine(block.theta), root=0)
         star = self.ref.get("theta_star")  # the non-private optimum Theta* (evaluation-only)
         star = None if star is None else np.asarray(star).reshape(self.P.n, self.P.p)

@@ -51,6 +51,7 @@ from .base import (
     Method,
     Outcome,
     Resolved,
+    RunHooks,
     calibration_attrs,
     owner_plans,
     settings_attrs,
@@ -182,6 +183,7 @@ class P2P(Method):
                 "n": "'all' (every peer uses all its records)",
                 "record_every": "ticks between records of Q and the test metric"}
     default_metric = "test_metric"
+    takes_hooks = True
     sweeps = ("p2p.shard", "p2p.T_agent", "p2p.init", "p2p.mu")
     paper_rule = ("eps is eps_bar of Theorem 1 (Kairouz et al.) at p2p.delta_bar over a peer's "
                   "T_i wake-ups, split by p2p.allocation (Algorithm 3); a private warm start "
@@ -495,8 +497,9 @@ class P2P(Method):
         return prep.full[s.path]
 
     def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: P2PSettings,
-                   recorder: Any, label: str) -> Outcome | None:
+                   recorder: Any, label: str, hooks: RunHooks | None = None) -> Outcome | None:
         comm, j = ctx.comm, ctx.job
+        hooks = RunHooks.of(hooks, recorder, label, comm, ctx.progress)
         d = prep.data[s.path]
         t0 = time.perf_counter()
         P = D.hosted_problem(comm, s.objective, d)
@@ -516,7 +519,7 @@ class P2P(Method):
         out: Outcome | None = None
         if s.variant == "admm":
             T = int(j.generic.T)
-            got = D.run_admm(comm, s.objective, P, d, full, ref, recorder, j.section(P2PKeys).admm_rho,
+            got = D.run_admm(comm, s.objective, P, d, full, ref, hooks, j.section(P2PKeys).admm_rho,
                              int(j.section(P2PKeys).admm_inner), T, int(j.generic.seed),
                              int(j.generic.record_every) or T)
             if got is not None:
@@ -527,7 +530,7 @@ class P2P(Method):
                                  seconds=round(time.perf_counter() - t0, 3))
         elif s.variant == "local_dp":
             Bx = float(j.section(P2PKeys).local_dp_bound)
-            got_dp = D.run_local_dp(comm, P, d, s.algo, float(rc.eps[0]), Bx, ref, recorder)
+            got_dp = D.run_local_dp(comm, P, d, s.algo, float(rc.eps[0]), Bx, ref, hooks)
             if got_dp is not None:
                 out = self._final_outcome(
                     got_dp[1], f"local DP: every record perturbed once by its owner (features "
@@ -536,9 +539,10 @@ class P2P(Method):
                 out.attrs.update(seconds=round(time.perf_counter() - t0, 3))
         else:
             a = s.algo
-            run = D.run_cd(comm, P, d, a, ref, recorder, label, s.clock, float(j.section(P2PKeys).tau),
-                           float(j.section(P2PKeys).wall_budget),
-                           self._val_clip(ctx, d) if a.score_releases else None, ctx.progress)
+            keys = j.section(P2PKeys)
+            run = D.run_cd(comm, P, d, a, ref, hooks, s.clock, float(keys.tau),
+                           float(keys.wall_budget),
+                           self._val_clip(ctx, d) if a.score_releases else None)
             out = None if run is None else self._cd_outcome(s, d, ref, run, t0)
         prep.refs[key] = ref  # whole now: run_cd added the local models a late one lacked
         return out
