@@ -257,6 +257,15 @@ class Job:
         extra = "\n".join(f"# --set {o}" for o in self.overrides)
         return f"{self.text.rstrip()}\n\n# overrides given on the command line:\n{extra}\n"
 
+    def axis(self, key: str) -> list[Any] | None:
+        """The values of `key`'s [sweep] axis (`key`: 'eps', 'n', 'owners', 'variant' or a
+        method key such as 'dola.graph'), None where the job does not sweep it."""
+        return self.values.get(sweep_key(key)) or None
+
+    def swept(self, key: str, value: Any) -> list[Any]:
+        """Every value `key` takes in the job: its sweep axis, else [value] (its one value)."""
+        return self.axis(key) or [value]
+
     def sweep(self) -> dict[str, Any]:
         """The sweep axes that are set, e.g. {'eps': [1, 10]}."""
         return {k.split(".", 1)[1]: v for k, v in self.values.items()

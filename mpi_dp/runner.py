@@ -29,7 +29,7 @@ from .comm.star import Star
 from .data import ShardFile
 from .errors import DiskFullError, JobError
 from .job import load_job
-from .jobspec import Job, PrivacyKeys, resolve_per_owner
+from .jobspec import Job, PrivacyKeys, resolve_per_owner, sweep_key
 from .methods import REGISTRY, Context, Method, Outcome, Resolved
 from .methods.base import RunHooks, shard_sizes
 from .privacy import accountants, contract, noise_signal
@@ -53,10 +53,10 @@ def participants(job: Job, owners: Any, n_agents: int) -> int:
     """The number of participating owners N_c ('all' or a number <= the shard file's owners)."""
     if owners == "all":
         return n_agents
-    key = "sweep.owners" if job.get("sweep.owners") else "owners"
+    key = sweep_key("owners") if job.axis("owners") else "owners"
     if owners > n_agents:
         raise JobError(f"job file {job.path}: key '{key}': {owners} owners asked for but the shard "
-                       f"file {job['data']} has {n_agents}")
+                       f"file {job.generic.data} has {n_agents}")
     return int(owners)
 
 
@@ -68,8 +68,8 @@ def resolve_configs(job: Job, shard: ShardFile, sizes: np.ndarray | None = None
     out = []
     for cfg in job.configs():
         N = participants(job, cfg.owners, shard.n_agents)
-        key_e = "sweep.eps" if job["sweep.eps"] else "eps"
-        key_n = "sweep.n" if job["sweep.n"] else "n"
+        key_e = sweep_key("eps") if job.axis("eps") else "eps"
+        key_n = sweep_key("n") if job.axis("n") else "n"
         eps = [float(e) for e in resolve_per_owner(job, key_e, cfg.eps, N, shard.n_agents)]
         asked = resolve_per_owner(job, key_n, cfg.n, N, shard.n_agents)
         asked = [int(sizes[i]) if v == "all" else int(v) for i, v in enumerate(asked)]
@@ -407,7 +407,7 @@ def write_outcome(rec: ConfigRecorder, outcome: Outcome, delta: float) -> None:
 
 def _variants(job: Job) -> str:
     """The job's variant, or the swept variants joined by commas."""
-    return ",".join(job["sweep.variant"]) if job["sweep.variant"] else job["variant"]
+    return ",".join(job.swept("variant", job.generic.variant))
 
 
 def owner_values(shard: ShardFile) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -9,6 +10,7 @@ from helpers import write_job
 
 from mpi_dp.errors import JobError
 from mpi_dp.job import load_job, parse_override
+from mpi_dp.jobspec import PrivacyKeys, StepKeys
 
 
 def test_valid_job_defaults_and_sweep(tmp_path, small_shards):
@@ -106,3 +108,21 @@ def test_async_defaults_and_owner_sweep(tmp_path, small_shards):
                          variant="proof", owners=5)
     with pytest.raises(JobError, match="5 owners asked for but the shard file .* has 3"):
         resolve_configs(load_job(too_many), ShardFile(small_shards))
+
+
+def test_typed_sections_read_what_the_keys_hold(tmp_path, small_shards):
+    """Methods read typed, frozen sections and sweep axes, never the key strings: each view
+    answers what the validated job holds."""
+    p = write_job(tmp_path / "j.toml", small_shards, sweep={"eps": [0.5, math.inf]})
+    job = load_job(p)
+    g = job.generic
+    assert (g.T, g.runs, g.seed, g.variant) == (job["T"], job["runs"], job["seed"],
+                                                job["variant"])
+    step = job.section(StepKeys)
+    assert step.alpha == job["step.alpha"] == 1.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        step.alpha = 2.0
+    assert job.section(PrivacyKeys).delta == job["privacy.delta"]
+    assert job.axis("eps") == [0.5, math.inf] and job.axis("n") is None
+    assert job.swept("eps", 3.0) == [0.5, math.inf]
+    assert job.swept("n", g.n) == [job["n"]] and job.swept("variant", g.variant) == ["alg2"]

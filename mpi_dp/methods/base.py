@@ -38,7 +38,7 @@ from ..comm.agree import collective
 from ..comm.star import Star
 from ..data import ShardFile
 from ..errors import JobError
-from ..jobspec import Config, Job, Key
+from ..jobspec import Config, Job, Key, PrivacyKeys
 from ..privacy import Ledger, contract
 from ..results.footprint import Footprint, config_footprint, hosted
 
@@ -142,7 +142,7 @@ def owner_plans(ctx: Context, rc: Resolved, n_records: Any, mechanism: str,
     for i, eps in enumerate(rc.eps):
         n = int(n_records[i])
         try:
-            delta = contract.resolve_delta(job["privacy.delta"], n, i)
+            delta = contract.resolve_delta(job.section(PrivacyKeys).delta, n, i)
         except ValueError as e:
             raise JobError(f"job file {job.path}: {e}") from None
         k = int(releases if isinstance(releases, int | np.integer) else releases[i])

@@ -352,8 +352,8 @@ class Dola(Method[Prepared, DolaSettings]):
         j, n_owners = ctx.job, ctx.shard.n_agents
         k = j.section(DolaKeys)
         # every graph the job needs, built on rank 0 and broadcast
-        for o in j.get("sweep.owners") or [j.section(SharedKeys).owners]:
-            for kind in j.get("sweep.graph") or [k.graph]:
+        for o in j.swept("owners", j.section(SharedKeys).owners):
+            for kind in j.swept("dola.graph", k.graph):
                 self._graph(ctx, prep, n_owners if o == "all" else int(o), kind)
         ctx.agree(lambda: self._check_agents(ctx, prep))
         return prep
@@ -363,13 +363,13 @@ class Dola(Method[Prepared, DolaSettings]):
         runner has checked the numbers of owners against the shard file)."""
         j, n_owners = ctx.job, ctx.shard.n_agents
         k = j.section(DolaKeys)
-        for o in j.get("sweep.owners") or [j.section(SharedKeys).owners]:
+        for o in j.swept("owners", j.section(SharedKeys).owners):
             m = n_owners if o == "all" else int(o)
-            for kind in j.get("sweep.graph") or [k.graph]:
+            for kind in j.swept("dola.graph", k.graph):
                 self._graph(ctx, prep, m, kind)
             groups = owner_groups(n_owners, m, k.pool_owners)
             sizes = group_sizes(prep.sizes, groups)
-            for variant in j["sweep.variant"] or [j.generic.variant]:
+            for variant in j.swept("variant", j.generic.variant):
                 h = self._batch(k, variant)
                 few = [a for a, n in enumerate(sizes) if n < h]
                 if few:
@@ -386,7 +386,7 @@ class Dola(Method[Prepared, DolaSettings]):
     def header(self, ctx: Context, prep: Prepared) -> str:
         j = ctx.job
         k = j.section(DolaKeys)
-        graphs = ",".join(j.get("sweep.graph") or [k.graph])
+        graphs = ",".join(j.swept("dola.graph", k.graph))
         return (f"n={ctx.shard.n_features}{' (CSR)' if ctx.shard.is_sparse else ''}; graph "
                 f"{graphs}, {k.activation} activation, {k.exchange} exchange")
 

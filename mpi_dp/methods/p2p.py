@@ -264,7 +264,7 @@ class P2P(Method):
     def prepare(self, ctx: Context) -> Prepared:
         prep = Prepared()
         j = ctx.job
-        paths = j.get("sweep.shard") or [j.section(P2PKeys).shard or str(ctx.shard.path)]
+        paths = j.swept("p2p.shard", j.section(P2PKeys).shard or str(ctx.shard.path))
         for path in paths:
             prep.data[path] = self._load_hosted(ctx, path)
         return prep
@@ -434,7 +434,7 @@ class P2P(Method):
     def _candidates(self, ctx: Context, d: Data) -> list[int]:
         """T_i of every candidate of the selection (p2p.select = 'T_agent')."""
         n = d.W.shape[0]
-        return [self._cap(ctx, v, n) for v in ctx.job["sweep.T_agent"]]
+        return [self._cap(ctx, v, n) for v in ctx.job.axis("p2p.T_agent") or []]
 
     def calibrated(self, ctx: Context, prep: Prepared, rc: Resolved, s: P2PSettings,
                    cals: list) -> P2PSettings:
