@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from helpers import mpi_run, write_job
 
-from mpi_dp import cli
+from mpi_dp import cli, strict_json
 from mpi_dp.analysis import export
 from mpi_dp.analysis.load import open_result
 
@@ -112,7 +112,8 @@ def _check_tables(result, metrics_path, ledger_path, fmt) -> None:
                 else:
                     assert _bits_equal(got, d), k
             # the configuration's columns: its scalar attributes, the same in both tables
-            scalars = {k: v for k, v in g.attrs.items() if k != "config_index"
+            scalars = {k: v for k, v in g.attrs.items() if k not in ("config_index",
+                                                                    "sweep_values")
                        and (not isinstance(v, np.ndarray) or v.shape == ())}
             assert scalars
             lrows = led[led["config"] == i]
@@ -123,6 +124,11 @@ def _check_tables(result, metrics_path, ledger_path, fmt) -> None:
                 assert all(_cell_equal(c, v) for c in lrows[col]), k
             for k, values in sweep.items():  # the swept value of this configuration
                 assert all(_cell_equal(c, values[i]) for c in rows[k]), k
+            if "sweep_values" in g.attrs:  # format 2: the configuration says its own values
+                own = strict_json.loads(g.attrs["sweep_values"])
+                assert set(own) == set(sweep) and "sweep_values" not in m.columns
+                for k, v in own.items():
+                    assert all(_cell_equal(c, v) for c in rows[k]), k
             # per-agent values (attributes or, format 2, datasets) are no columns
             per_agent = [k for k, v in g.attrs.items() if isinstance(v, np.ndarray) and v.shape]
             per_agent += [k for k, v in g.items() if isinstance(v, h5py.Dataset)
@@ -393,3 +399,16 @@ def test_main_configures_the_progress_log_first(monkeypatch, capsys):
     monkeypatch.setattr(progress, "configure", seen.append)
     assert cli.main(["info"]) == 0
     assert seen == [0]
+
+
+def test_a_format_1_file_gets_its_sweep_expanded_from_the_root(tmp_path):
+    """Files written before the per-configuration `sweep_values` (format 1): the root sweep is
+    expanded in the job's order and checked against the configurations' own attributes."""
+    src = _synthetic(tmp_path / "s.h5")
+    with open_result(src) as res:
+        assert export.sweep_values(res) == {0: {"eps": 1.0}, 1: {"eps": 2.0}}
+    with h5py.File(src, "r+") as f:  # the same file, but its configurations say their values
+        for i in range(2):
+            f[f"configs/{i:03d}"].attrs["sweep_values"] = strict_json.dumps({"eps": 5.0 + i})
+    with open_result(src) as res:
+        assert export.sweep_values(res) == {0: {"eps": 5.0}, 1: {"eps": 6.0}}

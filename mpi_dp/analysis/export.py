@@ -83,11 +83,27 @@ def _plain(v: Any) -> Any:
 
 
 def sweep_values(res: Any) -> dict[int, dict[str, Any]]:
-    """Each configuration's swept values {index: {key: value}}, from the root attribute `sweep`
-    expanded as a job expands it (variant, owners, n, eps, then the method's own axes); a value
-    that is a list (per-owner eps of one configuration) becomes its JSON text. The order of a
-    method's own axes is taken from the configurations' scalar attributes where they say it;
-    {} when no order fits the configurations."""
+    """Each configuration's swept values {index: {key: value}}: its own `sweep_values`
+    attribute (strict JSON, written since format 2), or in an older file the root attribute
+    `sweep` expanded as a job expands it (`_expanded_sweep`). Generic axes come first (variant,
+    owners, n, eps), then the method's own; a value that is a list (per-owner eps of one
+    configuration) becomes its JSON text."""
+    out: dict[int, dict[str, Any]] = {}
+    for c in res.configs:
+        text = c.attrs.get("sweep_values")
+        if not isinstance(text, str):
+            return _expanded_sweep(res)
+        vals = strict_json.loads(text)
+        keys = [k for k in SWEEP_AXES if k in vals] + [k for k in vals if k not in SWEEP_AXES]
+        out[c.index] = {k: strict_json.dumps(vals[k]) if isinstance(vals[k], list | dict)
+                        else vals[k] for k in keys}
+    return out
+
+
+def _expanded_sweep(res: Any) -> dict[int, dict[str, Any]]:
+    """A format-1 file's swept values: the root `sweep` expanded in the job's order (variant,
+    owners, n, eps, then the method's own axes, their order taken from the configurations'
+    scalar attributes where they say it); {} when no order fits the configurations."""
     sweep = {k: v for k, v in res.sweep.items() if isinstance(v, list) and v}
     if not sweep:
         return {}
@@ -131,7 +147,7 @@ def config_columns(res: Any) -> dict[int, dict[str, Any]]:
     for c in res.configs:
         cols = dict(swept.get(c.index, {}))
         for k in sorted(c.attrs):
-            if k == "config_index":
+            if k in ("config_index", "sweep_values"):  # the latter: expanded into its axes
                 continue
             v = _plain(c.attrs[k])
             if v is not None:
