@@ -151,7 +151,7 @@ def local_reference(comm: MPI.Comm, obj: Objective | None, P: M.Problem, d: Data
 
 
 # -- coordinate descent -------------------------------------------------------------------------
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class CDRun:
     """What a coordinate-descent configuration gives its outcome (rank 0)."""
 
