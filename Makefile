@@ -10,6 +10,8 @@ PY       := $(VENV)/bin/python
 MPIEXEC  := $(VENV)/bin/mpiexec
 WITH_PETSC ?= 0
 NP       ?= 4
+# pytest-xdist workers of the serial tests (each test may start mpiexec; 0: one process)
+TEST_WORKERS ?= 2
 export OPENBLAS_NUM_THREADS := 1
 export OMP_NUM_THREADS := 1
 export PATH := $(abspath $(VENV))/bin:$(PATH)
@@ -66,8 +68,9 @@ demo: venv data/demo_shards.h5
 
 test: venv lint test-serial test-mpi
 
+# the serial tests over TEST_WORKERS pytest-xdist workers (the Slurm ones share one: one node)
 test-serial: venv
-	$(PY) -m pytest -q -p no:cacheprovider -m "not mpi" tests
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup -m "not mpi" tests
 
 # pytest-mpi: the collective tests run inside every rank (timeout: a hang fails instead of waiting)
 test-mpi: venv

@@ -271,7 +271,7 @@ def test_a_full_disk_keeps_what_was_complete_and_resume_finishes_it_bit_for_bit(
     refuses; with --force the run fills the disk in its second configuration, stops with one
     line naming the path, and the partial file holds the first configuration complete and
     readable; after space is freed --resume (on another rank count) equals an uninterrupted run."""
-    job = _fault_job(files, runs=20, T=1500, record_every=1)
+    job = _fault_job(files, runs=200, T=150, record_every=1)
     out = small_disk / "x.h5"
     cp = mpi_run(2, ["run", str(job), "--out", str(out), "--quiet"], cwd=files)
     assert cp.returncode == 2 and "pass --force" in cp.stderr and "free" in cp.stderr, cp.stderr
@@ -286,7 +286,7 @@ def test_a_full_disk_keeps_what_was_complete_and_resume_finishes_it_bit_for_bit(
     with h5py.File(f"{out}.partial", "r", locking=False) as f:
         assert f.attrs["status"] == "failed" and "no space" in f.attrs["status_reason"]
         assert f["configs/000"].attrs["config_complete"]
-        assert f["configs/000/metrics/psi"].shape == (1501, 20)
+        assert f["configs/000/metrics/psi"].shape == (151, 200)
     moved = tmp_path / "x.h5"  # "free space": continue it on a disk with room
     shutil.copy(f"{out}.partial", f"{moved}.partial")
     cp = mpi_run(3, ["run", str(job), "--out", str(moved), "--quiet", "--resume"], cwd=files)
@@ -311,7 +311,7 @@ def test_sigterm_stops_every_rank_at_a_record_and_resume_finishes_it_bit_for_bit
     out = tmp_path / "t.h5"
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", MPI_DP_CHECKPOINT_S="1000")
     proc = subprocess.Popen([MPIEXEC, "-n", "3", sys.executable, "-m", "mpi_dp", "run", str(job),
-                             "--out", str(out), "--set", "T=3000"], cwd=files, env=env,
+                             "--out", str(out), "--set", "T=1000"], cwd=files, env=env,
                             stderr=subprocess.PIPE, text=True)
     wait_for_progress(Path(f"{out}.partial"), "progress_record", 5)
     time.sleep(0.5)
@@ -324,11 +324,11 @@ def test_sigterm_stops_every_rank_at_a_record_and_resume_finishes_it_bit_for_bit
         assert f.attrs["status"] == "interrupted" and "SIGTERM" in f.attrs["status_reason"]
         stopped = int(f.attrs["progress_config"])
         assert "checkpoint" in f[f"configs/{stopped:03d}"]  # stopped inside a configuration
-    cp = mpi_run(2, ["run", str(job), "--out", str(out), "--set", "T=3000", "--resume"],
+    cp = mpi_run(2, ["run", str(job), "--out", str(out), "--set", "T=1000", "--resume"],
                  cwd=files)
     assert cp.returncode == 0 and "resumed from its checkpoint" in cp.stderr, cp.stderr
     whole = tmp_path / "whole.h5"
-    cp = mpi_run(3, ["run", str(job), "--out", str(whole), "--set", "T=3000", "--quiet"],
+    cp = mpi_run(3, ["run", str(job), "--out", str(whole), "--set", "T=1000", "--quiet"],
                  cwd=files)
     assert cp.returncode == 0, cp.stderr
     _same_datasets(whole, out)

@@ -237,7 +237,12 @@ def test_merge_refuses_what_would_not_be_the_whole_result(tmp_path, small_shards
 
 
 # -- Slurm: the array script under a real sbatch (skipped like tests/test_slurm.py) -------------
-slurm = pytest.mark.skipif(not _slurm_up(), reason="no Slurm cluster answers (sinfo)")
+_no_slurm = pytest.mark.skipif(not _slurm_up(), reason="no Slurm cluster answers (sinfo)")
+
+
+def slurm(test):
+    """A test that needs the Slurm cluster, run on test_slurm's pytest-xdist worker."""
+    return pytest.mark.xdist_group("slurm")(_no_slurm(test))
 
 
 def _sbatch_array(tmp_path: Path, array: str, *args: str, env: dict | None = None) -> str:

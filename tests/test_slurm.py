@@ -29,7 +29,8 @@ def _slurm_up() -> bool:
     return out.returncode == 0 and any(s in out.stdout for s in ("idle", "mixed", "alloc"))
 
 
-pytestmark = pytest.mark.skipif(not _slurm_up(), reason="no Slurm cluster answers (sinfo)")
+pytestmark = [pytest.mark.skipif(not _slurm_up(), reason="no Slurm cluster answers (sinfo)"),
+              pytest.mark.xdist_group("slurm")]  # one local node: its jobs one at a time
 
 
 def _sbatch(tmp_path: Path, job: Path, out: Path) -> str:

@@ -12,10 +12,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # only in annotations: pandas loads where csv_text reads a CSV
+    import pandas as pd
 
 from mpi_dp.data.readers.common import Table, _require_file
 from mpi_dp.data.readers.csv_text import (
