@@ -27,6 +27,7 @@ help:
 	@echo "make demo    - set up .venv, run the demo job under mpiexec -n $(NP), print its outputs"
 	@echo "make test    - set up .venv, run the serial tests and the MPI tests on 1, 2 and 4 ranks"
 	@echo "               (WITH_PETSC=1 make test also builds petsc4py and tests the PETSc path)"
+	@echo "               (serial tests on TEST_WORKERS=$(TEST_WORKERS) pytest-xdist workers; 0: one process)"
 	@echo "make lint    - ruff"
 	@echo "make bench   - benchmarks/replicates.py, async_rate.py (mpiexec -n 3 and -n 9), admm_mnist.py"
 	@echo "               (GEMM efficiency; prepares data/mnist.h5), scaling.py (small grid),"
