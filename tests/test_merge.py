@@ -22,7 +22,7 @@ from helpers import (
     wait_for_progress,
     write_job,
 )
-from test_slurm import _slurm_up, _wait_gone
+from test_slurm import SLURM_MARKS, _wait_gone
 
 from mpi_dp.results.output import partial_path
 
@@ -237,12 +237,11 @@ def test_merge_refuses_what_would_not_be_the_whole_result(tmp_path, small_shards
 
 
 # -- Slurm: the array script under a real sbatch (skipped like tests/test_slurm.py) -------------
-_no_slurm = pytest.mark.skipif(not _slurm_up(), reason="no Slurm cluster answers (sinfo)")
-
-
 def slurm(test):
-    """A test that needs the Slurm cluster, run on test_slurm's pytest-xdist worker."""
-    return pytest.mark.xdist_group("slurm")(_no_slurm(test))
+    """A test that needs the Slurm cluster, with test_slurm's marks (its skip, its worker)."""
+    for mark in SLURM_MARKS:
+        test = mark(test)
+    return test
 
 
 def _sbatch_array(tmp_path: Path, array: str, *args: str, env: dict | None = None) -> str:

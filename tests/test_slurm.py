@@ -29,8 +29,11 @@ def _slurm_up() -> bool:
     return out.returncode == 0 and any(s in out.stdout for s in ("idle", "mixed", "alloc"))
 
 
-pytestmark = [pytest.mark.skipif(not _slurm_up(), reason="no Slurm cluster answers (sinfo)"),
-              pytest.mark.xdist_group("slurm")]  # one local node: its jobs one at a time
+#: the marks of a test that submits to Slurm (also test_merge's): skipped where no cluster answers
+#: (sinfo asked once), and on one pytest-xdist worker (one local node: its jobs one at a time)
+SLURM_MARKS = (pytest.mark.skipif(not _slurm_up(), reason="no Slurm cluster answers (sinfo)"),
+               pytest.mark.xdist_group("slurm"))
+pytestmark = list(SLURM_MARKS)
 
 
 def _sbatch(tmp_path: Path, job: Path, out: Path) -> str:
