@@ -47,15 +47,25 @@ def _words(n: int) -> list[int]:
             return out
 
 
-def _seed_states(seed: int, key: tuple[int, ...], runs: np.ndarray) -> np.ndarray:
-    """(R, 4) uint64: SeedSequence(seed, spawn_key=key + (run,)).generate_state(4, uint64)."""
+def _seed_states(seed: int, key: tuple[int | np.ndarray, ...], runs: np.ndarray) -> np.ndarray:
+    """(R, 4) uint64: SeedSequence(seed, spawn_key=key + (run,)).generate_state(4, uint64) of
+    each row. A key element is one int for every row, or an array of R ints (each < 2**32, one
+    seed word, as such an int is): e.g. the agent of each row of a block of agents."""
     run_entropy = _words(seed)
     run_entropy += [0] * max(0, POOL - len(run_entropy))
-    const_words = run_entropy + [w for k in key for w in _words(k)]
     R = runs.size
     if np.any(runs >= 2**32):
         raise ValueError("run indices must be < 2**32")
-    cols = [np.full(R, w, dtype=_U32) for w in const_words] + [runs.astype(_U32)]
+    cols = [np.full(R, w, dtype=_U32) for w in run_entropy]
+    for k in key:
+        if np.ndim(k) == 0:
+            cols += [np.full(R, w, dtype=_U32) for w in _words(int(k))]
+            continue
+        k = np.asarray(k, dtype=np.int64).reshape(-1)
+        if k.size != R or np.any((k < 0) | (k >= 2**32)):
+            raise ValueError("a per-row seed key needs one value in [0, 2**32) per row")
+        cols.append(k.astype(_U32))
+    cols.append(runs.astype(_U32))
     hc = [INIT_A]
 
     def hashmix(v: np.ndarray) -> np.ndarray:
@@ -170,15 +180,17 @@ def _scratch_pcg64() -> np.random.PCG64:
 
 
 class RunStreams:
-    """The noise (or other purpose) streams of a set of runs of one agent, drawn as blocks.
+    """The noise (or other purpose) streams of a set of runs of one agent (or of a block of
+    agents: `rng.agent_run_streams`), drawn as blocks.
 
-    Row r is the stream `mpi_dp.rng.stream(seed, purpose, agent, runs[r])`. `subset(rows)` gives a
+    Row r is the stream `mpi_dp.rng.stream(seed, purpose, agent, runs[r])` (agent: the key's
+    agent, or its r-th entry when the key holds one per row). `subset(rows)` gives a
     view that draws from (and advances) only those rows of this object.
     """
 
-    def __init__(self, seed: int, key: tuple[int, ...], runs: np.ndarray) -> None:
+    def __init__(self, seed: int, key: tuple[int | np.ndarray, ...], runs: np.ndarray) -> None:
         runs = np.asarray(runs, dtype=np.int64).reshape(-1)
-        st = _seed_states(int(seed), tuple(int(k) for k in key), runs)
+        st = _seed_states(int(seed), tuple(k if np.ndim(k) else int(k) for k in key), runs)
         # numpy pcg64_set_seed + srandom_r: state = 0; inc = (initseq << 1) | 1; step;
         # state += initstate; step
         self.inc_h = (st[:, 2] << _U64(1)) | (st[:, 3] >> _U64(63))

@@ -58,3 +58,18 @@ def run_streams(seed: int, purpose: str, agent: int, runs: np.ndarray | Sequence
     the bits of ``stream(seed, purpose, agent, runs[r])`` (mpi_dp.pcg), all rows in one pass."""
     seed_sequence(seed, purpose, agent, 0)  # the same argument checks
     return RunStreams(int(seed), (PURPOSES[purpose], int(agent)), np.asarray(list(runs), dtype=np.int64))
+
+
+def agent_run_streams(seed: int, purpose: str, agents: np.ndarray | Sequence[int],
+                      runs: np.ndarray | Sequence[int]) -> RunStreams:
+    """The streams of every (agent, run) pair of a block of agents as one RunStreams, seeded in
+    one vectorised pass, agent-major: row a * len(runs) + r draws exactly the bits of
+    ``stream(seed, purpose, agents[a], runs[r])``, so a rank hosting many agents seeds and
+    draws for all of them at once and each agent's noise is what it draws alone."""
+    agents = np.asarray(list(agents), dtype=np.int64).reshape(-1)
+    runs = np.asarray(list(runs), dtype=np.int64).reshape(-1)
+    seed_sequence(seed, purpose, 0, 0)  # the same argument checks
+    if np.any(agents < 0) or np.any(runs < 0):
+        raise ValueError("seed, agent and run must be non-negative integers")
+    return RunStreams(int(seed), (PURPOSES[purpose], np.repeat(agents, runs.size)),
+                      np.tile(runs, agents.size))

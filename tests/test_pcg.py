@@ -26,6 +26,29 @@ def test_rows_are_numpys_pcg64_streams_bit_for_bit(seed, agent):
         np.testing.assert_array_equal(got[i], _numpy_raw(seed, "noise", agent, int(r), 44))
 
 
+@pytest.mark.parametrize("seed", [0, 2**40 + 5])
+def test_a_block_of_agents_draws_each_agent_s_own_streams(seed):
+    """Seeded in one pass over (agent, run), agent-major: every row is that agent's stream bit
+    for bit, the same as the agent's own run streams, whichever agents share the block."""
+    agents = np.array([0, 3, 2**31 + 1, rng.LEARNER, 3])
+    runs = np.array([0, 5, 2**32 - 1])
+    block = rng.agent_run_streams(seed, "noise", agents, runs)
+    got = np.concatenate([block.uint64(3), block.uint64(40)], axis=1)
+    lap = block.laplace(7)
+    for a, agent in enumerate(agents):
+        own = rng.run_streams(seed, "noise", int(agent), runs)
+        np.testing.assert_array_equal(got[a * 3:(a + 1) * 3],
+                                      np.concatenate([own.uint64(3), own.uint64(40)], axis=1))
+        np.testing.assert_array_equal(lap[a * 3:(a + 1) * 3], own.laplace(7))
+        for r, run in enumerate(runs):
+            np.testing.assert_array_equal(got[a * 3 + r],
+                                          _numpy_raw(seed, "noise", int(agent), int(run), 43))
+    with pytest.raises(ValueError, match="non-negative"):
+        rng.agent_run_streams(seed, "noise", [-1], runs)
+    with pytest.raises(ValueError, match="2\\*\\*32"):
+        rng.agent_run_streams(seed, "noise", [2**32], runs)
+
+
 def test_subset_rows_advance_only_themselves():
     rs = rng.run_streams(5, "noise", 1, range(4))
     a = rs.subset([1, 3]).random(6)  # rows 1 and 3 move on by 6
