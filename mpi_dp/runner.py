@@ -152,8 +152,9 @@ def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool, final: P
     sizes = shard_sizes(comm, shard)
     configs = collective(comm, lambda: resolve_configs(job, shard, sizes))
     star = Star(comm, shard.n_agents)
-    collective(comm, lambda: shard.check_agents(list(star.local_agents)))
-    collective(comm, lambda: shard.check_finite(list(star.local_agents)))
+    # the rank's block of owners in a few large reads (block layout; one per owner in old files)
+    collective(comm, lambda: shard.check_agents(star.local_agents))
+    collective(comm, lambda: shard.check_finite(star.local_agents))
     g = job.generic
     run_ids = tuple(range(g.first_run, g.first_run + g.runs))
     ctx = Context(job, shard, star, run_ids, progress, sizes)

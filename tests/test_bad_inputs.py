@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from helpers import mpi_run
 
+from mpi_dp.data.shards import rewrite_shards
 from mpi_dp.data.synth import write_synth
 
 BASE = """name = "b"
@@ -32,11 +33,11 @@ def files(tmp_path_factory) -> Path:
     write_synth(d / "good.h5", "regression", 3, 60, 4, 0.5, 1, public=50)
     write_synth(d / "bin.h5", "binary", 3, 60, 4, 0.3, 1)
     shutil.copy(d / "good.h5", d / "nan.h5")
-    with h5py.File(d / "nan.h5", "r+") as f:
-        x = f["agents/1/X"][()]
-        x[3, 2] = np.nan
-        f["agents/1/X"][...] = x
-    shutil.copy(d / "good.h5", d / "noowner.h5")
+    with h5py.File(d / "nan.h5", "r+") as f:  # owner 1's record 3 (rows offsets[1]: of X)
+        x = f["agents/X"][()]
+        x[int(f["agents/offsets"][1]) + 3, 2] = np.nan
+        f["agents/X"][...] = x
+    rewrite_shards(d / "good.h5", d / "noowner.h5", layout="groups")  # format_version 1
     with h5py.File(d / "noowner.h5", "r+") as f:
         del f["agents/2"]
     (d / "plain").write_text("not HDF5")

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from helpers import mpi_run
 
+from mpi_dp.data.shards import rewrite_shards
 from mpi_dp.data.synth import write_synth
 
 BASE = """name = "b"
@@ -26,14 +27,20 @@ eps = 1.0
 
 
 def _empty_owners(path: Path, owners: tuple[int, ...]) -> None:
-    """Owners of a shard file left with no records (X (0, p), y (0,), n = 0)."""
+    """Owners of a shard file left with no records (their rows of X and y dropped, their ranges
+    of /agents/offsets empty)."""
     with h5py.File(path, "r+") as f:
+        g = f["agents"]
+        off = g["offsets"][()]
+        keep = np.ones(off[-1], dtype=bool)
         for i in owners:
-            g = f[f"agents/{i}"]
-            p = g["X"].shape[1]
-            del g["X"], g["y"]
-            g["X"], g["y"] = np.zeros((0, p)), np.zeros(0)
-            g.attrs["n"] = 0
+            keep[off[i]: off[i + 1]] = False
+        sizes = np.diff(off)
+        sizes[list(owners)] = 0
+        X, y = g["X"][()][keep], g["y"][()][keep]
+        for name, value in (("X", X), ("y", y), ("offsets", np.concatenate([[0], np.cumsum(sizes)]))):
+            del g[name]
+            g[name] = value
 
 
 def _edit(d: Path, source: str, name: str, fn) -> None:
@@ -58,7 +65,8 @@ def files(tmp_path_factory) -> Path:
     for name, owners in (("empty1.h5", (1,)), ("empty12.h5", (1, 2))):
         shutil.copy(d / "good.h5", d / name)
         _empty_owners(d / name, owners)
-    _edit(d, "good.h5", "n_text.h5", lambda f: f["agents/1"].attrs.__setitem__("n", "sixty"))
+    rewrite_shards(d / "good.h5", d / "good_v1.h5", layout="groups")  # format_version 1
+    _edit(d, "good_v1.h5", "n_text.h5", lambda f: f["agents/1"].attrs.__setitem__("n", "sixty"))
     _edit(d, "good.h5", "pub_features.h5", lambda f: _replace(f, "public/X", np.zeros((50, 7))))
     _edit(d, "good.h5", "pub_labels.h5", lambda f: _replace(f, "public/y", np.zeros(3)))
 

@@ -37,7 +37,8 @@ def shard(tmp_path):
         source="unit test",
         attrs={"lam": 1e-5, "name": "demo", "k": 3, "cfg": {"x": [1, 2]}, "lst": [1.5, 2]},
         public_extra={"basis": basis},
-    )
+        layout="groups",  # format_version 1, still written and read (tests/test_shard_block.py
+    )                     # checks the block layout against it)
     return path, agents, public, basis
 
 
@@ -177,7 +178,7 @@ def test_check_agents_names_what_the_fast_layout_check_passes_on(tmp_path, edit,
     """check_agents validates the plain dense layout through HDF5's low-level API and hands
     anything else to the full check, which names the problem."""
     tests = [None, (np.ones((2, 3)), np.array([1.0, 2.0])), None]
-    path = write_shards(tmp_path / "f.h5", _agents(), test=tests)
+    path = write_shards(tmp_path / "f.h5", _agents(), test=tests, layout="groups")
     with h5py.File(path, "a") as f:
         g = f["agents/1"]
         if edit == "csr_x":
@@ -343,8 +344,9 @@ def test_agent_extra_round_trip(tmp_path):
             sf.read_agent_extra(0, "source_meta", 2)
         with pytest.raises(ShardError, match=r"agent 2 has no extra array 'item'; available: \[\]"):
             sf.read_agent_extra(2, "item")
-    with h5py.File(path, "r") as f:
-        assert f["agents/0/extra/item"].shape == (7,) and "extra" not in f["agents/2"]
+    with h5py.File(path, "r") as f:  # the block layout: every owner's item ids together
+        assert f["agents/extra/item/values"].shape == (19,)
+        assert f["agents/extra/item/present"][()].tolist() == [1, 1, 0]
 
 
 def test_agent_extra_validation_leaves_nothing(tmp_path):
@@ -366,7 +368,7 @@ def test_agent_extra_validation_leaves_nothing(tmp_path):
 
 def test_check_agents_catches_extra_of_wrong_length(tmp_path):
     agents = _agents()
-    path = write_shards(tmp_path / "e.h5", agents, agent_extra=_extras(agents))
+    path = write_shards(tmp_path / "e.h5", agents, agent_extra=_extras(agents), layout="groups")
     with h5py.File(path, "a") as f:
         del f["agents/1/extra/item"]
         f["agents/1/extra"].create_dataset("item", data=np.arange(5))

@@ -15,6 +15,7 @@ from mpi4py import MPI
 from mpi_dp.algorithms.common import LocalShard, Oracle, reference_quantities
 from mpi_dp.comm.star import Star
 from mpi_dp.data import ShardFile, write_shards
+from mpi_dp.data.shards import rewrite_shards
 from mpi_dp.errors import DataError, ShardError
 from mpi_dp.methods.star_common import public_grad_norms
 from mpi_dp.models import linear, reference
@@ -69,7 +70,7 @@ def test_csr_round_trip_and_dense_twin(tmp_path):
     agents, public, dense, csr = _twins(tmp_path, "regression")
     with ShardFile(csr) as sc, ShardFile(dense) as sd:
         assert sc.is_sparse and sc.storage == "csr" and not sd.is_sparse
-        assert sc.attrs["format_version"] == 1 and sc.n_features == P
+        assert sc.attrs["format_version"] == 2 and sc.n_features == P
         sc.check_agents()
         for i, (X, y) in enumerate(agents):
             Xr, yr = sc.read_agent(i)
@@ -93,17 +94,19 @@ def test_csr_round_trip_and_dense_twin(tmp_path):
 
 def test_csr_layout_contract(tmp_path):
     _, _, dense, csr = _twins(tmp_path, "regression")
+    rows = N_AGENTS * ROWS  # the block layout: every owner's rows in one CSR matrix
     with h5py.File(csr, "r") as f:
         assert f.attrs["storage"] == "csr"
-        g = f["agents/1/X"]
+        assert f["agents/offsets"][()].tolist() == [k * ROWS for k in range(N_AGENTS + 1)]
+        g = f["agents/X"]
         assert isinstance(g, h5py.Group) and g.attrs["format"] == "csr"
-        assert list(g.attrs["shape"]) == [ROWS, P]
+        assert list(g.attrs["shape"]) == [rows, P]
         assert g["data"].dtype == np.float64 and g["indptr"].dtype == np.int64
         assert g["indices"].dtype in (np.int32, np.int64)
-        assert g["indptr"].shape == (ROWS + 1,) and g["data"].shape == (g["indptr"][ROWS],)
+        assert g["indptr"].shape == (rows + 1,) and g["data"].shape == (g["indptr"][rows],)
         assert isinstance(f["public/X"], h5py.Group)
     with h5py.File(dense, "r") as f:
-        assert f.attrs["storage"] == "dense" and isinstance(f["agents/1/X"], h5py.Dataset)
+        assert f.attrs["storage"] == "dense" and isinstance(f["agents/X"], h5py.Dataset)
 
 
 def test_csr_prefix_reads_only_the_needed_entries(tmp_path, monkeypatch):
@@ -120,9 +123,11 @@ def test_csr_prefix_reads_only_the_needed_entries(tmp_path, monkeypatch):
         X, _ = sc.read_agent(2, 10)
         monkeypatch.undo()
     nnz10 = int(np.count_nonzero(agents[2][0][:10]))
+    base = int(sum(np.count_nonzero(X) for X, _ in agents[:2]))  # owner 2's first entry
     reads = {name.rsplit("/", 1)[1]: key for name, key in calls if "/X/" in name}
-    assert reads["indptr"].indices(10**9) == (0, 11, 1)
-    assert reads["data"] == slice(0, nnz10) and reads["indices"] == slice(0, nnz10)
+    assert reads["indptr"].indices(10**9) == (2 * ROWS, 2 * ROWS + 11, 1)
+    assert reads["data"] == slice(base, base + nnz10)
+    assert reads["indices"] == slice(base, base + nnz10)
     assert X.nnz == nnz10
     # a range of rows (a chunk of a DOLA stream) reads only that range's entries
     calls.clear()
@@ -131,9 +136,9 @@ def test_csr_prefix_reads_only_the_needed_entries(tmp_path, monkeypatch):
         X, _ = sc.read_agent_rows(2, 10, 15)
         monkeypatch.undo()
     reads = {name.rsplit("/", 1)[1]: key for name, key in calls if "/X/" in name}
-    lo = nnz10
+    lo = base + nnz10
     hi = lo + int(np.count_nonzero(agents[2][0][10:15]))
-    assert reads["indptr"].indices(10**9) == (10, 16, 1)
+    assert reads["indptr"].indices(10**9) == (2 * ROWS + 10, 2 * ROWS + 16, 1)
     assert reads["data"] == slice(lo, hi) and reads["indices"] == slice(lo, hi)
     np.testing.assert_array_equal(X.toarray(), agents[2][0][10:15])
 
@@ -210,13 +215,14 @@ def test_csr_shape_and_label_validation(tmp_path):
 
 def test_corrupt_csr_group_is_reported(tmp_path):
     _, _, _, csr = _twins(tmp_path, "regression")
+    csr = rewrite_shards(csr, csr.with_name("regression_csr_v1.h5"), layout="groups")
     with h5py.File(csr, "a") as f:
         ip = f["agents/1/X/indptr"][()]
         del f["agents/1/X/indptr"]
         f["agents/1/X"].create_dataset("indptr", data=ip[:-1])
     with ShardFile(csr) as sf:
         sf.check_agents([0, 2])
-        with pytest.raises(ShardError, match=r"regression_csr\.h5.*agent 1.*indptr has 300 "
+        with pytest.raises(ShardError, match=r"regression_csr_v1\.h5.*agent 1.*indptr has 300 "
                            "entries, expected 301"):
             sf.check_agents([1])
 

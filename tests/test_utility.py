@@ -31,7 +31,7 @@ from mpi_dp.analysis import open_result, summarize
 from mpi_dp.analysis.admm_figures import admm_table
 from mpi_dp.comm.p2p_star import P2PStar
 from mpi_dp.comm.star import Star
-from mpi_dp.data.shards import write_shards
+from mpi_dp.data.shards import ShardFile, write_shards
 from mpi_dp.data.synth import synth_multiclass, write_synth
 from mpi_dp.privacy.tap import Tap, tapping
 from mpi_dp.runner import run_job
@@ -71,14 +71,13 @@ def shards(tmp_path_factory) -> dict[str, str]:
 
 def _records(path: str) -> tuple[tuple, tuple | None]:
     """(training X, y of every owner, concatenated; the evaluation set or None), read directly."""
-    with h5py.File(path, "r") as f:
-        owners = range(len(f["agents"]))
-        train = [(f[f"agents/{i}/X"][()], f[f"agents/{i}/y"][()]) for i in owners]
-        if "test" in f:
-            test = (f["test/X"][()], f["test/y"][()])
-        elif "X_test" in f["agents/0"]:
-            test = tuple(np.concatenate([f[f"agents/{i}/{k}"][()] for i in owners])
-                         for k in ("X_test", "y_test"))
+    with ShardFile(path) as f:
+        owners = range(f.n_agents)
+        train = f.read_agents(owners)
+        if f.has_global_test:
+            test = f.read_test()
+        elif f.has_test(0):
+            test = tuple(np.concatenate(a) for a in zip(*f.read_agents_test(owners), strict=True))
         else:
             test = None
     X, y = (np.concatenate(a) for a in zip(*train, strict=True))
@@ -163,10 +162,10 @@ def test_admm_train_error_and_baselines_match_numpy(tmp_path):
     job = write_job(tmp_path / "a.toml", path, algorithm="admm", runs=2, T=15, record_every=5,
                     eps=1.0)
     g = _group(run_job(job, comm=MPI.COMM_SELF, progress=False))
-    with h5py.File(path, "r") as f:
-        y = np.concatenate([f[f"agents/{i}/y"][()] for i in range(3)]).astype(int)
-        X = np.concatenate([f[f"agents/{i}/X"][()] for i in range(3)])
-        yt = f["test/y"][()].astype(int)
+    with ShardFile(path) as f:
+        X, y = (np.concatenate(a) for a in zip(*f.read_agents(range(3)), strict=True))
+        y = y.astype(int)
+        yt = f.read_test()[1].astype(int)
     pred = np.argmax(np.einsum("nj,rjk->rnk", X, g["models/final"]), axis=2)
     np.testing.assert_array_equal(g["metrics/train_error"][-1], np.mean(pred != y, axis=1))
     maj = np.argmax(np.bincount(y))

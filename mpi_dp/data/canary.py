@@ -66,12 +66,33 @@ def _replace_record(path: pathlib.Path, owner: int, record: int, x: np.ndarray, 
     yy = yy.copy()
     yy[record] = y
     with h5py.File(path, "r+") as f:
+        if "offsets" in f["agents"]:  # the block layout: the owner's rows of /agents
+            _replace_block_row(f["agents"], int(f["agents/offsets"][owner]) + record, x, y)
+            return
         g = f[f"agents/{owner}"]
         del g["X"]
         del g["y"]
         _write_matrix(g, "X", sp.csr_matrix(X) if sp.issparse(X) else X)
         g.create_dataset("y", data=yy)
         g["y"].attrs["n"] = len(yy)
+
+
+def _replace_block_row(agents: h5py.Group, row: int, x: np.ndarray, y: float) -> None:
+    """Row `row` of /agents/X (dense, or CSR: its data and indices rewritten) and /agents/y."""
+    agents["y"][row] = y
+    X = agents["X"]
+    if isinstance(X, h5py.Dataset):
+        X[row] = x
+        return
+    data, indices, indptr = X["data"][()], X["indices"][()], X["indptr"][()]
+    a, b = int(indptr[row]), int(indptr[row + 1])
+    cols = np.flatnonzero(x)
+    new_data = np.concatenate([data[:a], x[cols], data[b:]])
+    new_indices = np.concatenate([indices[:a], cols.astype(indices.dtype), indices[b:]])
+    indptr[row + 1 :] += cols.size - (b - a)
+    for name, values in (("data", new_data), ("indices", new_indices), ("indptr", indptr)):
+        del X[name]
+        X.create_dataset(name, data=values)
 
 
 SHAPES = ("axis", "spread")

@@ -1,31 +1,49 @@
-"""The HDF5 shard format: one file per dataset, one group per data owner.
+"""The HDF5 shard format: one file per dataset, the records of all data owners stored together.
 
-Layout (format "mpi_dp.shards", version 1)::
+Layout (format "mpi_dp.shards", version 2: "blocks")::
 
     /                  attrs: format, format_version, n_agents, n_features, task, storage
                               ("dense" | "csr"; absent in older files: dense), feature_names
                               (optional), source, created_by, plus any extra writer attrs
-    /agents/<i>/X      dense: float64 (n_i, p), chunked in whole rows so a prefix read is cheap
-                       csr:   group, attrs format = "csr", shape = (n_i, p), with datasets
+    /agents/offsets    int64 (n_agents + 1,): owner i's records are rows offsets[i]:offsets[i+1]
+                       of X and y (offsets[0] = 0, non-decreasing, offsets[-1] = N, the records of
+                       all owners)
+    /agents/X          dense: float64 (N, p), chunked in whole rows
+                       csr:   group, attrs format = "csr", shape = (N, p), with datasets
                               data float64 (nnz,), indices int32/int64 (nnz,) sorted within each
-                              row, indptr int64 (n_i + 1,) (canonical CSR: no duplicate entries)
-    /agents/<i>/y      float64 (n_i,)             attr n = n_i
-    /agents/<i>/X_test, y_test                    optional held-out records of owner i
-    /agents/<i>/extra/<name>                      optional per-record arrays of owner i (length
-                                                  n_i along axis 0, e.g. MovieLens item ids or
-                                                  the record's line in the source file); names
-                                                  ending in "_meta" are free-form
+                              row, indptr int64 (N + 1,) (canonical CSR: no duplicate entries)
+    /agents/y          float64 (N,)
+    /agents/test_offsets, X_test, y_test          optional held-out records of the owners, stored
+                                                  the same way (an owner with no held-out records
+                                                  has an empty range: it has no test set)
+    /agents/extra/<name>                          optional per-owner arrays (e.g. MovieLens item
+                                                  ids or the record's line in the source file):
+                       attr layout = "concat": datasets values (every owner's array, concatenated
+                              along axis 0), offsets int64 (n_agents + 1,) into values, present
+                              uint8 (n_agents,) (1 where the owner has the array); or
+                       attr layout = "per_agent" (owners' arrays that do not concatenate: other
+                              dtypes or trailing shapes, scalars): one dataset per owner, named by
+                              its id
+                       names ending in "_meta" are free-form; the others hold one entry per record
+                       of the owner (their offsets equal /agents/offsets where present)
     /public/X, y       optional records every agent and the learner may see
     /public/<name>     optional extra public arrays (e.g. a PCA basis, theta_true; str arrays as
                        UTF-8, e.g. partition_values)
     /test/X, y         optional global test set (e.g. MNIST's own test set), attr n
 
+A rank hosts a contiguous block of owners, so it reads the records of its whole block in a few
+large reads (a rank's rows are one range of X), not one read per owner.
+
+Version 1 ("groups", still read, and written with ``write_shards(layout="groups")``) stores one
+group per owner instead: /agents/<i>/X and /agents/<i>/y (attr n = n_i), /agents/<i>/X_test,
+y_test and /agents/<i>/extra/<name>; groups are named by the decimal agent id without padding.
+
 Every X in a file (agents, test sets, public) is stored the same way: all dense or all CSR
-(``storage``). Agent groups are named by the decimal agent id without padding. Writers validate
-everything before touching the disk and write atomically (temporary file + ``os.replace``), so a
-shard file that exists is complete. Readers open read-only without HDF5 file locking, so many MPI
-ranks can read one file on a network filesystem, and each rank reads only its own agents' groups
-(a CSR prefix read touches only the first n + 1 entries of indptr and the matching data/indices).
+(``storage``). Writers validate everything before touching the disk and write atomically
+(temporary file + ``os.replace``), so a shard file that exists is complete. Readers open read-only
+without HDF5 file locking, so many MPI ranks can read one file on a network filesystem, and each
+rank reads only its own agents' records (a CSR prefix read touches only the first n + 1 entries of
+indptr and the matching data/indices).
 
 This module holds what the writer (`shard_writer`) and the reader (`shard_reader`) both need:
 the format's name and version, its tasks and storages, the root attributes it reserves, the
@@ -39,7 +57,9 @@ import numpy as np
 import scipy.sparse as sp
 
 FORMAT = "mpi_dp.shards"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: The agents' layouts by format_version: 1 one group per owner, 2 all owners' records together.
+LAYOUTS = {1: "groups", 2: "blocks"}
 TASKS = ("regression", "binary", "multiclass")
 STORAGES = ("dense", "csr")
 

@@ -1,12 +1,18 @@
 """Reading shard files (the layout is in `shard_format`): `ShardFile`.
 
 A `ShardFile` opens read-only without HDF5 file locking, so many MPI ranks can read one file on a
-network filesystem; opening checks the format and the agent groups but reads no records, and
+network filesystem; opening checks the format and the owners' layout but reads no records, and
 each rank reads only its own agents (a CSR prefix read touches only the first n + 1 entries of
-indptr and the matching data/indices). Sizes, agent checks and dense reads take fast paths
-through h5py's low-level API where the layout is the plain dense one (else the high-level path,
-which names any problem); `check_finite` keeps the records it read (up to `KEEP_BYTES`) so that
-the run does not read them twice.
+indptr and the matching data/indices). Both layouts are read: "blocks" (format_version 2, every
+owner's records in one X) and "groups" (format_version 1, one group per owner).
+
+In the block layout a rank's block of owners is read in a few large reads (`read_agents`,
+`read_agents_test`, `check_finite`, `check_agents`, `sizes`: the offsets are read once, at open),
+in slices of at most `READ_BYTES`, and each owner gets its own arrays (copies, so an owner's
+arrays are laid out in memory as a read of that owner alone lays them out). In the group layout
+sizes, agent checks and dense reads take fast paths through h5py's low-level API where the layout
+is the plain dense one (else the high-level path, which names any problem). `check_finite` keeps
+the records it read (up to `KEEP_BYTES`) so that the run does not read them twice.
 """
 
 from __future__ import annotations
@@ -15,18 +21,29 @@ import contextlib
 import json
 import os
 import pathlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import h5py
 import numpy as np
 import scipy.sparse as sp
 
-from mpi_dp.data.shard_format import FORMAT, FORMAT_VERSION, META_SUFFIX, STORAGES, TASKS, ArrayPair, Matrix
+from mpi_dp.data.shard_format import (
+    FORMAT,
+    FORMAT_VERSION,
+    LAYOUTS,
+    META_SUFFIX,
+    STORAGES,
+    TASKS,
+    ArrayPair,
+    Matrix,
+)
 from mpi_dp.errors import ShardError
 
 #: Bytes of owners' records a rank keeps in memory after `check_finite` (read once, not twice)
 KEEP_BYTES = 512 * 2**20
+#: Bytes of owners' records read at a time from a block layout (a rank's owners in a few reads)
+READ_BYTES = 64 * 2**20
 
 
 # ----------------------------------------------------------------------------------------------
@@ -65,9 +82,11 @@ def _attr_read(obj: h5py.h5g.GroupID, name: bytes) -> np.ndarray:
 class ShardFile:
     """A read-only view of a shard file; a context manager, or call `close()` when done.
 
-    Opening checks the format and that every agent group exists, but reads no records: each rank
-    reads only the agents it hosts with `read_agent`. In a CSR file (`is_sparse`) every X is
-    returned as a scipy.sparse.csr_matrix with sorted indices, otherwise as a float64 array.
+    Opening checks the format and the owners' layout (every agent group, or the offsets of the
+    block layout and the shapes of its arrays), but reads no records: each rank reads only the
+    agents it hosts, with `read_agents` (a block of owners in a few reads) or `read_agent`. In a
+    CSR file (`is_sparse`) every X is returned as a scipy.sparse.csr_matrix with sorted indices,
+    otherwise as a float64 array.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -88,6 +107,12 @@ class ShardFile:
             self._groups: dict[int, h5py.Group] = {}
             self._sizes: dict[int, int] = {}
             self._tests: dict[int, bool] = {}
+            # block layout: row offsets of the owners' records and held-out records (read once,
+            # at open), low-level datasets, and each extra array's layout, offsets and owners
+            self._off: np.ndarray | None = None
+            self._toff: np.ndarray | None = None
+            self._dsets: dict[str, h5py.h5d.DatasetID] = {}
+            self._extras: dict[str, tuple[str, np.ndarray | None, np.ndarray]] | None = None
         except OSError as exc:
             raise ShardError(
                 f"shard file '{self._path}' is not a readable HDF5 file ({exc}); a CSV or LIBSVM "
@@ -135,16 +160,63 @@ class ShardFile:
                              f"{list(STORAGES)}")
         if "agents" not in self._f:
             raise self._fail("has no /agents group")
+        if self.layout == "blocks":
+            self._validate_blocks()
+            return
         present = set(self._f["agents"].keys())
         missing = [i for i in range(self.n_agents) if str(i) not in present]
         if missing:
             shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
             raise self._fail(f"{len(missing)} of {self.n_agents} agent groups missing: {shown}")
 
+    def _validate_blocks(self) -> None:
+        """The block layout's offsets (read, checked) and the shapes and dtypes of its X and y,
+        of its held-out records where present, reading no records."""
+        g = self._f["agents"]
+        self._off = self._read_offsets(g, "offsets")
+        self._check_block_pair(g, "", int(self._off[-1]), "offsets")
+        if "test_offsets" in g or "X_test" in g or "y_test" in g:
+            if "test_offsets" not in g:
+                raise self._fail("has /agents/X_test or y_test but no /agents/test_offsets (the "
+                                 "owners' ranges of held-out records)")
+            self._toff = self._read_offsets(g, "test_offsets")
+            self._check_block_pair(g, "_test", int(self._toff[-1]), "test_offsets")
+
+    def _read_offsets(self, g: h5py.Group, name: str) -> np.ndarray:
+        """<g>/<name>: n_agents + 1 non-decreasing int64 row offsets from 0 (one read)."""
+        n = self.n_agents
+        obj = g.get(name)
+        where = f"{g.name}/{name}"
+        if not isinstance(obj, h5py.Dataset):
+            raise self._fail(f"has no {where} dataset (format_version 2 stores owner i's "
+                             f"records as rows {name}[i]:{name}[i+1] of /agents/X and y)")
+        if obj.shape != (n + 1,) or obj.dtype.kind not in "iu":
+            raise self._fail(f"{where} has shape {obj.shape} and dtype {obj.dtype}, "
+                             f"expected ({n + 1},) integers (n_agents + 1 row offsets)")
+        off = np.empty(n + 1, dtype=np.int64)
+        obj.id.read(h5py.h5s.ALL, h5py.h5s.ALL, off)
+        if off[0] != 0:
+            raise self._fail(f"{where} starts at {off[0]}, expected 0")
+        down = np.flatnonzero(off[1:] < off[:-1])
+        if down.size:
+            k = int(down[0])
+            raise self._fail(f"{where} decreases at agent {k} ({off[k]} -> {off[k + 1]}): "
+                             "agent ranges must be non-decreasing row offsets")
+        return off
+
+    def _check_block_pair(self, g: h5py.Group, suffix: str, rows: int, offsets: str) -> None:
+        """/agents/X<suffix> and y<suffix> hold `rows` records (the end of /agents/<offsets>)."""
+        what = "the owners' held-out records" if suffix else "the owners' records"
+        got = self._check_pair(g, suffix, f"{what} (/agents)")
+        if got != rows:
+            raise self._fail(f"/agents/X{suffix} has {got} rows but /agents/{offsets} ends at "
+                             f"{rows}")
+
     # -- lifecycle --
     def close(self) -> None:
         """Close the underlying HDF5 file (idempotent)."""
         self._groups.clear()
+        self._dsets.clear()
         if self._f.id.valid:
             self._f.close()
 
@@ -186,6 +258,12 @@ class ShardFile:
     def is_sparse(self) -> bool:
         """Whether every X in the file is CSR (read back as scipy.sparse.csr_matrix)."""
         return self.storage == "csr"
+
+    @property
+    def layout(self) -> str:
+        """How the owners are stored: "blocks" (format_version 2: every owner's records in one X,
+        rows by /agents/offsets) or "groups" (format_version 1: one group per owner)."""
+        return LAYOUTS[int(self._attrs["format_version"])]
 
     @property
     def feature_names(self) -> list[str] | None:
@@ -287,20 +365,46 @@ class ShardFile:
 
     # -- agents --
     def _group(self, i: int) -> h5py.Group:
-        i = int(i)
+        i = self._id(i)
         g = self._groups.get(i)
         if g is not None:
             return g
-        if not 0 <= i < self.n_agents:
-            raise self._fail(f"agent {i} out of range (the file has agents 0..{self.n_agents - 1})")
         g = self._f["agents"].get(str(i))
         if not isinstance(g, h5py.Group):
             raise self._fail(f"agent {i} group /agents/{i} is missing")
         self._groups[i] = g
         return g
 
+    def _id(self, i: int) -> int:
+        """Agent id i as an int, checked in range."""
+        i = int(i)
+        if not 0 <= i < self.n_agents:
+            raise self._fail(f"agent {i} out of range (the file has agents 0..{self.n_agents - 1})")
+        return i
+
+    def _ids(self, ids: Iterable[int] | None) -> np.ndarray:
+        """`ids` (default: all agents) as int64, each checked in range (the first one out of
+        range named)."""
+        if ids is None:
+            return np.arange(self.n_agents, dtype=np.int64)
+        if isinstance(ids, range):
+            out = np.arange(ids.start, ids.stop, ids.step, dtype=np.int64)
+        else:
+            out = np.array([int(i) for i in ids], dtype=np.int64)
+        bad = np.flatnonzero((out < 0) | (out >= self.n_agents))
+        if bad.size:
+            self._id(int(out[bad[0]]))
+        return out
+
+    @property
+    def _blocks(self) -> bool:
+        return self._off is not None
+
     def _size(self, i: int) -> int:
         i = int(i)
+        if self._off is not None:
+            i = self._id(i)
+            return int(self._off[i + 1] - self._off[i])
         n = self._sizes.get(i)
         if n is None and i not in self._groups and 0 <= i < self.n_agents:
             try:  # the low-level API: a tenth of the high-level lookup (sizes of every agent)
@@ -340,7 +444,11 @@ class ShardFile:
                              "data prepare ... --agents N)")
 
     def sizes(self, ids: Iterable[int] | None = None) -> np.ndarray:
-        """Record counts n_i (int64) of `ids` (default: all agents), from attributes only."""
+        """Record counts n_i (int64) of `ids` (default: all agents), from the block layout's
+        offsets (read at open) or the groups' attributes; no records are read."""
+        if self._off is not None:
+            a = self._ids(ids)
+            return self._off[a + 1] - self._off[a]
         ids = range(self.n_agents) if ids is None else ids
         return np.array([self._size(i) for i in ids], dtype=np.int64)
 
@@ -352,6 +460,208 @@ class ShardFile:
         if n > available:
             raise self._fail(f"agent {i}: asked for n={n} records but only {available} available")
         return n
+
+    def _prefixes(self, ids: np.ndarray, n: int | Sequence[int] | np.ndarray | None
+                  ) -> np.ndarray:
+        """Records to read of each of `ids`: all (None), the same n, or one n per agent; checked
+        as `read_agent` checks them (the first bad one named)."""
+        sizes = self.sizes(ids)
+        if n is None:
+            return sizes
+        if np.ndim(n) == 0:
+            want = np.full(ids.shape, int(n), dtype=np.int64)  # type: ignore[arg-type]
+        else:
+            want = np.array([int(k) for k in n], dtype=np.int64)  # type: ignore[union-attr]
+            if want.shape != ids.shape:
+                raise self._fail(f"{want.size} record counts given for {ids.size} agents")
+        bad = np.flatnonzero((want < 0) | (want > sizes))
+        if bad.size:
+            k = int(bad[0])
+            self._prefix(int(ids[k]), int(want[k]))
+        return want
+
+    # -- block layout: a rank's owners in a few large reads --
+    def _dset(self, name: str) -> h5py.h5d.DatasetID:
+        """Low-level /agents/<name> of the block layout, opened once."""
+        d = self._dsets.get(name)
+        if d is None:
+            d = self._dsets[name] = h5py.h5d.open(self._f["agents"].id, name.encode())
+        return d
+
+    def _dense_rows(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """Rows lo:hi of the block layout's float64 dataset /agents/<name> (one read)."""
+        d = self._dset(name)
+        count = (hi - lo,) + tuple(d.shape[1:])
+        out = np.empty(count)
+        if hi > lo:
+            space = d.get_space()
+            space.select_hyperslab((lo,) + (0,) * (len(count) - 1), count)
+            d.read(h5py.h5s.create_simple(count), space, out)
+        return out
+
+    def _csr_rows(self, suffix: str, lo: int, hi: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """indptr (int64, hi - lo + 1 entries), data and indices of rows lo:hi of the block
+        layout's CSR X<suffix> (data and indices from entry indptr[0] on)."""
+        g = self._f["agents"]["X" + suffix]
+        indptr = np.asarray(g["indptr"][lo: hi + 1], dtype=np.int64)
+        if indptr.shape != (hi - lo + 1,):
+            raise self._fail(f"/agents/X{suffix}: CSR indptr has {indptr.shape[0]} entries from "
+                             f"row {lo}, expected {hi - lo + 1}")
+        a, b = int(indptr[0]), int(indptr[-1])
+        return indptr, np.asarray(g["data"][a:b], dtype=np.float64), np.asarray(g["indices"][a:b])
+
+    def _csr_part(self, raw: tuple[np.ndarray, np.ndarray, np.ndarray], r0: int, r1: int,
+                  what: str) -> sp.csr_matrix:
+        """Rows r0:r1 of a `_csr_rows` read as their own canonical CSR matrix (as a read of those
+        rows alone builds it)."""
+        indptr, data, indices = raw
+        ip = indptr[r0: r1 + 1]
+        lo, hi = int(ip[0]) - int(indptr[0]), int(ip[-1]) - int(indptr[0])
+        try:
+            X = sp.csr_matrix((data[lo:hi].copy(), indices[lo:hi].copy(), ip - int(ip[0])),
+                              shape=(r1 - r0, self.n_features))
+        except ValueError as exc:
+            raise self._fail(f"{what}: CSR rows are inconsistent ({exc})") from None
+        X.sum_duplicates()  # O(nnz) check only: the writer stores canonical CSR (sorted indices)
+        return X
+
+    def _indptr_at(self, suffix: str, rows: np.ndarray) -> np.ndarray:
+        """Entries at `rows` (sorted) of the block layout's CSR X<suffix>/indptr, read in
+        slices of at most READ_BYTES."""
+        ds = self._f["agents"]["X" + suffix]["indptr"]
+        out = np.empty(rows.shape, dtype=np.int64)
+        step = max(1, READ_BYTES // 8)
+        k = 0
+        while k < rows.size:
+            j = max(k + 1, int(np.searchsorted(rows, rows[k] + step, side="left")))
+            lo, hi = int(rows[k]), int(rows[j - 1]) + 1
+            piece = np.asarray(ds[lo:hi], dtype=np.int64)
+            if piece.shape != (hi - lo,):
+                raise self._fail(f"/agents/X{suffix}: CSR indptr has {lo + piece.shape[0]} "
+                                 f"entries, expected at least {hi}")
+            out[k:j] = piece[rows[k:j] - lo]
+            k = j
+        return out
+
+    def _spans(self, ids: np.ndarray, n: np.ndarray, off: np.ndarray, suffix: str
+               ) -> Iterator[tuple[int, int]]:
+        """[k, j) slices of `ids` (sorted, unique) whose records are read together: consecutive
+        ids, at most READ_BYTES from the first one's start to the last one's prefix (one owner
+        at least). CSR counts its entries (16 bytes) and rows (16 bytes: indptr and y)."""
+        starts, ends = off[ids], off[ids] + n
+        if self.is_sparse:
+            rows = np.concatenate([starts, ends])
+            order = np.argsort(rows, kind="stable")
+            at = np.empty_like(rows)
+            at[order] = self._indptr_at(suffix, rows[order])
+            first, last = at[: ids.size].tolist(), at[ids.size:].tolist()
+            row_bytes, entry_bytes = 16, 16
+        else:
+            first = last = [0] * ids.size
+            row_bytes, entry_bytes = 8 * (self.n_features + 1), 0
+        s, e, idl = starts.tolist(), ends.tolist(), ids.tolist()
+        k = 0
+        while k < len(idl):
+            j = k + 1
+            while (j < len(idl) and idl[j] == idl[j - 1] + 1
+                   and (e[j] - s[k]) * row_bytes + (last[j] - first[k]) * entry_bytes
+                   <= READ_BYTES):
+                j += 1
+            yield k, j
+            k = j
+
+    def _read_many(self, ids: np.ndarray, n: np.ndarray, test: bool
+                   ) -> Iterator[tuple[np.ndarray, np.ndarray, list[ArrayPair], np.ndarray]]:
+        """Per span of `_spans`: its ids, the values read (X, or CSR data), each owner's (X, y)
+        of its first n rows (its own arrays: copies of the span) and the labels read."""
+        off = self._toff if test else self._off
+        assert off is not None
+        suffix = "_test" if test else ""
+        for k, j in self._spans(ids, n, off, suffix):
+            lo, hi = int(off[ids[k]]), int(off[ids[j - 1]] + n[j - 1])
+            what = (f"owner {int(ids[k])}'s" if j == k + 1 else
+                    f"owners {int(ids[k])}..{int(ids[j - 1])}'s") + (" held-out" if test else "")
+            with self._reading(f"{what} records (/agents/X{suffix}, rows {lo}:{hi})"):
+                y = self._dense_rows("y" + suffix, lo, hi)
+                if self.is_sparse:
+                    raw = self._csr_rows(suffix, lo, hi)
+                    values = raw[1]
+                else:
+                    X = values = self._dense_rows("X" + suffix, lo, hi)
+            parts: list[ArrayPair] = []
+            for t in range(k, j):
+                r0 = int(off[ids[t]]) - lo
+                r1 = r0 + int(n[t])
+                if self.is_sparse:
+                    Xi: Matrix = self._csr_part(raw, r0, r1, f"agent {int(ids[t])}")
+                elif j == k + 1:  # the span is this owner's alone: its own arrays already
+                    Xi, yi = X, y
+                else:
+                    Xi = X[r0:r1].copy()
+                yi = y if j == k + 1 else y[r0:r1].copy()
+                parts.append((Xi, yi))
+            yield ids[k:j], values, parts, y
+
+    def read_agents(self, ids: Iterable[int], n: int | Sequence[int] | np.ndarray | None = None
+                    ) -> list[ArrayPair]:
+        """Owners' (X, y) in the order of `ids`, each as `read_agent(i, n_i)` returns it (n:
+        None for all records, one prefix length for every owner, or one per owner). A block of
+        consecutive ids (a rank's owners) is read in a few large reads in the block layout."""
+        a = self._ids(ids)
+        want = self._prefixes(a, n)
+        if self._off is None:
+            return [self.read_agent(int(i), int(k)) for i, k in zip(a, want, strict=True)]
+        got: dict[int, ArrayPair] = {}
+        todo = {}
+        for i, k in zip(a.tolist(), want.tolist(), strict=True):
+            kept = self._kept.get(i)
+            if kept is None or k > kept[0].shape[0]:
+                todo[i] = max(k, todo.get(i, 0))
+        if todo:
+            u = np.array(sorted(todo), dtype=np.int64)
+            for block, _, parts, _ in self._read_many(u, np.array([todo[i] for i in u.tolist()],
+                                                                  dtype=np.int64), False):
+                got.update(zip(block.tolist(), parts, strict=True))
+        out: list[ArrayPair] = []
+        full = n is None
+        for i, k in zip(a.tolist(), want.tolist(), strict=True):
+            kept = self._kept.get(i)
+            if kept is not None and k <= kept[0].shape[0]:
+                out.append(kept if full else (kept[0][:k], kept[1][:k]))
+                continue
+            X, y = got[i]
+            out.append((X, y) if X.shape[0] == k else (X[:k], y[:k]))
+        return out
+
+    def has_tests(self, ids: Iterable[int] | None = None) -> np.ndarray:
+        """Whether each of `ids` (default: all) has a held-out test set (bool array)."""
+        a = self._ids(ids)
+        if self._off is None:
+            return np.array([self.has_test(int(i)) for i in a], dtype=bool)
+        if self._toff is None:
+            return np.zeros(a.shape, dtype=bool)
+        return self._toff[a + 1] > self._toff[a]
+
+    def read_agents_test(self, ids: Iterable[int]) -> list[ArrayPair | None]:
+        """Owners' held-out (X_test, y_test) in the order of `ids` (None for an owner without
+        one), each as `read_agent_test(i)` returns it; a few large reads in the block layout."""
+        a = self._ids(ids)
+        have = self.has_tests(a)
+        if self._off is None:
+            return [self.read_agent_test(int(i)) if h else None
+                    for i, h in zip(a, have, strict=True)]
+        assert self._toff is not None or not have.any()
+        todo = sorted({i for i, h in zip(a.tolist(), have.tolist(), strict=True)
+                       if h and i not in self._kept_test})
+        got: dict[int, ArrayPair] = {}
+        if todo:
+            u = np.array(todo, dtype=np.int64)
+            assert self._toff is not None
+            for block, _, parts, _ in self._read_many(u, self._toff[u + 1] - self._toff[u], True):
+                got.update(zip(block.tolist(), parts, strict=True))
+        return [None if not h else self._kept_test.get(i) or got[i]
+                for i, h in zip(a.tolist(), have.tolist(), strict=True)]
 
     def _read_dense_fast(self, i: int, n: int | None, suffix: str = "") -> ArrayPair | None:
         """Owner i's dense (X, y) (suffix "_test": its test set) through HDF5's low-level API (a
@@ -386,12 +696,29 @@ class ShardFile:
                 d.read(h5py.h5s.create_simple(count), space, out)
         return X, y
 
+    def _read_block_rows(self, i: int, start: int, stop: int, test: bool = False) -> ArrayPair:
+        """Owner i's records start:stop (held-out ones with `test`) in the block layout."""
+        off = self._toff if test else self._off
+        assert off is not None
+        suffix = "_test" if test else ""
+        lo, hi = int(off[i]) + start, int(off[i]) + stop
+        what = f"agent {i}" + (" test set" if test else "")
+        with self._reading(f"owner {i}'s{' held-out' if test else ''} records (/agents/X{suffix},"
+                           f" rows {lo}:{hi})"):
+            y = self._dense_rows("y" + suffix, lo, hi)
+            if self.is_sparse:
+                return self._csr_part(self._csr_rows(suffix, lo, hi), 0, hi - lo, what), y
+            return self._dense_rows("X" + suffix, lo, hi), y
+
     def read_agent(self, i: int, n: int | None = None) -> ArrayPair:
         """Owner i's (X, y) (X dense float64, or CSR in a sparse file); only the first `n`
         records when n is given (a CSR prefix reads only the entries of those rows)."""
         kept = self._kept.get(int(i))
         if kept is not None and (n is None or 0 <= int(n) <= kept[0].shape[0]):
             return kept if n is None else (kept[0][: int(n)], kept[1][: int(n)])
+        if self._off is not None:
+            i = self._id(i)
+            return self._read_block_rows(i, 0, self._prefix(i, n))
         if not self.is_sparse:
             fast = self._read_dense_fast(i, n)
             if fast is not None:
@@ -405,15 +732,20 @@ class ShardFile:
 
     def read_agent_rows(self, i: int, start: int, stop: int) -> ArrayPair:
         """Owner i's records start:stop (a chunk of a stream; CSR reads only those rows)."""
-        g = self._group(i)
         stop = self._prefix(i, stop)
         if not 0 <= start <= stop:
             raise self._fail(f"agent {i}: bad record range {start}:{stop}")
+        if self._off is not None:
+            return self._read_block_rows(self._id(i), int(start), stop)
+        g = self._group(i)
         X = self._read_matrix(g, "X", f"agent {i}", stop, start)
         return X, np.asarray(g["y"][start:stop], dtype=np.float64)
 
     def has_test(self, i: int) -> bool:
         """Whether owner i has a held-out test set."""
+        if self._off is not None:
+            i = self._id(i)
+            return self._toff is not None and bool(self._toff[i + 1] > self._toff[i])
         i = int(i)
         t = self._tests.get(i)
         if t is None:
@@ -428,6 +760,9 @@ class ShardFile:
             return kept
         if not self.has_test(i):
             raise self._fail(f"agent {i} has no test set")
+        if self._toff is not None:
+            i = int(i)
+            return self._read_block_rows(i, 0, int(self._toff[i + 1] - self._toff[i]), True)
         if not self.is_sparse:
             fast = self._read_dense_fast(i, None, "_test")
             if fast is not None:
@@ -436,8 +771,53 @@ class ShardFile:
         return (self._read_matrix(g, "X_test", f"agent {i} test set"),
                 np.asarray(g["y_test"][()], np.float64))
 
+    # -- extra arrays --
+    def _extra_layouts(self) -> dict[str, tuple[str, np.ndarray | None, np.ndarray]]:
+        """Block layout: each extra array's layout ("concat" | "per_agent"), offsets into its
+        values (concat) and which owners have it (bool), read and checked once."""
+        if self._extras is not None:
+            return self._extras
+        out: dict[str, tuple[str, np.ndarray | None, np.ndarray]] = {}
+        with self._reading("the owners' extra arrays (/agents/extra)"):
+            eg = self._f["agents"].get("extra")
+            for name in sorted(eg.keys()) if isinstance(eg, h5py.Group) else ():
+                g = eg[name]
+                where = f"/agents/extra/{name}"
+                layout = _plain(g.attrs.get("layout")) if isinstance(g, h5py.Group) else None
+                if layout == "per_agent":
+                    have = np.zeros(self.n_agents, dtype=bool)
+                    for key in g.keys():
+                        if not key.isdigit() or int(key) >= self.n_agents:
+                            raise self._fail(f"{where} holds {key!r}, not an agent id")
+                        have[int(key)] = True
+                    out[name] = ("per_agent", None, have)
+                    continue
+                if layout != "concat":
+                    raise self._fail(f"{where} is not an extra array of the block layout "
+                                     "(attribute layout 'concat' or 'per_agent')")
+                for key in ("values", "offsets", "present"):
+                    if not isinstance(g.get(key), h5py.Dataset):
+                        raise self._fail(f"{where}/{key} is missing")
+                values = g["values"]
+                if values.ndim == 0:
+                    raise self._fail(f"{where}/values is a scalar, expected an array")
+                off = self._read_offsets(eg, f"{name}/offsets")
+                if int(off[-1]) != values.shape[0]:
+                    raise self._fail(f"{where}/offsets ends at {int(off[-1])} but values has "
+                                     f"{values.shape[0]} entries")
+                present = g["present"]
+                if present.shape != (self.n_agents,):
+                    raise self._fail(f"{where}/present has shape {present.shape}, expected "
+                                     f"({self.n_agents},)")
+                out[name] = ("concat", off, np.asarray(present[()]).astype(bool))
+        self._extras = out
+        return out
+
     def agent_extra_names(self, i: int) -> list[str]:
         """Names of owner i's extra arrays (/agents/<i>/extra/<name>), sorted."""
+        if self._off is not None:
+            i = self._id(i)
+            return [name for name, (_, _, have) in self._extra_layouts().items() if have[i]]
         g = self._group(i)
         extra = g.get("extra")
         return sorted(extra.keys()) if isinstance(extra, h5py.Group) else []
@@ -448,22 +828,58 @@ class ShardFile:
         names = self.agent_extra_names(i)
         if name not in names:
             raise self._fail(f"agent {i} has no extra array {name!r}; available: {names}")
-        ds = self._group(i)["extra"][name]
         if n is not None and name.endswith(META_SUFFIX):
             raise self._fail(f"agent {i}: extra array {name!r} is free-form; it has no prefix")
-        sel = slice(None) if n is None else slice(0, self._prefix(i, n))
-        if h5py.check_string_dtype(ds.dtype) is not None:
-            return np.asarray(ds.asstr()[()] if ds.ndim == 0 else ds.asstr()[sel], dtype=str)
-        return np.asarray(ds[()] if ds.ndim == 0 else ds[sel])
+        count = None if n is None else self._prefix(i, n)
+        if self._off is None:
+            ds = self._group(i)["extra"][name]
+            sel = slice(None) if count is None else slice(0, count)
+        else:
+            i = int(i)
+            layout, off, _ = self._extra_layouts()[name]
+            g = self._f["agents"]["extra"][name]
+            if layout == "per_agent":
+                ds, sel = g[str(i)], slice(None) if count is None else slice(0, count)
+            else:
+                assert off is not None
+                ds = g["values"]
+                lo = int(off[i])
+                sel = slice(lo, int(off[i + 1]) if count is None else lo + count)
+        with self._reading(f"agent {i}'s extra array {name!r}"):
+            if h5py.check_string_dtype(ds.dtype) is not None:
+                return np.asarray(ds.asstr()[()] if ds.ndim == 0 else ds.asstr()[sel], dtype=str)
+            return np.asarray(ds[()] if ds.ndim == 0 else ds[sel])
 
+    # -- checks --
     def check_agents(self, ids: Iterable[int] | None = None) -> None:
-        """Check that the groups of `ids` (default: all) exist and are consistent, reading no rows.
-
-        Raises ShardError naming the file and the first inconsistent agent.
-        """
-        for i in range(self.n_agents) if ids is None else ids:
-            with self._reading(f"agent {i}'s group /agents/{i}"):
-                self._check_agent(i)
+        """Check that the records of `ids` (default: all) are consistent, reading no rows: their
+        groups (group layout; the block layout's arrays are checked at open) and their extra
+        arrays. Raises ShardError naming the file and the first inconsistent agent."""
+        if self._off is None:
+            for i in range(self.n_agents) if ids is None else ids:
+                with self._reading(f"agent {i}'s group /agents/{i}"):
+                    self._check_agent(i)
+            return
+        a = self._ids(ids)
+        sizes = self.sizes(a)
+        for name, (layout, off, have) in self._extra_layouts().items():
+            if name.endswith(META_SUFFIX):
+                continue
+            g = self._f["agents"]["extra"][name]
+            with self._reading(f"/agents/extra/{name}"):
+                if layout == "concat":
+                    assert off is not None
+                    count = off[a + 1] - off[a]
+                else:
+                    count = np.array([(getattr(g[str(i)], "shape", None) or (-1,))[0]
+                                      if have[i] else 0 for i in a.tolist()], dtype=np.int64)
+                bad = np.flatnonzero(have[a] & (count != sizes))
+                if bad.size:
+                    k, i = int(bad[0]), int(a[bad[0]])
+                    shape = ((int(count[k]),) + g["values"].shape[1:] if layout == "concat"
+                             else getattr(g[str(i)], "shape", None))
+                    raise self._fail(f"agent {i}: extra array {name!r} has shape {shape}, "
+                                     f"expected {int(sizes[k])} entries")
 
     def _check_agent(self, i: int) -> None:
         g = self._group(i)
@@ -507,42 +923,79 @@ class ShardFile:
     def check_finite(self, ids: Iterable[int] | None = None) -> None:
         """Check that the records of `ids` (default: all) hold no NaN or inf, naming the owner,
         the record and the feature of the first bad value (a NaN would otherwise surface deep in
-        the solver as a traceback)."""
+        the solver as a traceback). Dense records are kept (up to KEEP_BYTES) for the run's own
+        read; the block layout reads a block of owners at a time (at most READ_BYTES)."""
+        if self._off is None:
+            budget = KEEP_BYTES
+            for i in range(self.n_agents) if ids is None else ids:
+                with self._reading(f"owner {i}'s records"):
+                    parts = [("", self.read_agent(i))]
+                    if self.has_test(i):
+                        parts.append(("test ", self.read_agent_test(i)))
+                budget = self._keep(int(i), parts[0][1], parts[1][1] if len(parts) > 1 else None,
+                                    budget)
+                self._raise_if_not_finite(i, parts)
+            return
+        a = self._ids(ids)
+        u = np.unique(a)
+        bad: set[int] = set()
         budget = KEEP_BYTES
-        for i in range(self.n_agents) if ids is None else ids:
-            with self._reading(f"owner {i}'s records"):
-                parts = [("", self.read_agent(i))]
-                if self.has_test(i):
-                    parts.append(("test ", self.read_agent_test(i)))
-            X, y = parts[0][1]
+        for test in (False, True):
+            off = self._toff if test else self._off
+            if off is None:
+                continue
+            sel = u[off[u + 1] > off[u]] if test else u
+            for block, values, parts, y in self._read_many(sel, off[sel + 1] - off[sel], test):
+                if not (np.isfinite(values).all() and np.isfinite(y).all()):
+                    bad.update(int(i) for i, (X, yi) in zip(block, parts, strict=True)
+                               if not (np.isfinite(X.data if sp.issparse(X) else X).all()
+                                       and np.isfinite(yi).all()))
+                for i, pair in zip(block.tolist(), parts, strict=True):
+                    budget = self._keep(i, None if test else pair, pair if test else None,
+                                        budget)
+        if bad:  # the first bad owner in the order of `ids`, named as the group layout names it
+            i = next(int(i) for i in a.tolist() if i in bad)
+            parts = [("", self.read_agent(i))]
+            if self.has_test(i):
+                parts.append(("test ", self.read_agent_test(i)))
+            self._raise_if_not_finite(i, parts)
+
+    def _keep(self, i: int, pair: ArrayPair | None, test: ArrayPair | None, budget: int) -> int:
+        """Keep owner i's dense records (and its dense test set) read-only for the run's own read
+        while they fit in `budget` bytes; returns the budget left."""
+        if pair is not None:
+            X, y = pair
             size = (X.data.nbytes if sp.issparse(X) else X.nbytes) + y.nbytes
             if not sp.issparse(X) and size <= budget:  # kept for the run's own read
                 budget -= size
                 X.flags.writeable = y.flags.writeable = False
-                self._kept[int(i)] = (X, y)
-            if len(parts) > 1:
-                test = parts[1][1]
-                size = sum(a.nbytes for a in test) if not sp.issparse(test[0]) else budget + 1
-                if size <= budget:
-                    budget -= size
-                    test[0].flags.writeable = test[1].flags.writeable = False
-                    self._kept_test[int(i)] = test
-            for what, (X, y) in parts:
-                data = X.data if sp.issparse(X) else X
-                if not np.all(np.isfinite(data)):
-                    if sp.issparse(X):
-                        coo = X.tocoo()
-                        k = int(np.flatnonzero(~np.isfinite(coo.data))[0])
-                        r, c = int(coo.row[k]), int(coo.col[k])
-                    else:
-                        r, c = (int(v) for v in np.argwhere(~np.isfinite(X))[0])
-                    raise self._fail(f"owner {i}: {what}record {r}, feature {c} is "
-                                     f"{X[r, c]}: the data must be finite (mpi-dp data prepare "
-                                     "drops such rows and says how many)")
-                if not np.all(np.isfinite(y)):
-                    r = int(np.flatnonzero(~np.isfinite(y))[0])
-                    raise self._fail(f"owner {i}: {what}record {r} has the label {y[r]}: labels "
-                                     "must be finite")
+                self._kept[i] = (X, y)
+        if test is not None:
+            size = sum(v.nbytes for v in test) if not sp.issparse(test[0]) else budget + 1
+            if size <= budget:
+                budget -= size
+                test[0].flags.writeable = test[1].flags.writeable = False
+                self._kept_test[i] = test
+        return budget
+
+    def _raise_if_not_finite(self, i: int, parts: list[tuple[str, ArrayPair]]) -> None:
+        """ShardError naming owner i's first non-finite value in `parts` ((prefix, (X, y)))."""
+        for what, (X, y) in parts:
+            data = X.data if sp.issparse(X) else X
+            if not np.all(np.isfinite(data)):
+                if sp.issparse(X):
+                    coo = X.tocoo()
+                    k = int(np.flatnonzero(~np.isfinite(coo.data))[0])
+                    r, c = int(coo.row[k]), int(coo.col[k])
+                else:
+                    r, c = (int(v) for v in np.argwhere(~np.isfinite(X))[0])
+                raise self._fail(f"owner {i}: {what}record {r}, feature {c} is "
+                                 f"{X[r, c]}: the data must be finite (mpi-dp data prepare "
+                                 "drops such rows and says how many)")
+            if not np.all(np.isfinite(y)):
+                r = int(np.flatnonzero(~np.isfinite(y))[0])
+                raise self._fail(f"owner {i}: {what}record {r} has the label {y[r]}: labels "
+                                 "must be finite")
 
     # -- public --
     @property

@@ -3,8 +3,10 @@
 Every array is validated (shapes, dtypes, finite values, labels of the task, one storage for
 every X) before the disk is touched, then the file is written to a temporary file in the
 target's directory and moved into place with ``os.replace``, so a shard file that exists is
-complete. Dense X is chunked in whole rows and CSR X in runs of entries, so that a reader's
-prefix read is cheap.
+complete. The owners' records are written one after another (layout "blocks", format_version 2)
+so that a rank reads its block of owners in a few large reads; ``layout="groups"`` writes the
+version-1 layout (one group per owner) for files that older readers must read. Dense X is
+chunked in whole rows and CSR X in runs of entries, so that a reader's prefix read is cheap.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import scipy.sparse as sp
 from mpi_dp import __version__
 from mpi_dp.data.shard_format import (
     FORMAT,
-    FORMAT_VERSION,
+    LAYOUTS,
     META_SUFFIX,
     RESERVED_ATTRS,
     TASKS,
@@ -37,6 +39,8 @@ CHUNK_ROWS = 8192
 _CHUNK_BYTES = 4 * 2**20
 #: Entries per chunk of a CSR data/indices dataset (4 MiB of float64).
 CSR_CHUNK = 2**19
+#: Bytes of owners' arrays concatenated in memory at a time while writing a block layout
+_WRITE_BYTES = 64 * 2**20
 
 
 # ----------------------------------------------------------------------------------------------
@@ -169,6 +173,136 @@ def _write_array(group: h5py.Group, name: str, a: np.ndarray) -> None:
         group.create_dataset(name, data=a)
 
 
+def _write_concat(ds: h5py.Dataset, parts: Sequence[np.ndarray]) -> None:
+    """`parts` one after another along axis 0 of `ds`, written in slices of about _WRITE_BYTES
+    (the writer never holds a second copy of every owner's records)."""
+    lo, batch, size = 0, [], 0
+
+    def flush() -> None:
+        nonlocal lo, batch, size
+        if batch:
+            a = batch[0] if len(batch) == 1 else np.concatenate(batch)
+            if a.shape[0]:
+                ds[lo: lo + a.shape[0]] = a
+            lo += a.shape[0]
+        batch, size = [], 0
+
+    for a in parts:
+        batch.append(a)
+        size += a.nbytes
+        if size >= _WRITE_BYTES:
+            flush()
+    flush()
+
+
+def _offsets(counts: Sequence[int]) -> np.ndarray:
+    """Row offsets (int64, len(counts) + 1) of arrays of `counts` rows stored one after another."""
+    out = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(counts, dtype=np.int64), out=out[1:])
+    return out
+
+
+def _write_matrix_block(group: h5py.Group, name: str, mats: Sequence[Matrix], p: int) -> None:
+    """The rows of `mats` (all dense or all CSR) one after another as one X: a row-chunked
+    dataset, or one CSR group whose indptr runs over every row."""
+    n = sum(int(X.shape[0]) for X in mats)
+    if not mats or not sp.issparse(mats[0]):
+        ds = group.create_dataset(name, shape=(n, p), dtype=np.float64,
+                                  chunks=(_chunk_rows(n, p), p) if n else None)
+        _write_concat(ds, mats)  # type: ignore[arg-type]
+        return
+    nnz = _offsets([int(X.nnz) for X in mats])
+    g = group.create_group(name)
+    g.attrs["format"] = "csr"
+    g.attrs["shape"] = np.array([n, p], dtype=np.int64)
+    index_dtype = np.int32 if p <= np.iinfo(np.int32).max else np.int64
+    total = int(nnz[-1])
+    chunks = {"chunks": (min(total, CSR_CHUNK),)} if total else {}
+    _write_concat(g.create_dataset("data", shape=(total,), dtype=np.float64, **chunks),
+                  [np.asarray(X.data, dtype=np.float64) for X in mats])
+    _write_concat(g.create_dataset("indices", shape=(total,), dtype=index_dtype, **chunks),
+                  [np.asarray(X.indices, dtype=index_dtype) for X in mats])
+    indptr = g.create_dataset("indptr", shape=(n + 1,), dtype=np.int64,
+                              chunks=(min(n + 1, CSR_CHUNK),))
+    _write_concat(indptr, [np.zeros(1, np.int64)] + [
+        np.asarray(X.indptr[1:], dtype=np.int64) + nnz[k] for k, X in enumerate(mats)])
+
+
+def _concatenable(arrays: Sequence[np.ndarray]) -> bool:
+    """Whether owners' extra arrays concatenate along axis 0 and read back unchanged: all at
+    least 1-D with the same trailing shape and dtype (str of any length)."""
+    first = arrays[0]
+    for a in arrays:
+        if a.ndim == 0 or a.shape[1:] != first.shape[1:]:
+            return False
+        if a.dtype != first.dtype and not (a.dtype.kind == first.dtype.kind == "U"):
+            return False
+    return True
+
+
+def _write_extras_block(group: h5py.Group, extras: Sequence[Mapping[str, np.ndarray]]) -> None:
+    """Owners' extra arrays by name under /agents/extra/<name>: concatenated (values, offsets,
+    present) where they concatenate, else one dataset per owner (layout "per_agent")."""
+    names = sorted({name for e in extras for name in e})
+    if not names:
+        return
+    eg = group.create_group("extra")
+    for name in names:
+        owners = [i for i, e in enumerate(extras) if name in e]
+        arrays = [extras[i][name] for i in owners]
+        g = eg.create_group(name)
+        if not _concatenable(arrays):
+            g.attrs["layout"] = "per_agent"
+            for i, a in zip(owners, arrays, strict=True):
+                _write_array(g, str(i), a)
+            continue
+        g.attrs["layout"] = "concat"
+        counts = np.zeros(len(extras), dtype=np.int64)
+        counts[owners] = [a.shape[0] for a in arrays]
+        present = np.zeros(len(extras), dtype=np.uint8)
+        present[owners] = 1
+        g.create_dataset("offsets", data=_offsets(counts))
+        g.create_dataset("present", data=present)
+        _write_array(g, "values", np.concatenate(arrays))
+
+
+def _write_agents_blocks(f: h5py.File, pairs: Sequence[ArrayPair],
+                         tests: Sequence[ArrayPair | None],
+                         extras: Sequence[Mapping[str, np.ndarray]], p: int) -> None:
+    """The owners in the block layout (format_version 2): /agents/offsets, X, y, the held-out
+    records (test_offsets, X_test, y_test) and the extra arrays."""
+    g = f.create_group("agents")
+    g.create_dataset("offsets", data=_offsets([X.shape[0] for X, _ in pairs]))
+    _write_matrix_block(g, "X", [X for X, _ in pairs], p)
+    _write_concat(g.create_dataset("y", shape=(sum(y.shape[0] for _, y in pairs),),
+                                   dtype=np.float64), [y for _, y in pairs])
+    if any(t is not None for t in tests):
+        have = [t for t in tests if t is not None]
+        g.create_dataset("test_offsets",
+                         data=_offsets([0 if t is None else t[0].shape[0] for t in tests]))
+        _write_matrix_block(g, "X_test", [X for X, _ in have], p)
+        _write_concat(g.create_dataset("y_test", shape=(sum(y.shape[0] for _, y in have),),
+                                       dtype=np.float64), [y for _, y in have])
+    _write_extras_block(g, extras)
+
+
+def _write_agents_groups(f: h5py.File, pairs: Sequence[ArrayPair],
+                         tests: Sequence[ArrayPair | None],
+                         extras: Sequence[Mapping[str, np.ndarray]]) -> None:
+    """The owners in the group layout (format_version 1): one group /agents/<i> per owner."""
+    agents_group = f.create_group("agents")
+    for i, (X, y) in enumerate(pairs):
+        g = agents_group.create_group(str(i))
+        g.attrs["n"] = X.shape[0]
+        _write_pair(g, X, y)
+        if tests[i] is not None:
+            _write_pair(g, *tests[i], suffix="_test")  # type: ignore[misc]
+        if extras[i]:
+            eg = g.create_group("extra")
+            for name, arr in extras[i].items():
+                _write_array(eg, name, arr)
+
+
 def write_shards(
     path: str | os.PathLike[str],
     agents: Sequence[ArrayPair],
@@ -182,17 +316,23 @@ def write_shards(
     test: Sequence[ArrayPair | None] | None = None,
     agent_extra: Sequence[Mapping[str, np.ndarray] | None] | None = None,
     test_global: ArrayPair | None = None,
+    layout: str = "blocks",
 ) -> pathlib.Path:
     """Validate and atomically write a shard file; returns its path.
 
     `agents[i]` is owner i's (X, y); X is a dense array or a scipy.sparse matrix (stored as CSR),
     the same kind for every X in the file. `test[i]`, when given, is owner i's optional held-out
     (X_test, y_test) (None for none); `agent_extra[i]` owner i's named extra arrays (None or {}
-    for none); `test_global` a test set of the whole dataset. Everything is checked before the disk
-    is touched (DataError naming the agent and the problem); the file is written to a temporary
-    file in the target's directory and moved into place, so no half-written shard is ever left.
+    for none); `test_global` a test set of the whole dataset. `layout` "blocks" (the default,
+    format_version 2) stores the owners' records one after another, "groups" (format_version 1)
+    one group per owner. Everything is checked before the disk is touched (DataError naming the
+    agent and the problem); the file is written to a temporary file in the target's directory and
+    moved into place, so no half-written shard is ever left.
     """
     path = pathlib.Path(path)
+    versions = {name: version for version, name in LAYOUTS.items()}
+    if layout not in versions:
+        raise DataError(f"unknown shard layout {layout!r}; expected one of {list(versions)}")
     if task not in TASKS:
         raise DataError(f"unknown task {task!r}; expected one of {list(TASKS)}")
     if len(agents) == 0:
@@ -260,7 +400,7 @@ def write_shards(
     try:
         with h5py.File(tmp, "w") as f:
             f.attrs["format"] = FORMAT
-            f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["format_version"] = versions[layout]
             f.attrs["n_agents"] = len(pairs)
             f.attrs["n_features"] = p
             f.attrs["task"] = task
@@ -271,17 +411,10 @@ def write_shards(
             f.attrs["created_by"] = f"mpi_dp {__version__}"
             for key, value in extra_attrs.items():
                 f.attrs[key] = value
-            agents_group = f.create_group("agents")
-            for i, (X, y) in enumerate(pairs):
-                g = agents_group.create_group(str(i))
-                g.attrs["n"] = X.shape[0]
-                _write_pair(g, X, y)
-                if tests[i] is not None:
-                    _write_pair(g, *tests[i], suffix="_test")  # type: ignore[misc]
-                if agent_extras[i]:
-                    eg = g.create_group("extra")
-                    for name, arr in agent_extras[i].items():
-                        _write_array(eg, name, arr)
+            if layout == "blocks":
+                _write_agents_blocks(f, pairs, tests, agent_extras, p)
+            else:
+                _write_agents_groups(f, pairs, tests, agent_extras)
             if pub is not None or extras:
                 g = f.create_group("public")
                 if pub is not None:
@@ -301,3 +434,35 @@ def write_shards(
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def rewrite_shards(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
+                   layout: str = "blocks") -> pathlib.Path:
+    """Write the shard file `src` again as `dst` in `layout` (e.g. a format_version-1 file in the
+    block layout, whose start-up reads a rank's owners in a few reads): the same records, test
+    sets, extra arrays, public and global test data and attributes, bit for bit."""
+    from mpi_dp.data.shard_reader import ShardFile  # the reader does not import the writer
+
+    with ShardFile(src) as sf:
+        ids = range(sf.n_agents)
+        sf.check_agents(ids)
+        agents = sf.read_agents(ids)
+        tests = sf.read_agents_test(ids)
+        extras = [{name: sf.read_agent_extra(i, name) for name in sf.agent_extra_names(i)}
+                  for i in ids]
+        public = sf.read_public() if sf.has_public else None
+        extra_names = sf.public_extra_names()
+        test_global = sf.read_test() if sf.has_global_test else None
+        task, names, source = sf.task, sf.feature_names, sf.source
+    with h5py.File(src, "r", locking=False) as f:  # attributes and arrays as stored
+        attrs = {k: v for k, v in f.attrs.items() if k not in RESERVED_ATTRS}
+        public_extra = {}
+        for name in extra_names:
+            ds = f["public"][name]
+            public_extra[name] = (np.asarray(ds.asstr()[()], dtype=str)
+                                  if h5py.check_string_dtype(ds.dtype) is not None else ds[()])
+    return write_shards(dst, agents, public=public, task=task, feature_names=names, source=source,
+                        attrs=attrs, public_extra=public_extra,
+                        test=tests if any(t is not None for t in tests) else None,
+                        agent_extra=extras if any(extras) else None, test_global=test_global,
+                        layout=layout)

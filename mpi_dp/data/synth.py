@@ -42,7 +42,7 @@ def _records_param(sizes: Sequence[int]) -> int | list[int] | str:
         return int(sizes[0])
     if len(sizes) <= RECORDS_PARAM_MAX:
         return [int(r) for r in sizes]
-    return (f"{len(sizes)} per-agent counts (/agents/<i> attribute n): {min(sizes)}..{max(sizes)}"
+    return (f"{len(sizes)} per-agent counts (/agents/offsets): {min(sizes)}..{max(sizes)}"
             f", {sum(sizes)} in all")
 
 
