@@ -46,6 +46,8 @@ class Ledger:
     The budget check uses running sums per run (plain float sums: after 10^6 releases they are
     off by far less than REL_TOL); the reported spend (`spent_eps`, `spent_delta`) is recomputed
     from the counts of each distinct event, so it is exact to rounding whatever the history length.
+    A block of owners may hold these arrays as rows of its own (privacy.ledger_block: one
+    vectorised charge for every owner); they are updated in place, never replaced.
     """
 
     def __init__(self, agent: int, budget_eps: float = math.inf, budget_delta: float = 0.0,
@@ -199,13 +201,26 @@ class Ledger:
         belongs to (ledgers of record scope: each record is in one release per pass)."""
         idx = self._idx(runs)
         last = self._cached(event)
+        why = self._check(event, last, idx, note, record_pass)
+        if why is not None:
+            raise BudgetExceededError(why)
+        self._record(event, last, idx, record_pass)
+
+    def refusal(self, event: Event, runs: np.ndarray | None = None, note: str = "",
+                record_pass: int | None = None) -> str | None:
+        """Why `charge` would refuse this release (its BudgetExceededError message), or None
+        where it fits; records nothing (a block of ledgers checks all before charging any)."""
+        return self._check(event, self._cached(event), self._idx(runs), note, record_pass)
+
+    def _check(self, event: Event, last: list, idx: np.ndarray | slice, note: str,
+               record_pass: int | None) -> str | None:
         eps, delta = last[1], last[2]
         ok = self._fits(eps, delta, idx) & self._plan_fits(last, idx, record_pass)
         if ok is not True and not np.all(ok):
             where = np.arange(self.runs)[idx]
             r = where[np.flatnonzero(~np.broadcast_to(np.asarray(ok), where.shape))[0]]
-            raise BudgetExceededError(self._refusal(event, int(r), note, last, record_pass))
-        self._record(event, last, idx, record_pass)
+            return self._refusal(event, int(r), note, last, record_pass)
+        return None
 
     def charge_one(self, event: Event, r: int, note: str = "") -> None:
         """charge(event, [r]) for the one run position r: the same check and the same running
@@ -272,6 +287,14 @@ class Ledger:
             return f"{n} release{'s' if n != 1 else ''} of {field}={values.pop():.6g}"
         total = (self.spent_eps if field == "eps" else self.spent_delta)[r]
         return f"{n} releases totalling {field}={total:.6g}"
+
+    def __getstate__(self) -> dict:
+        """The ledger without its cache of the last event charged (`_last`, rebuilt on the next
+        charge), so equal histories pickle alike however they were charged (one owner at a time
+        or as rows of a block, privacy.ledger_block); the checkpoint leaves it out likewise."""
+        state = self.__dict__.copy()
+        state["_last"] = None
+        return state
 
     def __repr__(self) -> str:
         return (f"Ledger(agent={self.agent}, runs={self.runs}, spent_eps<={self.spent_eps.max():.6g}"
