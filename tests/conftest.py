@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# the p2p reference cache of the suite's jobs (and their mpiexec children) stays out of ~/.cache
+os.environ.setdefault("MPI_DP_CACHE", tempfile.mkdtemp(prefix="mpi_dp_test_cache_"))
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,7 @@ from ..models import p2p as M
 from ..privacy import Ledger, PureEvent
 from ..privacy import kairouz as K
 from ..privacy.release import OwnerRelease
-from ..rng import run_streams, stream
+from ..rng import agent_run_streams, run_streams, stream
 
 MODES = ("sound", "faithful")
 INITS = ("zero", "local", "private_ws")
@@ -263,16 +263,31 @@ class Block:
         self.budgets = {int(i): budgets[int(i)] for i in self.agents}
         self.scales = {int(i): np.array([laplace_scale(s.L0, e, int(problem.m[i]))
                                          for e in budgets[int(i)]]) for i in self.agents}
-        self.noise: dict[int, np.ndarray] = {}
-        for i in self.agents:  # standard Laplace, drawn up front from the agent's run streams
-            n_i = len(budgets[int(i)])
-            self.noise[int(i)] = (run_streams(s.seed, "noise", int(i), s.runs).laplace(
-                n_i * p).reshape(R, n_i, p) if s.private and n_i else np.zeros((R, 0, p)))
+        self.noise = self._draw_noise(budgets)
         self.xnorm = {int(i): np.abs(problem.X[int(i)]).sum(axis=1) for i in self.agents
                       if problem.X[int(i)] is not None}
         self.clipped = {int(i): np.zeros(R) for i in self.agents}
         self.release = {int(i): self._release_path(int(i)) for i in self.agents}
         self._nbuf = np.empty((0, R * p))
+
+    def _draw_noise(self, budgets: list[np.ndarray]) -> dict[int, np.ndarray]:
+        """Standard Laplace noise (R, n_i, p) of every hosted agent, drawn up front: the agents
+        with the same number n_i of releases in one block draw (rng.agent_run_streams: each
+        agent's rows are the bits of its own run streams, as if it drew alone)."""
+        s, R, p = self.s, self.s.R, self.P.p
+        ids = [int(i) for i in self.agents]
+        out = {i: np.zeros((R, 0, p)) for i in ids}
+        if not s.private or not ids:
+            return out
+        n_of = np.array([len(budgets[i]) for i in ids], dtype=np.int64)
+        streams = agent_run_streams(s.seed, "noise", ids, s.runs)
+        for n_i in np.unique(n_of[n_of > 0]).tolist():
+            pos = np.flatnonzero(n_of == n_i)  # hosted agents with n_i releases
+            rows = (pos[:, None] * R + np.arange(R)).ravel()
+            draws = streams.laplace(n_i * p, rows).reshape(len(pos), R, n_i, p)
+            for k, a in enumerate(pos.tolist()):
+                out[ids[a]] = draws[k]
+        return out
 
     def _release_path(self, i: int) -> OwnerRelease:
         """Agent i's release path: its calibration, and its share of a selection's plan."""

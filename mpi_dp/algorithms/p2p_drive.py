@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,6 +38,7 @@ from ..privacy.release import OwnerRelease
 from ..rng import stream
 from . import p2p_baselines as B
 from . import p2p_cd as C
+from . import p2p_refcache as RC
 from .hooks import RunHooks
 from .p2p_data import Data
 from .p2p_eval import Evaluator, HostedModels
@@ -85,25 +88,103 @@ def hosted(comm: MPI.Comm, n: int) -> np.ndarray:
 
 
 # -- the evaluation-only reference ------------------------------------------------------------
+def _ref_key(comm: MPI.Comm, P: M.Problem, d: Data, full: Data | None, what: dict[str, str]
+             ) -> str | None:
+    """Collective: the cache key of a reference (p2p_refcache) on rank 0 (None elsewhere):
+    every peer's records digested by the rank hosting it, gathered in peer order (the same key
+    on any rank count), with rank 0's full copy where the solve reads it."""
+    st = block_starts(P.n, comm.Get_size())
+    r = comm.Get_rank()
+    mine = [RC.peer_digest(d.X[i], d.y[i]) for i in range(int(st[r]), int(st[r + 1]))]
+    parts = comm.gather(mine, root=0)
+    if parts is None:
+        return None
+    W = P.graph.W
+    arrays = [("W.indptr", W.indptr), ("W.indices", W.indices), ("W.data", W.data),
+              ("m", P.m), ("lam", P.lam), ("conf", P.conf), ("deg", P.deg),
+              ("L_loc", P.L_loc), ("mu", np.float64(P.mu))]
+    full_peers = None if full is None else [RC.peer_digest(full.X[i], full.y[i])
+                                            for i in range(P.n)]
+    return RC.make_key({**what, "loss": P.loss, "n": str(P.n), "p": str(P.p)}, arrays,
+                       [b for part in parts for b in part], full_peers)
+
+
+def _expect(P: M.Problem, local: bool, star: bool) -> dict[str, tuple[int, ...] | None]:
+    """The values of a reference (p2p_refcache.load checks an entry against them)."""
+    out: dict[str, tuple[int, ...] | None] = {}
+    if local:
+        out.update(theta_loc=(P.n, P.p), Q_loc=None, Q_zero=None)
+    if star:
+        out.update(theta_star=(P.n, P.p), Q_star=None, solver=None)
+    return out
+
+
+def _cached(comm: MPI.Comm, cache: Path | None, P: M.Problem, d: Data, full: Data | None,
+            what: dict[str, str], expect: dict[str, tuple[int, ...] | None],
+            compute: Callable[[], dict[str, Any]], log: Callable[[str], None] | None
+            ) -> dict[str, Any]:
+    """Collective: compute() (the same dict on every rank), or its entry in the reference
+    cache `cache` (None: no cache) read on rank 0 and broadcast; a computed value is stored."""
+    if cache is None:
+        return compute()
+    key = _ref_key(comm, P, d, full, what)
+    got = comm.bcast(on_root(comm, lambda: RC.load(cache, key, expect)), root=0)
+    if got is not None:
+        if log is not None and key is not None:  # rank 0 holds the key
+            log(f"evaluation-only reference read from the cache ({cache}/{key[:12]}...)")
+        return got
+    ref = compute()
+    if comm.Get_rank() == 0:
+        assert key is not None
+        RC.store(cache, key, ref)
+    return ref
+
+
 def reference(comm: MPI.Comm, obj: Objective, P: M.Problem, d: Data, full: Data | None,
-              solver: str, local: bool = True) -> dict[str, Any]:
+              solver: str, local: bool = True, cache: Path | None = None,
+              log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Collective, evaluation-only, the same on every rank: the local models and the baselines'
     Q (theta_loc, Q_loc, Q_zero: `local_reference`) unless not `local`, and Theta* and Q* by
     `solver`: 'scipy' or 'petsc' on rank 0 from every peer's records (`full`), 'petsc_dist'
     over every rank (each with its own peers' rows), 'none' nothing. Without the local models
-    (a run that does not start from them) `complete_reference` adds them after the rounds."""
-    ref = comm.bcast(local_reference(comm, obj, P, d, full, solver, local), root=0)
-    if solver == "petsc_dist":  # KSP over every rank, each with its own peers' rows
-        th, q = collective(comm, lambda: REF.theta_star_petsc_dist(comm, P))
-        ref.update(theta_star=th, Q_star=float(q),
-                   solver=f"PETSc KSP distributed over {comm.Get_size()} rank(s)")
-    return ref
+    (a run that does not start from them) `complete_reference` adds them after the rounds.
+    `cache`: the reference cache's folder (p2p_refcache; None: always computed)."""
+
+    def compute() -> dict[str, Any]:
+        ref = comm.bcast(local_reference(comm, obj, P, d, full, solver, local), root=0)
+        if solver == "petsc_dist":  # KSP over every rank, each with its own peers' rows
+            th, q = collective(comm, lambda: REF.theta_star_petsc_dist(comm, P))
+            ref.update(theta_star=th, Q_star=float(q),
+                       solver=f"PETSc KSP distributed over {comm.Get_size()} rank(s)")
+        return ref
+
+    star = solver != "none"
+    if not (local or star):
+        return compute()  # nothing to solve
+    what = {"kind": "reference", "local": str(bool(local)), "solver": solver,
+            # the distributed KSP's preconditioner (block Jacobi per rank) depends on the ranks
+            "ranks": str(comm.Get_size()) if solver == "petsc_dist" else "any",
+            "petsc4py": _petsc_version() if solver in ("petsc", "petsc_dist") else ""}
+    return _cached(comm, cache, P, d, full if solver in ("scipy", "petsc") else None, what,
+                   _expect(P, local, star), compute, log)
 
 
-def complete_reference(comm: MPI.Comm, P: M.Problem, d: Data, ref: dict[str, Any]) -> None:
+def _petsc_version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("petsc4py")
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+def complete_reference(comm: MPI.Comm, P: M.Problem, d: Data, ref: dict[str, Any],
+                       cache: Path | None = None) -> None:
     """Collective: `ref` of a run that did not need the local models before its rounds,
-    completed in place with them (theta_loc, Q_loc, Q_zero)."""
-    ref.update(comm.bcast(local_reference(comm, None, P, d, None, "none"), root=0))
+    completed in place with them (theta_loc, Q_loc, Q_zero); `cache` as in `reference`."""
+    ref.update(_cached(comm, cache, P, d, None, {"kind": "local"}, _expect(P, True, False),
+                       lambda: comm.bcast(local_reference(comm, None, P, d, None, "none"),
+                                          root=0), None))
 
 
 def local_reference(comm: MPI.Comm, obj: Objective | None, P: M.Problem, d: Data,
@@ -231,14 +312,15 @@ def theta0(comm: MPI.Comm, a: C.Settings, d: Data, P: M.Problem, ref: dict[str, 
 
 def run_cd(comm: MPI.Comm, P: M.Problem, d: Data, a: C.Settings, ref: dict[str, Any],
            hooks: RunHooks, clock: str = "replay", tau: float = 0.0,
-           wall_budget: float = 3600.0, val_clip: float | None = None) -> CDRun | None:
+           wall_budget: float = 3600.0, val_clip: float | None = None,
+           ref_cache: Path | None = None) -> CDRun | None:
     """Collective: one configuration of Algorithm 1 / 2 on this rank's peers. `clock` replay
     runs the seeded schedule in conflict-free rounds and checkpoints after a record when the
     hooks' recorder says one is due (a saved state resumes on any rank count); live runs Poisson
     clocks (`tau`, `wall_budget` seconds). Records Q, the test metric and the p-vectors sent
     (`hooks`: records, progress and checkpoints); `ref` lacking the local models is completed
     after the rounds (`complete_reference`); `val_clip`: a private selection's validation score
-    bound (None: no selection)."""
+    bound (None: no selection); `ref_cache`: the reference cache's folder (`reference`)."""
     rank, size = comm.Get_rank(), comm.Get_size()
     st = block_starts(P.n, size)
     agents = np.arange(st[rank], st[rank + 1])
@@ -315,7 +397,7 @@ def run_cd(comm: MPI.Comm, P: M.Problem, d: Data, a: C.Settings, ref: dict[str, 
     logs = comm.gather(log, root=0)
     rep = comm.gather(C.theorem1_report(block, a), root=0)
     if "theta_loc" not in ref:  # the local models, evaluation-only, after the rounds
-        complete_reference(comm, P, d, ref)
+        complete_reference(comm, P, d, ref, ref_cache)
     val = ev.validation(block, val_clip)  # a private selection's score is a release
     final = ev.final(block, val)
     ledgers = comm.gather([block.ledgers[int(i)] for i in agents], root=0)

@@ -35,6 +35,7 @@ from ..algorithms import p2p_cd as C
 from ..algorithms import p2p_data as PD
 from ..algorithms import p2p_drive as D
 from ..algorithms import p2p_eval as PE
+from ..algorithms import p2p_refcache as RC
 from ..algorithms.p2p_data import Data
 from ..comm import topology as tp
 from ..comm.graph import block_starts
@@ -113,6 +114,10 @@ SECTION = {
     "reference": Key((str,), "auto", "Q* solver: auto (PETSc KSP if petsc4py, else SciPy CG; "
                      "L-BFGS for logistic), scipy, petsc, none", ("auto", "scipy", "petsc",
                                                                   "none")),
+    "reference_cache": Key((str,), "auto", "folder caching the evaluation-only reference "
+                           "(local models, Q*, theta_star) per shard content and parameters "
+                           "(algorithms.p2p_refcache): auto ($MPI_DP_CACHE/p2p_reference, else "
+                           "~/.cache/mpi_dp/p2p_reference), off, or a folder"),
     "admm_rho": Key(_NUM + (str,), "auto", "gossip ADMM penalty ('auto': mean positive W_ij)"),
     "admm_inner": Key((int,), 10, "K, gradient steps per ADMM activation"),
     "local_dp_bound": Key(_NUM, 1.0, "local_dp: features clipped to [-B, B]"),
@@ -514,8 +519,10 @@ class P2P(Method):
         # reference), not before its first round
         late = s.variant == "cd" and s.algo.init != "local" and solver not in ("scipy", "petsc")
         ref = prep.refs.get(key)
+        cache = RC.cache_dir(j.section(P2PKeys).reference_cache)
         if ref is None:
-            ref = D.reference(comm, s.objective, P, d, full, solver, local=not late)
+            ref = D.reference(comm, s.objective, P, d, full, solver, local=not late,
+                              cache=cache, log=hooks.info)
         out: Outcome | None = None
         if s.variant == "admm":
             T = int(j.generic.T)
@@ -542,7 +549,7 @@ class P2P(Method):
             keys = j.section(P2PKeys)
             run = D.run_cd(comm, P, d, a, ref, hooks, s.clock, float(keys.tau),
                            float(keys.wall_budget),
-                           self._val_clip(ctx, d) if a.score_releases else None)
+                           self._val_clip(ctx, d) if a.score_releases else None, cache)
             out = None if run is None else self._cd_outcome(s, d, ref, run, t0)
         prep.refs[key] = ref  # whole now: run_cd added the local models a late one lacked
         return out

@@ -1,0 +1,283 @@
+"""p2p at many peers (issue 29): the evaluation-only reference cache (algorithms.p2p_refcache)
+and the block draws of a rank's peers (p2p_cd.Block).
+
+The cache must give back exactly what the computation gives, never serve another shard,
+graph, parameter or solver, and never trust a damaged entry; a job gives the same datasets,
+bit for bit, with the cache off, filled or read, on 1, 2 and 3 ranks; and, where the code before
+issue 29 is at hand ($MPI_DP_BASE_TREE, default /tmp/wt_base), the same as that code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from helpers import MPIEXEC, mpi_run, write_job
+from mpi4py import MPI
+
+from mpi_dp.algorithms import p2p_cd as C
+from mpi_dp.algorithms import p2p_drive as D
+from mpi_dp.algorithms import p2p_refcache as RC
+from mpi_dp.algorithms.p2p_data import Data
+from mpi_dp.data import synth
+from mpi_dp.rng import run_streams
+
+BASE_TREE = Path(os.environ.get("MPI_DP_BASE_TREE", "/tmp/wt_base"))
+
+
+def _data(n: int = 12, p: int = 3, seed: int = 0) -> Data:
+    """A small binary p2p instance: a ring plus random chords, 5..20 records per peer."""
+    g = np.random.default_rng(seed)
+    A = np.triu(g.random((n, n)) < 0.3, 1)
+    A[np.arange(n - 1), np.arange(1, n)] = True
+    W = sp.csr_matrix(np.where(A | A.T, 1.0, 0.0))
+    X = [g.normal(size=(int(g.integers(5, 20)), p)) / (2 * math.sqrt(p)) for _ in range(n)]
+    y = [np.where(Xi @ g.normal(size=p) + 0.1 * g.normal(size=len(Xi)) >= 0, 1.0, -1.0)
+         for Xi in X]
+    m = np.array([len(v) for v in y], dtype=np.int64)
+    return Data("mem", W, m, X, y, [None] * n, [None] * n, 1.0, "binary", full=True, m_all=m)
+
+
+def _reference(d: Data, cache: Path | None, mu: float = 1.0, solver: str = "scipy",
+               local: bool = True) -> dict:
+    obj = D.Objective("logistic", mu, tuple(1.0 / d.m), "bound")
+    P = D.hosted_problem(MPI.COMM_SELF, obj, d)
+    return D.reference(MPI.COMM_SELF, obj, P, d, d, solver, local=local, cache=cache)
+
+
+def _same(a: dict, b: dict) -> bool:
+    if set(a) != set(b):
+        return False
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, np.ndarray):
+            if not (isinstance(y, np.ndarray) and x.dtype == y.dtype and x.shape == y.shape
+                    and x.tobytes() == y.tobytes()):
+                return False
+        elif type(x) is not type(y) or (x != y and not (x != x and y != y)):
+            return False
+    return True
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts the computations of the reference (a cache hit computes nothing)."""
+    calls = []
+    real = D.local_reference
+    monkeypatch.setattr(D, "local_reference", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+def test_the_cache_gives_back_exactly_what_the_computation_gives(tmp_path, counted):
+    d = _data()
+    plain = _reference(d, None)
+    assert len(counted) == 1 and set(plain) >= {"theta_loc", "theta_star", "Q_star", "Q_loc"}
+    filled = _reference(d, tmp_path)
+    assert len(counted) == 2 and len(list(tmp_path.glob("*.npz"))) == 1
+    read = _reference(d, tmp_path)
+    assert len(counted) == 2  # read, not computed
+    assert _same(plain, filled) and _same(plain, read)
+
+
+def test_another_shard_graph_parameter_or_solver_is_another_entry(tmp_path, counted):
+    d = _data()
+    first = _reference(d, tmp_path)
+    # one record's last bit, one edge weight (both ways), mu, the solver: each a miss, and
+    # each entry holds what its own computation gives
+    X = [x.copy() for x in d.X]
+    X[5][0, 0] = np.nextafter(X[5][0, 0], 1.0)
+    W = d.W.tolil()
+    j = int(d.W.indices[0])
+    W[0, j] = W[j, 0] = 2.0
+    variants = [(dataclasses.replace(d, X=X, graph=None), {}),
+                (dataclasses.replace(d, W=sp.csr_matrix(W), graph=None), {}),
+                (d, {"mu": 0.5}), (d, {"solver": "none"})]
+    for k, (dv, kw) in enumerate(variants):
+        got = _reference(dv, tmp_path, **kw)
+        assert len(counted) == 2 + 2 * k  # computed, not read
+        assert _same(got, _reference(dv, None, **kw))
+        assert not _same(got, first)
+    assert len(list(tmp_path.glob("*.npz"))) == 1 + len(variants)
+    assert _same(_reference(d, tmp_path), first)
+    assert len(counted) == 1 + 2 * len(variants)  # the first entry is still read
+
+
+def test_the_local_models_completed_after_the_rounds_are_cached_too(tmp_path, counted):
+    """A run that does not start from the local models gets them after its rounds
+    (`complete_reference`): the same values computed, stored or read."""
+    d = _data()
+    obj = D.Objective("logistic", 1.0, tuple(1.0 / d.m), "bound")
+    P = D.hosted_problem(MPI.COMM_SELF, obj, d)
+    got = []
+    for cache in (None, tmp_path, tmp_path):
+        ref = D.reference(MPI.COMM_SELF, obj, P, d, None, "none", local=False, cache=cache)
+        assert ref == {}
+        D.complete_reference(MPI.COMM_SELF, P, d, ref, cache)
+        got.append(ref)
+    assert len(counted) == 2 + 3  # the empty references, then computed twice and read once
+    assert _same(got[0], got[1]) and _same(got[0], got[2])
+    assert set(got[0]) == {"theta_loc", "Q_loc", "Q_zero"}
+
+
+def test_the_key_names_every_input():
+    base = dict(what={"solver": "scipy"}, arrays=[("mu", np.float64(1.0))],
+                peers=[b"a", b"b"], full_peers=None)
+    k0 = RC.make_key(**base)
+    assert RC.make_key(**base) == k0
+    for change in ({"what": {"solver": "petsc"}}, {"arrays": [("mu", np.float64(2.0))]},
+                   {"arrays": [("mu", np.float32(1.0))]}, {"peers": [b"b", b"a"]},
+                   {"peers": [b"ab"]}, {"full_peers": [b"a", b"b"]}):
+        assert RC.make_key(**{**base, **change}) != k0, change
+    x = np.arange(6.0)
+    assert RC.peer_digest(x.reshape(2, 3), x[:2]) != RC.peer_digest(x.reshape(3, 2), x[:2])
+    assert RC.peer_digest(x, None) != RC.peer_digest(x, np.zeros(0))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "other_key", "values", "shape",
+                                    "garbage", "empty"])
+def test_a_damaged_entry_is_recomputed_never_trusted(tmp_path, counted, damage):
+    d = _data()
+    good = _reference(d, tmp_path)
+    (path,) = tmp_path.glob("*.npz")
+    key = path.stem
+    raw = path.read_bytes()
+    if damage == "truncate":
+        path.write_bytes(raw[: len(raw) // 2])
+    elif damage == "flip":  # one bit inside the stored Theta* (zip CRC or the values digest)
+        with np.load(path) as z:
+            star = z["a_theta_star"].tobytes()
+        at = raw.index(star) + 17
+        path.write_bytes(raw[:at] + bytes([raw[at] ^ 1]) + raw[at + 1:])
+    elif damage in ("other_key", "values", "shape"):
+        with np.load(path) as z:
+            items = {k: z[k] for k in z.files}
+        if damage == "other_key":
+            items["__key__"] = np.array("0" * 64)
+        elif damage == "values":
+            items["a_theta_star"] = items["a_theta_star"] + 1.0  # digest no longer matches
+        else:
+            items["a_theta_star"] = items["a_theta_star"][:-1]
+            items["__values__"] = np.array(RC._values_digest(
+                {k: v for k, v in items.items() if not k.startswith("__")}))
+        np.savez(path, **items)
+    elif damage == "garbage":
+        path.write_bytes(b"not an npz file at all")
+    else:
+        path.write_bytes(b"")
+    assert RC.load(tmp_path, key, D._expect(D.hosted_problem(
+        MPI.COMM_SELF, D.Objective("logistic", 1.0, tuple(1.0 / d.m), "bound"), d),
+        True, True)) is None
+    again = _reference(d, tmp_path)
+    assert len(counted) == 2 and _same(good, again)
+    # the recomputed value replaced the damaged entry: read now
+    assert _same(good, _reference(d, tmp_path)) and len(counted) == 2
+
+
+def test_an_unwritable_cache_folder_only_costs_the_cache(tmp_path, counted):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the folder should be")
+    d = _data()
+    assert _same(_reference(d, blocker / "sub"), _reference(d, None)) and len(counted) == 2
+
+
+def test_the_cache_folder_setting(monkeypatch, tmp_path):
+    assert RC.cache_dir("off") is None
+    assert RC.cache_dir(str(tmp_path)) == tmp_path
+    monkeypatch.setenv(RC.CACHE_ENV, str(tmp_path))
+    assert RC.cache_dir("auto") == tmp_path / "p2p_reference"
+    monkeypatch.delenv(RC.CACHE_ENV)
+    assert RC.cache_dir("auto") == Path.home() / ".cache" / "mpi_dp" / "p2p_reference"
+
+
+def test_block_noise_is_each_agents_own_stream():
+    """A rank's peers draw their noise in one block per release count, each peer the bits of
+    its own run streams (as when it drew alone), with peers of different release counts."""
+    d = _data(n=9)
+    obj = D.Objective("logistic", 1.0, tuple(1.0 / d.m), "bound")
+    P = D.hosted_problem(MPI.COMM_SELF, obj, d)
+    s = C.Settings(T=40, T_agent=None, eps=1.0, delta=1e-3, runs=(0, 3), seed=11)
+    budgets = [np.full(k % 4, 0.5) for k in range(P.n)]  # 0..3 releases
+    agents = np.array([1, 2, 4, 5, 6, 8])
+    block = C.Block(P, agents, s, budgets, {int(i): np.zeros((2, P.p)) for i in agents})
+    for i in agents.tolist():
+        n_i = len(budgets[i])
+        want = (run_streams(11, "noise", i, (0, 3)).laplace(n_i * P.p).reshape(2, n_i, P.p)
+                if n_i else np.zeros((2, 0, P.p)))
+        assert block.noise[i].shape == want.shape
+        assert block.noise[i].tobytes() == want.tobytes()
+
+
+# -- whole jobs ----------------------------------------------------------------------------------
+def _datasets(path: Path) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda k, v: out.__setitem__(k, v[()]) if isinstance(v, h5py.Dataset)
+                     else None)
+    return out
+
+
+def _equal_files(a: Path, b: Path) -> int:
+    """Every dataset of a and b equal bit for bit (shape, dtype, bytes); returns their count."""
+    da, db = _datasets(a), _datasets(b)
+    assert set(da) == set(db)
+    for k in da:
+        x, y = np.asarray(da[k]), np.asarray(db[k])
+        assert x.dtype == y.dtype and x.shape == y.shape, k
+        assert x.tobytes() == y.tobytes(), k
+    return len(da)
+
+
+def _job(tmp_path: Path, n: int, **p2p) -> Path:
+    data = synth.write_synth(tmp_path / f"p{n}.h5", "p2p", n, 0, 4, 0.05, 2)
+    return write_job(tmp_path / f"j{n}.toml", data, algorithm="p2p", T=4 * n, runs=2, seed=7,
+                     record_every=2 * n, eps=1.0, p2p={"mu": 1.0, **p2p})
+
+
+def test_a_job_is_the_same_with_the_cache_off_filled_or_read_on_any_rank_count(tmp_path):
+    job = _job(tmp_path, 40)
+    cache = tmp_path / "cache"
+    env = {RC.CACHE_ENV: str(cache)}
+    runs = [(1, "off"), (1, "auto"), (2, "auto"), (3, "auto"), (3, "off")]
+    outs = []
+    for k, (ranks, spec) in enumerate(runs):
+        out = tmp_path / f"o{k}.h5"
+        cp = mpi_run(ranks, ["run", str(job), "--out", str(out), "--quiet",
+                             "--set", f'p2p.reference_cache="{spec}"'], env=env)
+        assert cp.returncode == 0, cp.stderr
+        outs.append(out)
+        if k == 1:  # filled by the first run with the cache on
+            assert len(list((cache / "p2p_reference").glob("*.npz"))) == 1
+    for out in outs[1:]:
+        assert _equal_files(outs[0], out) > 20
+    assert len(list((cache / "p2p_reference").glob("*.npz"))) == 1  # one entry for all
+
+
+@pytest.mark.skipif(not (BASE_TREE / "mpi_dp").is_dir(),
+                    reason="the code before issue 29 is not at $MPI_DP_BASE_TREE")
+def test_a_256_peer_job_equals_the_code_before_issue_29(tmp_path):
+    """The synthetic 256-peer job of benchmarks/scaling.py (T = 4 wake-ups per peer, 2 runs),
+    its shard written by the old code (a format both read), on 2 ranks."""
+    old, new, data = tmp_path / "old.h5", tmp_path / "new.h5", tmp_path / "p256.h5"
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONPATH=str(BASE_TREE))
+    cp = subprocess.run([sys.executable, "-m", "mpi_dp", "data", "synth", "--task", "p2p",
+                         "--dim", "10", "--agents", "256", "--seed", "1", "--out", str(data)],
+                        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    job = write_job(tmp_path / "j256.toml", data, algorithm="p2p", T=4 * 256, runs=2, seed=7,
+                    record_every=4 * 256, eps=1.0, p2p={"mu": 1.0})
+    cp = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "mpi_dp", "run", str(job),
+                         "--out", str(old), "--quiet"], env=env, capture_output=True,
+                        text=True, timeout=900, cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    cp = mpi_run(2, ["run", str(job), "--out", str(new), "--quiet"],
+                 env={RC.CACHE_ENV: str(tmp_path / "cache")})
+    assert cp.returncode == 0, cp.stderr
+    assert _equal_files(old, new) > 20
