@@ -46,7 +46,7 @@ def test_a_failed_job_leaves_the_previous_result_untouched(tmp_path, small_shard
     good = out.read_bytes()
     from mpi_dp.algorithms import sync_star
 
-    real = sync_star.DataOwner.answer
+    real = sync_star.OwnerBlock.answer  # the hosted owners answer as one block
     calls = {"n": 0}
 
     def failing(self, theta):
@@ -55,7 +55,7 @@ def test_a_failed_job_leaves_the_previous_result_untouched(tmp_path, small_shard
             raise RuntimeError("owner lost its disk")
         return real(self, theta)
 
-    monkeypatch.setattr(sync_star.DataOwner, "answer", failing)
+    monkeypatch.setattr(sync_star.OwnerBlock, "answer", failing)
     with pytest.raises(RuntimeError, match="owner lost its disk"):
         run_job(job, ["T=10"], progress=False, overwrite=True)
     assert out.read_bytes() == good

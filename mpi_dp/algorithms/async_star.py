@@ -39,6 +39,7 @@ from ..models import kernels, linear
 from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, tap
 from ..privacy.release import OwnerRelease
 from ..rng import LEARNER, run_streams, stream
+from .agent_block import AgentBlock
 from .common import (
     Checkpointed,
     EvalSet,
@@ -176,12 +177,7 @@ class DataOwner(Checkpointed, ReleasePath):
         self.sensitivity = l1_sensitivity_mean(s.xi, shard.n)  # replace-one, clipped to xi
         self.certified = s.dp_valid and s.clip
         self.scalar_noise = s.noise_shape == "scalar"
-        cal = s.calibration[self.agent] if s.calibration else None
-        paper = cal is None or cal.rule == "paper"  # the paper's basic budget eps_i
-        self.release = OwnerRelease(self.agent, s.runs, cal, budget_eps=eps if paper else math.inf,
-                                    budget_delta=0.0 if paper else math.inf,
-                                    certified=self.certified and not self.scalar_noise,
-                                    clip=self.xi)
+        self.release = owner_release(self.agent, eps, s)
         self.noise_gens = run_streams(s.seed, "noise", self.agent, s.run_ids)
         self.clipped = np.zeros(s.runs)  # records clipped, summed over this owner's answers
         self.p = s.p
@@ -273,11 +269,69 @@ class DataOwner(Checkpointed, ReleasePath):
 
 
 
+def owner_release(agent: int, eps: float, s: Settings) -> OwnerRelease:
+    """Owner `agent`'s release path: its calibration, or the paper's basic budget eps_i."""
+    cal = s.calibration[agent] if s.calibration else None
+    paper = cal is None or cal.rule == "paper"  # the paper's basic budget eps_i
+    return OwnerRelease(agent, s.runs, cal, budget_eps=eps if paper else math.inf,
+                        budget_delta=0.0 if paper else math.inf,
+                        certified=s.dp_valid and s.clip and s.noise_shape != "scalar",
+                        clip=s.xi if s.clip else math.inf)
+
+
+class HostedOwners(Mapping[int, DataOwner]):
+    """The participating owners this rank hosts, by agent id, each built at its first query.
+
+    An iteration serves one owner per run, so a job of T iterations meets at most T R owners:
+    building all of them (their noise streams seeded, their ledgers) would make thousands of
+    hosted owners cost more than the run. An owner never queried is in its initial state: its
+    checkpoint state is not needed, its ledger is empty (`ledgers_and_clipped`).
+    """
+
+    def __init__(self, shards: list[LocalShard], s: Settings) -> None:
+        self.shards = {sh.agent: sh for sh in shards}
+        self.s = s
+        self.built: dict[int, DataOwner] = {}
+
+    def __getitem__(self, a: int) -> DataOwner:
+        o = self.built.get(a)
+        if o is None:
+            sh = self.shards[a]  # KeyError: not a participant hosted here
+            o = self.built[a] = DataOwner(sh, self.s.eps[a], self.s.caps[a], self.s)
+        return o
+
+    def __iter__(self):
+        return iter(sorted(self.shards))
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def states(self) -> list[tuple[int, dict]]:
+        """The checkpoint state of every owner built so far (the others are as new)."""
+        return [(a, o.state()) for a, o in sorted(self.built.items())]
+
+    def restore_states(self, states: dict[int, dict]) -> None:
+        """A checkpoint's owners (those this rank hosts) continue from their states."""
+        for a in sorted(self.shards):
+            if a in states:
+                self[a].restore(states[a])
+
+    def ledgers_and_clipped(self) -> list[tuple[Ledger, np.ndarray]]:
+        """(ledger, clipped records per run) of every hosted participant, in agent order."""
+        out = []
+        for a in sorted(self.shards):
+            o = self.built.get(a)
+            out.append((o.ledger, o.clipped) if o is not None
+                       else (owner_release(a, self.s.eps[a], self.s).ledger,
+                             np.zeros(self.s.runs)))
+        return out
+
+
 class OwnersAnswer:
     """The host's answer callback: each owner serves its rows (its batch of runs) in one pass;
     `into` answers the rows of one owner straight into the caller's arrays (live hot path)."""
 
-    def __init__(self, owners: dict[int, DataOwner]) -> None:
+    def __init__(self, owners: Mapping[int, DataOwner]) -> None:
         self.owners = owners
 
     def _owner(self, a: int) -> DataOwner:
@@ -299,7 +353,7 @@ class OwnersAnswer:
         self._owner(agent).answer_into(runs, thetas, status_out, resp_out)
 
 
-def owners_answer(owners: dict[int, DataOwner]) -> OwnersAnswer:
+def owners_answer(owners: Mapping[int, DataOwner]) -> OwnersAnswer:
     """The host's answer callback for the owners it hosts (OwnersAnswer)."""
     return OwnersAnswer(owners)
 
@@ -380,15 +434,10 @@ class GramEvaluator:
     """Evaluation-only f(theta) for the squared loss from X^T X, X^T y, y^T y summed in agent
     order (spec §7 oracle): O(p^2) per model on the learner, at any time, even in live mode."""
 
-    def __init__(self, star: Star, shards: list[LocalShard], lam: float, n_total: int,
-                 p: int) -> None:
-        local = np.zeros((len(shards), p * p + p + 1))
-        for j, sh in enumerate(shards):
-            if sh.n:
-                st = sh.squared_stats
-                local[j, : p * p] = st.gram.reshape(-1)
-                local[j, p * p : p * p + p] = st.xty
-                local[j, -1] = float(sh.y @ sh.y)
+    def __init__(self, star: Star, block: AgentBlock | list[LocalShard], lam: float,
+                 n_total: int, p: int) -> None:
+        block = block if isinstance(block, AgentBlock) else AgentBlock(block)
+        local = (block.gram_stats() if len(block) else np.zeros((0, p * p + p + 1)))
         g = star.gather_agents(local, (p * p + p + 1,))
         self.ready = g is not None
         if g is not None:
@@ -551,12 +600,16 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
     hooks = RunHooks.of(hooks, recorder, label, star.comm, progress)
     R, N = s.runs, s.N
     parts = [sh for sh in shards if sh.agent < N]
-    owners = {sh.agent: DataOwner(sh, s.eps[sh.agent], s.caps[sh.agent], s) for sh in parts}
+    owners = HostedOwners(parts, s)
+    if s.mode == "live":  # built before the clocks start: none is seeded on the hot path
+        for a in owners:
+            owners[a]
     answer = owners_answer(owners)
     oracle = Oracle(star, shards, s.loss, s.lam, s.n_total, s.p, evalset)
-    gram = GramEvaluator(star, shards, s.lam, s.n_total, s.p) if s.loss == "squared" else None
+    gram = (GramEvaluator(star, oracle.block, s.lam, s.n_total, s.p) if s.loss == "squared"
+            else None)
     records = _Records(s, ref, gram, hooks)
-    saved = (load_checkpoint(star, hooks, owners.values(), owners_only=True)
+    saved = (load_checkpoint(star, hooks, owners, owners_only=True)
              if s.mode == "replay" else None)
     trace = Trace(R, s.T) if saved is None else saved["trace"]
     dropped = np.zeros(0)
@@ -601,7 +654,7 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
         raise stop.Interrupted(stopped)
 
     records.finish(oracle, link.is_learner, star)
-    logs = star.gather_objects([(o.ledger, o.clipped) for o in owners.values()])
+    logs = star.gather_objects(owners.ledgers_and_clipped())
     if not link.is_learner:
         return None
     ledgers = sorted((lg for part in logs for lg, _ in part), key=lambda lg: lg.agent)
@@ -623,12 +676,12 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
                            final_psi=records.last_psi, psi_isolated=psi_isolated)
 
 
-def _owner_states(owners: dict[int, DataOwner]) -> list[tuple[int, dict]]:
-    return [(a, o.state()) for a, o in owners.items()]
+def _owner_states(owners: HostedOwners) -> list[tuple[int, dict]]:
+    return owners.states()
 
 
 def _replay_learner(link: P2PStar, answer, learner: Learner, sched, s: Settings, trace: Trace,
-                    records: _Records, hooks: RunHooks, owners: dict[int, DataOwner],
+                    records: _Records, hooks: RunHooks, owners: HostedOwners,
                     saved: dict | None = None) -> None:
     """Iterations k = 1..T (from the checkpoint's k + 1 with `saved`); at a record, when the
     recorder says so (hooks.checkpoint_due) or a stop was asked, checkpoint the learner and

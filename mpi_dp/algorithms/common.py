@@ -19,8 +19,10 @@ import scipy.sparse as sp
 from ..comm.star import Star
 from ..errors import JobError
 from ..models import linear, reference
+from ..models.linear import error_counts
 from ..privacy import Ledger, tap
 from ..privacy.release import OwnerRelease
+from .agent_block import AgentBlock
 from .hooks import RunHooks
 
 #: losses whose models are binary classifiers (labels in {-1, +1}): they get error rates
@@ -35,27 +37,16 @@ def is_classification(loss: str) -> bool:
     return loss in CLASSIFICATION_LOSSES
 
 
-def error_counts(X, y: np.ndarray, thetas: np.ndarray) -> np.ndarray:
-    """Misclassified records of each model (M,) under PREDICTION_RULE, X dense or CSR.
-
-    Row chunks bound the (rows x M) margins; counts are integers, so the sum is exact.
-    """
-    T = linear.as_runs(thetas)
-    y = np.asarray(y, dtype=np.float64)
-    wrong = np.zeros(T.shape[0])
-    step = linear.chunk_rows(T.shape[0])
-    for a in range(0, X.shape[0], step):
-        Z = np.asarray(X[a : a + step] @ T.T, dtype=np.float64)
-        wrong += (np.where(Z >= 0.0, 1.0, -1.0) != y[a : a + step, None]).sum(axis=0)
-    return wrong
-
-
 def agent_order_sum(rows: np.ndarray) -> np.ndarray:
     """Sum of per-agent rows added one agent after the other, so the result never depends on
     how agents are laid out over ranks (bitwise rank-invariance)."""
-    total = np.zeros(rows.shape[1:])
-    for row in rows:
-        total = total + row
+    rows = np.asarray(rows, dtype=np.float64)
+    if rows.shape[0] == 0:
+        return np.zeros(rows.shape[1:])
+    # add.accumulate is sequential along its axis (a plain sum may add pairwise); the loop this
+    # replaces, total = total + row from +0.0, differs from it only in a -0.0 total: + 0.0
+    total = np.add.accumulate(rows, axis=0)[-1]
+    total += 0.0
     return total
 
 
@@ -129,10 +120,19 @@ class Oracle:
     (an evaluation.Evaluator: `record`, `final`)."""
 
     def __init__(self, star: Star, shards: list[LocalShard], loss: str, lam: float,
-                 n_total: int, p: int, evalset: EvalSet | None = None) -> None:
+                 n_total: int, p: int, evalset: EvalSet | None = None,
+                 block: AgentBlock | None = None) -> None:
         self.star, self.shards, self.loss, self.lam = star, shards, loss, lam
         self.n_total, self.p = n_total, p
         self.evalset = evalset if evalset is not None else EvalSet()
+        self._block = block
+
+    @property
+    def block(self) -> AgentBlock:
+        """The hosted shards stacked for array work (`agent_block.AgentBlock`), built once."""
+        if self._block is None:
+            self._block = AgentBlock(self.shards)
+        return self._block
 
     @property
     def classify(self) -> bool:
@@ -158,22 +158,18 @@ class Oracle:
         wrong = thetas[errors] if errors is not None and self.classify else None
         c = 0 if wrong is None else self.error_width(wrong.shape[0])
         local = np.empty((len(self.shards), m + e + c))
-        for j, sh in enumerate(self.shards):
-            local[j, :m] = linear.loss_sum(self.loss, sh.X, sh.y, thetas)
-            if e:
-                local[j, m : m + e] = extra_local[j]
-            if c:
-                local[j, m + e :] = self._owner_errors(sh, wrong)
+        local[:, :m] = self.block.loss_sums(self.loss, thetas)
+        if e:
+            local[:, m : m + e] = extra_local
+        if c:
+            q = wrong.shape[0]
+            local[:, m + e : m + e + q] = self.block.error_counts(wrong)
+            if self.evalset.kind == "owner_test":  # each owner's own test split, if it has one
+                for j, sh in enumerate(self.shards):
+                    test = self.evalset.local.get(sh.agent)
+                    local[j, m + e + q :] = (0.0 if test is None
+                                             else error_counts(test[0], test[1], wrong))
         return self.star.gather_agents(local, (m + e + c,))
-
-    def _owner_errors(self, sh: LocalShard, thetas: np.ndarray) -> np.ndarray:
-        """One owner's misclassified counts: training records, then its test split if used."""
-        counts = [error_counts(sh.X, sh.y, thetas)]
-        if self.evalset.kind == "owner_test":
-            test = self.evalset.local.get(sh.agent)
-            counts.append(np.zeros(thetas.shape[0]) if test is None
-                          else error_counts(test[0], test[1], thetas))
-        return np.concatenate(counts)
 
     def utility(self, thetas: np.ndarray, sums: np.ndarray, rows: slice, start: int
                 ) -> dict[str, np.ndarray]:
@@ -272,9 +268,8 @@ class Oracle:
 
     def _fg_local(self, theta: np.ndarray) -> np.ndarray | None:
         local = np.empty((len(self.shards), 1 + self.p))
-        for j, sh in enumerate(self.shards):
-            local[j, 0] = linear.loss_sum(self.loss, sh.X, sh.y, theta)[0]
-            local[j, 1:] = linear.grad_sum(self.loss, sh.X, sh.y, theta)[0]
+        local[:, 0] = self.block.loss_sums(self.loss, theta)[:, 0]
+        local[:, 1:] = self.block.grad_sums(self.loss, theta)
         return self.star.gather_agents(local, (1 + self.p,))
 
     def _fg_learner(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
@@ -321,10 +316,8 @@ class Oracle:
         return self.star.bcast_object(theta), solver
 
     def _closed_then_maybe_bounded(self, theta_max: float) -> tuple[np.ndarray | None, str]:
-        local = np.empty((len(self.shards), self.p * self.p + self.p))
-        for j, sh in enumerate(self.shards):  # X^T X, X^T y (dense p x p also for CSR X), cached
-            local[j, : self.p * self.p] = sh.squared_stats.gram.reshape(-1)
-            local[j, self.p * self.p :] = sh.squared_stats.xty
+        # X^T X, X^T y of every owner (dense p x p also for CSR X)
+        local = np.ascontiguousarray(self.block.gram_stats()[:, : self.p * self.p + self.p])
         g = self.star.gather_agents(local, (self.p * self.p + self.p,))
         theta = None
         if g is not None:
@@ -475,8 +468,11 @@ def load_checkpoint(star: Star, hooks: RunHooks, owners: Iterable, clock: str = 
                            {"owners": saved["owners"], "k": saved["k"]}, root=0)
     if sent is None:
         return None
-    for o in owners:
-        o.restore(sent["owners"][o.agent])
+    if hasattr(owners, "restore_states"):  # owners built on demand (async_star.HostedOwners)
+        owners.restore_states(sent["owners"])
+    else:
+        for o in owners:
+            o.restore(sent["owners"][o.agent])
     hooks.info(f"resumed from its checkpoint at {clock}={sent['k']}")
     return saved if star.is_learner else None if owners_only else sent
 

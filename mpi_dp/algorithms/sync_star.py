@@ -23,8 +23,9 @@ from ..comm.star import Star
 from ..errors import BudgetExceededError, JobError, NumericalError
 from ..models import linear
 from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, tap
-from ..privacy.release import OwnerRelease
-from ..rng import run_streams
+from ..privacy.release import BlockRelease, OwnerRelease
+from ..rng import agent_run_streams, run_streams
+from .agent_block import AgentBlock
 from .common import (
     Checkpointed,
     EvalSet,
@@ -33,6 +34,7 @@ from .common import (
     Reference,
     ReleasePath,
     ResultRecord,
+    agent_order_sum,
     load_checkpoint,
     save_checkpoint,
 )
@@ -101,6 +103,8 @@ class DataOwner(Checkpointed, ReleasePath):
     """Owner i: holds its records, clips, adds i.i.d. Laplace noise and charges its own ledger.
 
     Nothing un-noised leaves it through `answer`; `loss_sums` (in the Oracle) is evaluation-only.
+    One owner alone; a rank's hosted owners answer together as an `OwnerBlock`, bit for bit as
+    each of them would here.
     """
 
     STATE = ("answered", "ledger", "last_clipped")
@@ -115,11 +119,7 @@ class DataOwner(Checkpointed, ReleasePath):
         self.xi = s.xi if s.clip else math.inf
         self.lap_scale = s.noise_scale(self.agent)
         self.sensitivity = l1_sensitivity_mean(s.xi, shard.n)  # replace-one, clipped to xi
-        cal = s.calibration[self.agent] if s.calibration else None
-        paper = cal is None or cal.rule == "paper"  # the paper's basic budget eps_i
-        self.release = OwnerRelease(self.agent, s.runs, cal, budget_eps=eps if paper else math.inf,
-                                    budget_delta=0.0 if paper else math.inf, certified=s.clip,
-                                    clip=self.xi)
+        self.release = owner_release(self.agent, eps, s)
         self.noise_gens = run_streams(s.seed, "noise", self.agent, s.run_ids)
         self.answered = 0
         self.last_clipped = np.zeros(s.runs)
@@ -141,6 +141,100 @@ class DataOwner(Checkpointed, ReleasePath):
             raise NumericalError(f"owner {self.agent}: non-finite answer at query "
                                  f"{self.answered} (diverging model? lower step.alpha)")
         return response
+
+
+def owner_release(agent: int, eps: float, s: Settings) -> OwnerRelease:
+    """Owner `agent`'s release path: its calibration, or the paper's basic budget eps_i."""
+    cal = s.calibration[agent] if s.calibration else None
+    paper = cal is None or cal.rule == "paper"  # the paper's basic budget eps_i
+    return OwnerRelease(agent, s.runs, cal, budget_eps=eps if paper else math.inf,
+                        budget_delta=0.0 if paper else math.inf, certified=s.clip,
+                        clip=s.xi if s.clip else math.inf)
+
+
+class OwnerBlock:
+    """The data owners hosted on a rank, answering together: each clips its own records' gradients,
+    adds its own i.i.d. Laplace noise from its own streams and charges its own ledger, as
+    `DataOwner` does one at a time (bit for bit), with the agents as an array axis."""
+
+    def __init__(self, shards: list[LocalShard], s: Settings) -> None:
+        self.agents = np.array([sh.agent for sh in shards], dtype=np.int64)
+        self.data = AgentBlock(shards)
+        self.T, self.loss, self.R = s.T, s.loss, s.runs
+        self.xi = s.xi if s.clip else math.inf
+        self.n = self.data.n
+        self.lap_scale = np.array([s.noise_scale(a) for a in self.agents.tolist()])
+        self.sensitivity = np.array([l1_sensitivity_mean(s.xi, sh.n) for sh in shards])
+        self.release = BlockRelease([owner_release(a, s.eps[a], s)
+                                     for a in self.agents.tolist()])
+        self.noise = agent_run_streams(s.seed, "noise", self.agents, s.run_ids)
+        self.answered = 0
+        self.last_clipped = np.zeros((len(shards), s.runs))
+
+    def __len__(self) -> int:
+        return int(self.agents.size)
+
+    def answer(self, theta: np.ndarray) -> np.ndarray:
+        """Lines 4-6 for every hosted owner: (A, R, p) noisy clipped mean gradients."""
+        A = len(self)
+        if A == 0:
+            return np.empty((0, self.R, theta.shape[-1]))
+        if self.answered >= self.T:
+            raise BudgetExceededError(f"owner {int(self.agents[0])} refuses query "
+                                      f"{self.answered + 1}: it answers at most T = {self.T} "
+                                      "queries")
+        grad_sum, clipped = self.data.clipped_grad_sums(self.loss, theta, self.xi,
+                                                        self.loss == "squared")
+        q = grad_sum / self.n[:, None, None]
+        response, _, _ = self.release.laplace(q, self.noise, self.sensitivity,
+                                              scales=self.lap_scale)
+        self.answered += 1
+        self.last_clipped = clipped.astype(np.float64)
+        bad = ~np.isfinite(response).reshape(A, -1).all(axis=1)
+        if bad.any():
+            raise NumericalError(f"owner {int(self.agents[np.argmax(bad)])}: non-finite answer "
+                                 f"at query {self.answered} (diverging model? lower "
+                                 "step.alpha)")
+        return response
+
+    @property
+    def ledgers(self) -> list[Ledger]:
+        return self.release.ledgers
+
+    def owners(self) -> list[_HostedOwner]:
+        """One checkpoint view per hosted owner (`save_checkpoint` / `load_checkpoint`; after a
+        load, `restored_ledgers` hands the owners their checkpointed ledgers)."""
+        self.restored: dict[int, Ledger] = {}
+        return [_HostedOwner(self, j) for j in range(len(self))]
+
+    def restored_ledgers(self) -> None:
+        """Give the owners the ledgers a checkpoint restored (all or none)."""
+        if self.restored:
+            self.release.restore_ledgers([self.restored[j] for j in range(len(self))])
+        self.restored = {}
+
+
+class _HostedOwner:
+    """Owner j of an OwnerBlock as a checkpoint sees it: the state a DataOwner saves."""
+
+    def __init__(self, block: OwnerBlock, j: int) -> None:
+        self.block, self.j, self.agent = block, j, int(block.agents[j])
+
+    def _rows(self) -> slice:
+        return slice(self.j * self.block.R, (self.j + 1) * self.block.R)
+
+    def state(self) -> dict:
+        b, rows = self.block, self._rows()
+        return {"answered": b.answered, "ledger": b.release.owners[self.j].ledger,
+                "last_clipped": b.last_clipped[self.j].copy(),
+                "noise": (b.noise.h[rows].copy(), b.noise.lo[rows].copy())}
+
+    def restore(self, st: dict) -> None:
+        b, rows = self.block, self._rows()
+        b.answered = st["answered"]
+        b.restored[self.j] = st["ledger"]
+        b.last_clipped[self.j] = st["last_clipped"]
+        b.noise.h[rows], b.noise.lo[rows] = st["noise"]
 
 
 def _median_psi(psi: np.ndarray | None) -> str:
@@ -180,8 +274,8 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
     p = s.p
     n_total = int(sum(s.n))
     weights = np.array(s.n, dtype=np.float64) / n_total  # n_i / n, public
-    owners = [DataOwner(sh, s.eps[sh.agent], s) for sh in shards]
-    oracle = Oracle(star, shards, s.loss, s.lam, n_total, p, evalset)
+    owners = OwnerBlock(shards, s)
+    oracle = Oracle(star, shards, s.loss, s.lam, n_total, p, evalset, block=owners.data)
     R = s.runs
     reported = slice(0, R) if s.variant == "alg2" else slice(R, 2 * R)  # rows of [avg, iterate]
 
@@ -190,13 +284,12 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
         theta[:] = theta_init
     theta_avg = theta.copy()
     step_sum = 0.0
-    responses_local = np.empty((len(owners), R, p))
     hooks.start(s.T, "iteration")
 
     def record(k: int, mu: float) -> np.ndarray | None:
         if not tap.evaluating() or s.record_every == 0:  # evaluation-only: an audit, or none
             return None  # wanted (record_every = 0: the method's cost alone)
-        clipped = np.array([o.last_clipped for o in owners]).reshape(len(owners), R)
+        clipped = owners.last_clipped
         both = np.concatenate([theta_avg, theta])
         util = oracle.record(both, reported, extra_local=clipped)
         if util is None:
@@ -210,7 +303,8 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
                          "step_size": mu, **util})
         return psi
 
-    saved = load_checkpoint(star, hooks, owners)
+    saved = load_checkpoint(star, hooks, owners.owners())
+    owners.restored_ledgers()
     k0 = 0
     if saved is None:
         record(0, 0.0)
@@ -220,8 +314,7 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
     for k in range(k0 + 1, s.T + 1):
         mu = s.step_size(k)
         star.bcast(theta)  # line 3: learner -> owners: theta_{k-1}
-        for j, o in enumerate(owners):  # lines 4-6, on the owners' ranks
-            responses_local[j] = o.answer(theta)
+        responses_local = owners.answer(theta)  # lines 4-6, on the owners' ranks
         if s.aggregate == "gather":  # line 7: every answer reaches the learner individually
             responses = star.gather_agents(responses_local, (R, p))
             if star.is_learner:
@@ -229,9 +322,7 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
                 for i in range(n_agents):
                     d = d + weights[i] * responses[i]
         else:  # optional: Reduce of pre-weighted answers (sum order depends on the rank count)
-            part = np.zeros((R, p))
-            for j, o in enumerate(owners):
-                part = part + weights[o.agent] * responses_local[j]
+            part = agent_order_sum(weights[owners.agents][:, None, None] * responses_local)
             total = star.reduce_sum(part)
             if star.is_learner:
                 d = s.lam * theta + total
@@ -248,11 +339,11 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
             theta_avg = (1.0 - gamma) * theta_avg + gamma * theta
         if k == s.T or (s.record_every and k % s.record_every == 0):
             psi = record(k, mu)
-            save_checkpoint(star, hooks, k, s.T, owners, theta=theta, theta_avg=theta_avg,
+            save_checkpoint(star, hooks, k, s.T, owners.owners(), theta=theta, theta_avg=theta_avg,
                             step_sum=step_sum)
             hooks.progress(k, lambda psi=psi: _median_psi(psi))
 
-    ledgers = star.gather_objects([o.ledger for o in owners])
+    ledgers = star.gather_objects(owners.ledgers)
     if not star.is_learner:
         return None
     return SyncStarResult(

@@ -293,6 +293,9 @@ class GraphNet:
         return recv
 
     def gather_objects(self, obj: Any) -> list | None:
+        """`obj` of every rank on rank 0 (pickled; on one rank the object itself)."""
+        if self.comm.Get_size() == 1:
+            return [obj]
         return self.comm.gather(obj, root=0)
 
     def bcast_object(self, obj: Any) -> Any:

@@ -65,7 +65,10 @@ class Star:
         return bool(self.comm.allreduce(int(bool(flag)), op=MPI.MIN))
 
     def gather_objects(self, obj):
-        """Small control messages only (pickled)."""
+        """Small control messages only (pickled; on one rank the object itself, unpickled:
+        a rank's thousands of ledgers cost seconds to pickle for nobody)."""
+        if self.comm.Get_size() == 1:
+            return [obj]
         return self.comm.gather(obj, root=ROOT)
 
     def bcast_object(self, obj):

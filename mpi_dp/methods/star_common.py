@@ -149,10 +149,14 @@ def evaluation_set(ctx: Context) -> EvalSet:
         data = ctx.agree(lambda: shard.read_test() if star.is_learner else None)
         n = int(ctx.comm.bcast(None if data is None else len(data[1]), root=0))
         return EvalSet("test", n, data=data) if n else EvalSet()
-    if not any(shard.has_test(i) for i in range(shard.n_agents)):
+    if not shard.has_tests().any():
         return EvalSet()
-    local = ctx.agree(lambda: {i: shard.read_agent_test(i) for i in star.local_agents
-                               if shard.has_test(i)})
+    def read_tests() -> dict:
+        ids = list(star.local_agents)
+        return {i: t for i, t in zip(ids, shard.read_agents_test(ids), strict=True)
+                if t is not None}
+
+    local = ctx.agree(read_tests)
     sizes = star.gather_agents(np.array([[len(local[i][1]) if i in local else 0]
                                          for i in star.local_agents], dtype=np.float64
                                         ).reshape(-1, 1), (1,))
@@ -261,8 +265,10 @@ class StarMethod(Method[StarPreparedT, StarSettingsT]):
         hold none) and the reference optima on the participants (collective, cached per n)."""
         p, N = ctx.shard.n_features, len(n)
         empty = sp.csr_matrix((0, p)) if ctx.shard.is_sparse else np.zeros((0, p))
-        shards = [LocalShard(i, *ctx.shard.read_agent(i, n[i])) if i < N
-                  else LocalShard(i, empty, np.zeros(0)) for i in ctx.star.local_agents]
+        ids = [i for i in ctx.star.local_agents if i < N]
+        read = dict(zip(ids, ctx.shard.read_agents(ids, [n[i] for i in ids]), strict=True))
+        shards = [LocalShard(i, *read[i]) if i < N else LocalShard(i, empty, np.zeros(0))
+                  for i in ctx.star.local_agents]
         rk = ctx.job.section(ReferenceKeys)
         ref = cached_reference(prep.refs, ctx.star, shards, s.loss, s.lam, n, p, s.theta_max,
                                rk.solver, prep.evalset, rk.isolated)

@@ -178,6 +178,17 @@ SCREEN_MAX_SHARE = 0.25
 SMALL_PASS_ELEMS = 2**15
 
 
+def _clip_args(loss: str, xi: float, Theta: np.ndarray) -> tuple[float, np.ndarray]:
+    """The checked (xi, Theta as (R, p)) of a clipped gradient sum."""
+    check_loss(loss)
+    xi = float(xi)
+    if not xi > 0:
+        raise ValueError(f"clipping norm xi must be positive, got {xi}")
+    T = as_runs(Theta)
+    _check_finite(T, "clipped_grad_sum")
+    return xi, T
+
+
 def clipped_grad_sum(
     loss: str, X, y: np.ndarray, Theta: np.ndarray, xi: float, stats: SquaredStats | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -193,12 +204,7 @@ def clipped_grad_sum(
     2 (|x.c - y| + ||x||_2 max_r ||theta_r - c||_2) ||x||_1 <= xi at the runs' mean c (its
     gradient norm in every run is at most that, so it is clipped in none).
     """
-    check_loss(loss)
-    xi = float(xi)
-    if not xi > 0:
-        raise ValueError(f"clipping norm xi must be positive, got {xi}")
-    T = as_runs(Theta)
-    _check_finite(T, "clipped_grad_sum")
+    xi, T = _clip_args(loss, xi, Theta)
     y = _check_shapes(X, y, T)
     if T.shape[0] > 1 and not np.any(T != T[0]):  # every run at one model (a first step)
         g, c = clipped_grad_sum(loss, X, y, T[:1], xi, stats)
@@ -235,6 +241,85 @@ def clipped_grad_sum(
             D = _clamp(D, _thresholds(xi, _row_l1(Xc)), counts, inplace=True)
         total += _back_t(Xc, D)
     return total, counts
+
+
+# -- a block of agents of equal record count, stacked ((G, n, p) arrays) ---------------------------
+# Each agent's arithmetic is exactly what the per-agent function does on its own (n, p) shard: the
+# stacked matmul calls the same GEMM per agent, elementwise steps are per record, reductions run
+# along one agent's own axis. So an agent's result does not depend on which agents share its block.
+
+
+def stacked_grad_ok(loss: str, n: int, runs: int, xi: float, with_stats: bool) -> bool:
+    """Whether `clipped_grad_sum_stack` reproduces `clipped_grad_sum` for agents of n records
+    (the single-pass branches; the screened squared path and multi-chunk passes are per agent)."""
+    if with_stats and loss == "squared":
+        return not np.isfinite(xi) or n * runs <= SMALL_PASS_ELEMS
+    return n <= chunk_rows(runs)
+
+
+def clipped_grad_sum_stack(loss: str, Xs: np.ndarray, ys: np.ndarray, Theta: np.ndarray,
+                           xi: float, row_l1: np.ndarray, with_stats: bool = False,
+                           gram: np.ndarray | None = None, xty: np.ndarray | None = None
+                           ) -> tuple[np.ndarray, np.ndarray]:
+    """`clipped_grad_sum` of G agents at once: Xs (G, n, p) dense, ys (G, n), row_l1 (G, n) the
+    records' L1 norms. `with_stats`: as the per-agent call given the shard's `SquaredStats`
+    (squared loss), whose `gram` (G, p, p) and `xty` (G, p) only xi = inf needs. Returns
+    (G, R, p) sums and (G, R) clipped counts, agent g's bit for bit `clipped_grad_sum` on its
+    own records, for agents where `stacked_grad_ok` holds."""
+    xi, T = _clip_args(loss, xi, Theta)
+    G, n, p = Xs.shape
+    if T.shape[1] != p:
+        raise ValueError(f"Theta has {T.shape[1]} coordinates but X has {p} columns")
+    R = T.shape[0]
+    if R > 1 and not np.any(T != T[0]):  # every run at one model (a first step)
+        g, c = clipped_grad_sum_stack(loss, Xs, ys, T[:1], xi, row_l1, with_stats, gram, xty)
+        return np.repeat(g, R, axis=1), np.repeat(c, R, axis=1)
+    counts = np.zeros((G, R), dtype=np.int64)
+    if with_stats and loss == "squared":
+        if not np.isfinite(xi):
+            return 2.0 * (T @ gram - xty[:, None, :]), counts
+        D = _derivative_t("squared", T @ Xs.transpose(0, 2, 1), ys[:, None, :])
+        return _back_stack(Xs, _clamp_stack(D, _thresholds(xi, row_l1), counts)), counts
+    total = np.zeros((G, R, p))
+    D = _derivative_t(loss, T @ Xs.transpose(0, 2, 1), ys[:, None, :])
+    if np.isfinite(xi):
+        D = _clamp_stack(D, _thresholds(xi, row_l1), counts)
+    total += _back_stack(Xs, D)
+    return total, counts
+
+
+def _back_stack(Xs: np.ndarray, D: np.ndarray) -> np.ndarray:
+    """D @ X per agent: (G, R, n) x (G, n, p) -> (G, R, p)."""
+    return D @ Xs
+
+
+def _clamp_stack(D: np.ndarray, thr: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """`_clamp` in place of each agent's (R, n) block D[g] at its thresholds thr[g] (n,)."""
+    over = np.abs(D) > thr[:, None, :]
+    counts += np.add.reduce(over.view(np.uint8), axis=2, dtype=np.int64)
+    np.minimum(D, thr[:, None, :], out=D)
+    np.maximum(D, -thr[:, None, :], out=D)
+    return D
+
+
+def loss_sum_stack(loss: str, Xs: np.ndarray, ys: np.ndarray, Theta: np.ndarray) -> np.ndarray:
+    """`loss_sum` of G agents at once, (G, R): Xs (G, n, p) dense, ys (G, n); agent g's row is
+    bit for bit `loss_sum` on its own records where `n <= chunk_rows(R)` (one chunk)."""
+    check_loss(loss)
+    T = as_runs(Theta)
+    _check_finite(T, "loss_sum")
+    Zt = T @ Xs.transpose(0, 2, 1)  # (G, R, n)
+    y = ys[:, None, :]
+    if loss == "squared":
+        Zt -= y
+        Zt *= Zt
+    elif loss == "hinge":
+        Zt = np.maximum(0.0, 1.0 - y * Zt)
+    else:
+        Zt = np.logaddexp(0.0, -y * Zt)
+    total = np.zeros(Zt.shape[:2])
+    total += Zt.sum(axis=2)
+    return total
 
 
 def _margins_t(X, Theta: np.ndarray) -> np.ndarray:
@@ -287,6 +372,22 @@ def _clamp(D: np.ndarray, thr: np.ndarray, counts: np.ndarray, inplace: bool = F
     np.minimum(D, thr, out=out)
     np.maximum(out, -thr, out=out)
     return out
+
+
+def error_counts(X, y: np.ndarray, thetas: np.ndarray) -> np.ndarray:
+    """Misclassified records of each model (M,), X dense or CSR, under the prediction rule
+    y_hat = sign(x . theta) with sign(0) = +1 (algorithms.common.PREDICTION_RULE).
+
+    Row chunks bound the (rows x M) margins; counts are integers, so the sum is exact.
+    """
+    T = as_runs(thetas)
+    y = np.asarray(y, dtype=np.float64)
+    wrong = np.zeros(T.shape[0])
+    step = chunk_rows(T.shape[0])
+    for a in range(0, X.shape[0], step):
+        Z = np.asarray(X[a : a + step] @ T.T, dtype=np.float64)
+        wrong += (np.where(Z >= 0.0, 1.0, -1.0) != y[a : a + step, None]).sum(axis=0)
+    return wrong
 
 
 def grad_l1_norms(loss: str, X, y: np.ndarray, Theta: np.ndarray) -> np.ndarray:

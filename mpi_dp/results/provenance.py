@@ -41,7 +41,9 @@ def versions() -> dict[str, str]:
         from mpi4py import MPI
 
         out["mpi4py"] = mpi4py.__version__
-        out["mpi_library"] = MPI.Get_library_version().strip().splitlines()[0]
+        # some MPIs (Open MPI builds) pad the string with NULs, which HDF5 strings refuse
+        out["mpi_library"] = (MPI.Get_library_version().replace("\x00", "").strip()
+                              .splitlines() or [""])[0]
         out["mpi_standard"] = "{}.{}".format(*MPI.Get_version())
     except ImportError:  # pragma: no cover - mpi4py is a dependency
         out["mpi4py"] = "not installed"

@@ -1,0 +1,200 @@
+"""The agents a rank hosts as one block: their records stacked by equal record count, so a step of
+every hosted agent is a few array operations instead of a Python loop over agents.
+
+Each agent's arithmetic is what it does alone (models.linear's `*_stack` kernels: the same GEMM
+per agent, per-record elementwise steps, reductions along the agent's own records), so its result
+does not depend on which agents share its block or how many ranks there are (DESIGN.md). Agents
+a kernel cannot stack (CSR records, several row chunks, the screened squared-loss path) take the
+per-agent function: they hold enough records that the loop's overhead does not matter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..models import linear
+from ..models.linear import error_counts
+
+
+def _agent_chunks(g: SizeGroup, models: int) -> list[tuple[np.ndarray, slice]]:
+    """(block positions, group slice) chunks of a group whose (agents x models x records)
+    intermediates hold about linear.CHUNK_ELEMS numbers (memory bounded, cache-sized)."""
+    step = max(1, linear.CHUNK_ELEMS // max(1, models * g.n))
+    G = g.rows.size
+    return [(g.rows[a : a + step], slice(a, a + step)) for a in range(0, G, step)]
+
+
+class Shard(Protocol):
+    """What the block reads of a hosted agent's shard (common.LocalShard)."""
+
+    agent: int
+    X: Any  # dense (n, p) float64 or CSR
+    y: np.ndarray
+
+    @property
+    def n(self) -> int: ...
+
+    @property
+    def squared_stats(self) -> linear.SquaredStats: ...
+
+
+@dataclasses.dataclass
+class SizeGroup:
+    """The dense agents of one record count n: positions in the block and stacked records."""
+
+    rows: np.ndarray  # (G,) positions of these agents in the block
+    X: np.ndarray  # (G, n, p)
+    y: np.ndarray  # (G, n)
+    gram: np.ndarray | None = None  # (G, p, p), computed when first needed
+    xty: np.ndarray | None = None  # (G, p)
+
+    @functools.cached_property
+    def row_l1(self) -> np.ndarray:
+        """(G, n) the records' L1 norms (models.linear's per-record clipping bound)."""
+        return np.abs(self.X).sum(axis=2)
+
+    @property
+    def n(self) -> int:
+        return int(self.X.shape[1])
+
+
+class AgentBlock:
+    """The shards of a rank's hosted agents (`common.LocalShard`s, in block order), grouped for
+    array work."""
+
+    def __init__(self, shards: list[Shard]) -> None:
+        self.shards = shards
+        self.n = np.array([sh.n for sh in shards], dtype=np.int64)
+        by_n: dict[int, list[int]] = {}
+        self.singles: list[int] = []  # positions computed one agent at a time
+        for j, sh in enumerate(shards):
+            if isinstance(sh.X, np.ndarray) and sh.n > 0:
+                by_n.setdefault(sh.n, []).append(j)
+            else:
+                self.singles.append(j)
+        self.groups = [SizeGroup(np.array(rows, dtype=np.int64),
+                                 np.stack([shards[j].X for j in rows]),
+                                 np.stack([np.asarray(shards[j].y, dtype=np.float64)
+                                           for j in rows]))
+                       for n, rows in sorted(by_n.items())]
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def _squared_stats(self, g: SizeGroup) -> tuple[np.ndarray, np.ndarray]:
+        """(G, p, p) gram X^T X and (G, p) X^T y of a group: per agent the same GEMM (and GEMV)
+        as its `linear.squared_stats`, so the same bits."""
+        if g.gram is None:
+            Xt = g.X.transpose(0, 2, 1)
+            g.gram, g.xty = Xt @ g.X, (Xt @ g.y[:, :, None])[..., 0]
+        return g.gram, g.xty
+
+    def gram_stats(self) -> np.ndarray:
+        """(A, p p + p + 1): every agent's X^T X (flattened), X^T y and y^T y, as its own
+        `linear.squared_stats` and `y @ y` give them (zeros for an agent without records)."""
+        p = self.shards[0].X.shape[1] if self.shards else 0
+        out = np.zeros((len(self), p * p + p + 1))
+        for g in self.groups:
+            gram, xty = self._squared_stats(g)
+            out[g.rows, : p * p] = gram.reshape(len(g.rows), -1)
+            out[g.rows, p * p : p * p + p] = xty
+            out[g.rows, -1] = (g.y[:, None, :] @ g.y[:, :, None])[:, 0, 0]
+        for j in self.singles:
+            sh = self.shards[j]
+            if sh.n:
+                st = sh.squared_stats
+                out[j, : p * p] = st.gram.reshape(-1)
+                out[j, p * p : p * p + p] = st.xty
+                out[j, -1] = float(sh.y @ sh.y)
+        return out
+
+    def clipped_grad_sums(self, loss: str, Theta: np.ndarray, xi: float, with_stats: bool
+                          ) -> tuple[np.ndarray, np.ndarray]:
+        """Every agent's `linear.clipped_grad_sum` at the shared models Theta (R, p):
+        (A, R, p) sums and (A, R) clipped counts; `with_stats` as passing the shard's
+        SquaredStats (squared loss)."""
+        T = linear.as_runs(Theta)
+        R, p = T.shape
+        out = np.empty((len(self), R, p))
+        counts = np.empty((len(self), R), dtype=np.int64)
+        stats = with_stats and loss == "squared"
+        for g in self.groups:
+            if linear.stacked_grad_ok(loss, g.n, R, xi, stats):
+                gram, xty = (self._squared_stats(g) if stats and not np.isfinite(xi)
+                             else (None, None))  # the direct pass needs only row_l1
+                for rows, c in _agent_chunks(g, R):
+                    out[rows], counts[rows] = linear.clipped_grad_sum_stack(
+                        loss, g.X[c], g.y[c], T, xi, g.row_l1[c], stats,
+                        None if gram is None else gram[c], None if xty is None else xty[c])
+            else:
+                self._one_by_one(g.rows, loss, T, xi, stats, out, counts)
+        self._one_by_one(self.singles, loss, T, xi, stats, out, counts)
+        return out, counts
+
+    def _one_by_one(self, rows, loss: str, T: np.ndarray, xi: float, stats: bool,
+                    out: np.ndarray, counts: np.ndarray) -> None:
+        for j in np.asarray(rows, dtype=np.int64).tolist():
+            sh = self.shards[j]
+            out[j], counts[j] = linear.clipped_grad_sum(loss, sh.X, sh.y, T, xi,
+                                                        sh.squared_stats if stats else None)
+
+    def loss_sums(self, loss: str, Theta: np.ndarray) -> np.ndarray:
+        """Every agent's `linear.loss_sum` at the models Theta (M, p): (A, M)."""
+        T = linear.as_runs(Theta)
+        out = np.empty((len(self), T.shape[0]))
+        step = linear.chunk_rows(T.shape[0])
+        for g in self.groups:
+            if g.n <= step:
+                for rows, c in _agent_chunks(g, T.shape[0]):
+                    out[rows] = linear.loss_sum_stack(loss, g.X[c], g.y[c], T)
+            else:
+                for j in g.rows.tolist():
+                    out[j] = linear.loss_sum(loss, self.shards[j].X, self.shards[j].y, T)
+        for j in self.singles:
+            sh = self.shards[j]
+            out[j] = linear.loss_sum(loss, sh.X, sh.y, T)
+        return out
+
+    def grad_sums(self, loss: str, theta: np.ndarray) -> np.ndarray:
+        """Every agent's `linear.grad_sum` at one model theta (1, p): (A, p)."""
+        T = linear.as_runs(theta)
+        if T.shape[0] != 1:
+            raise ValueError("grad_sums takes one model")
+        out = np.empty((len(self), T.shape[1]))
+        step = linear.chunk_rows(1)
+        for g in self.groups:
+            if g.n <= step:  # one chunk: grad_sum is the unclipped pass of clipped_grad_sum
+                for rows, c in _agent_chunks(g, 1):
+                    out[rows] = linear.clipped_grad_sum_stack(loss, g.X[c], g.y[c], T, np.inf,
+                                                              g.row_l1[c])[0][:, 0]
+            else:
+                for j in g.rows.tolist():
+                    out[j] = linear.grad_sum(loss, self.shards[j].X, self.shards[j].y, T)[0]
+        for j in self.singles:
+            sh = self.shards[j]
+            out[j] = linear.grad_sum(loss, sh.X, sh.y, T)[0]
+        return out
+
+    def error_counts(self, thetas: np.ndarray) -> np.ndarray:
+        """Every agent's `common.error_counts` of the models thetas (M, p): (A, M)."""
+        T = linear.as_runs(thetas)
+        out = np.empty((len(self), T.shape[0]))
+        step = linear.chunk_rows(T.shape[0])
+        for g in self.groups:
+            if g.n <= step:
+                for rows, c in _agent_chunks(g, T.shape[0]):
+                    Z = g.X[c] @ T.T  # (G, n, M): X @ T.T per agent, as error_counts
+                    wrong = np.where(Z >= 0.0, 1.0, -1.0) != g.y[c, :, None]
+                    out[rows] = 0.0
+                    out[rows] += wrong.sum(axis=1)
+            else:
+                for j in g.rows.tolist():
+                    out[j] = error_counts(self.shards[j].X, self.shards[j].y, T)
+        for j in self.singles:
+            sh = self.shards[j]
+            out[j] = error_counts(sh.X, sh.y, T)
+        return out
