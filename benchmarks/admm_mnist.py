@@ -110,7 +110,8 @@ def best(f, reps: int) -> float:
 
 def efficiency(data, K: int, R: int, blocks: int, iters: int, reps: int) -> None:
     s = settings(data, K, tuple(range(R)), 10**6)
-    agents = [admm.Agent(i, X, y, s) for i, (X, y) in enumerate(data)]
+    # the hosted agents as one block, kept across iterations (as the runner does)
+    agents = admm.AgentBlock([admm.Agent(i, X, y, s) for i, (X, y) in enumerate(data)], s)
     star = Star(MPI.COMM_SELF, len(agents))
     state = {"w": np.zeros((R, s.J, s.K)), "t": 0}
 

@@ -13,18 +13,22 @@ consensus ADMM of (2)-(4), with the agents' subproblems linearised (IADMM):
   OutP (agents, then server, then dual): a proximal step from w^t, then z~_p = z_p + N(0, s^2)
   with Huang et al.'s decreasing variance; w from the z~_p; lam_p += rho (w - z~_p).
 
-All R Monte-Carlo runs advance together along a leading axis ((R, J, K) arrays). Every agent
-draws its noise from its own streams (seed, 'noise', agent, run) and the server sums the agents'
-contributions in agent order (Gatherv; 'reduce' is an option), so results are bitwise identical
-on any number of ranks.
+All R Monte-Carlo runs advance together along a leading axis ((R, J, K) arrays), and the agents
+a rank hosts step together as one AgentBlock, an agents axis before it ((A, R, J, K)): records
+stacked by record count (models.multinomial's stack_* kernels: each agent's own GEMMs and
+reductions), noise for every (agent, run) pair drawn at once, ledgers charged as a block. Every
+agent draws its noise from its own streams (seed, 'noise', agent, run) and the server sums the
+agents' contributions in agent order (Gatherv; 'reduce' is an option), so results are bitwise
+identical on any number of ranks and with any agents per rank.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -32,9 +36,11 @@ import numpy as np
 from ..comm.star import Star
 from ..errors import NumericalError
 from ..models import multinomial
+from ..pcg import RunStreams
 from ..privacy import GaussianEvent, LaplaceEvent, Ledger, tap
-from ..privacy.release import OwnerRelease
-from ..rng import run_streams
+from ..privacy.mechanisms import gaussian_noise, laplace_noise
+from ..privacy.release import BlockRelease, OwnerRelease
+from ..rng import agent_run_streams, run_streams
 from . import admm_steps as steps
 from .common import (
     Checkpointed,
@@ -147,7 +153,8 @@ class Agent(Checkpointed, ReleasePath):
         shape = (s.runs, s.J, s.K)
         self.z = np.zeros(shape)
         self.lam = np.zeros(shape)
-        self.gens = run_streams(s.seed, "noise", agent, s.run_ids)
+        self._gens: RunStreams | None = None  # seeded on first use (`gens`)
+        self._noise_pos: tuple | None = None  # or a position to seek it to (`restore`)
         cal = s.calibration[agent] if s.calibration else None
         outp_ok = s.outp_noise_std == "sigma" and (s.calibrated or not (
             s.outp_calibration == "paper" and 1 <= s.eps_bar < math.inf))
@@ -164,6 +171,37 @@ class Agent(Checkpointed, ReleasePath):
 
     #: what a checkpoint holds to continue this agent bit for bit (with its noise position)
     STATE = ("z", "lam", "ledger", "noise_mag", "scale", "z_change")
+
+    @property
+    def gens(self) -> RunStreams:
+        """This agent's noise streams (seed, 'noise', agent, run), seeded when first used: a
+        block (`AgentBlock`) draws for its agents from one RunStreams of them all instead."""
+        if getattr(self, "_gens", None) is None:
+            self._gens = run_streams(self.s.seed, "noise", self.agent, self.s.run_ids)
+            if getattr(self, "_noise_pos", None) is not None:
+                self._gens.seek(self._noise_pos)
+            self._noise_pos = None
+        return self._gens
+
+    @gens.setter
+    def gens(self, value: RunStreams) -> None:
+        self._gens, self._noise_pos = value, None
+
+    def noise_position(self) -> tuple | None:
+        """Where this agent's noise streams stand (RunStreams.position), None while unused."""
+        if getattr(self, "_gens", None) is not None:
+            return self._gens.position()
+        return getattr(self, "_noise_pos", None)
+
+    def state(self) -> dict:
+        pos = self.noise_position()
+        return {**{k: getattr(self, k) for k in self.STATE},
+                "noise": self.gens.position() if pos is None else pos}
+
+    def restore(self, st: dict) -> None:
+        for k in self.STATE:
+            setattr(self, k, st[k])
+        self._gens, self._noise_pos = None, st["noise"]
 
     def contribution(self, rho: float) -> np.ndarray:
         """rho z_p - lam_p: what the server sums (R, J, K)."""
@@ -195,18 +233,226 @@ class Agent(Checkpointed, ReleasePath):
         return inv_eta, self.release.event(sens, steps.outp_noise_std(sigma, s.outp_noise_std),
                                            delta=delta)
 
+    # The steps of this agent alone: a block of one (the block's steps are the agents' own).
     def step_objective(self, w: np.ndarray, t: int, rho: float) -> None:
         """ObjT / ObjP agent update (lines 2-5 of iteration t) and the dual update."""
+        self._alone(lambda b: b.step_objective(w, t, rho))
+
+    def step_outp(self, w: np.ndarray, t: int, rho: float) -> None:
+        """OutP agent update from w^t: proximal step, then Gaussian output noise."""
+        self._alone(lambda b: b.step_outp(w, t, rho))
+
+    def outp_dual(self, w: np.ndarray, rho: float) -> None:
+        self.lam = steps.dual_update(self.lam, rho, w, self.z)
+
+    def metrics(self, w: np.ndarray) -> np.ndarray:
+        """Evaluation-only per-run values at w: [loss sum, ||w - z_p||_1, noise_mag, scale,
+        z_change, misclassified own records], shape (N_METRICS R,)."""
+        return AgentBlock([self], self.s).metrics(w)[0]
+
+    def _alone(self, step) -> None:
+        block = AgentBlock([self], self.s)
+        step(block)
+        block.write_back()
+
+    def label_counts(self) -> np.ndarray:
+        """Evaluation-only: records of each class 0..K-1 among this agent's records (K,)."""
+        return np.bincount(self.y, minlength=self.s.K).astype(np.float64)
+
+
+#: per-run values in Agent.metrics
+N_METRICS = 6
+#: Most numbers of one stacked (agents x R x K x records) block (multinomial.CHUNK_ELEMS, about a
+#: core's L2 cache): a size group's agents are stepped in batches of this size.
+BATCH_ELEMS = multinomial.CHUNK_ELEMS
+#: Most numbers (n x J) in an agent's records for it to be stacked: a larger agent's own work
+#: dwarfs the Python overhead of stepping it alone, so it keeps the per-agent kernels (and its
+#: records are not copied into a stack).
+STACK_MAX_ELEMS = 2**16
+
+
+class Stacks:
+    """The records of a list of agents laid out for models.multinomial's stacked kernels at up
+    to `runs` runs: agents of equal record count n (`multinomial.stackable`, small enough) in
+    `batches` of (positions in the list (B,), X (B, n, J), y (B, n), row_l1 (B, n)); the others
+    (`single`: positions) one agent at a time. An agent's results do not depend on its batch."""
+
+    def __init__(self, agents: Sequence[Agent], runs: int, K: int) -> None:
+        by_n: dict[int, list[int]] = {}
+        self.single: list[int] = []
+        for i, a in enumerate(agents):
+            if multinomial.stackable(a.n, runs, K) and a.X.size <= STACK_MAX_ELEMS:
+                by_n.setdefault(a.n, []).append(i)
+            else:
+                self.single.append(i)
+        self.batches: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        for n, pos in sorted(by_n.items()):
+            step = max(1, BATCH_ELEMS // (runs * K * n))
+            for lo in range(0, len(pos), step):
+                p = np.array(pos[lo : lo + step], dtype=np.intp)
+                self.batches.append((p, np.stack([agents[i].X for i in p]),
+                                     np.stack([agents[i].y for i in p]).astype(np.intp),
+                                     np.stack([agents[i].row_l1 for i in p])))
+        self.K = K
+        self._labels: dict[tuple[int, int], np.ndarray] = {}
+
+    def label_index(self, j: int, R: int) -> np.ndarray:
+        """multinomial.stack_label_index of batch j at R runs (made once, kept)."""
+        idx = self._labels.get((j, R))
+        if idx is None:
+            idx = self._labels[(j, R)] = multinomial.stack_label_index(self.batches[j][2], R,
+                                                                       self.K)
+        return idx
+
+
+class AgentBlock:
+    """The agents a rank hosts as one block (DESIGN.md, 'A rank's agents are one block'): their
+    models z and duals lam stacked (A, R, J, K) in agent order, their records in `Stacks`, the
+    noise of every (agent, run) pair from one RunStreams (row a R + r: agent a's stream of run r,
+    bit for bit its own), every ledger charged through one BlockRelease before the block's noise
+    is drawn. Each step is `Agent`'s as array work over the block; each agent's arithmetic is
+    what it does alone, so results are bitwise the same on any number of ranks. `members()` are
+    the agents as checkpointed owners; `write_back()` leaves each Agent object its state."""
+
+    def __init__(self, agents: Sequence[Agent], s: Settings) -> None:
+        self.agents, self.s = list(agents), s
+        A, R = len(self.agents), s.runs
+        self.stacks = Stacks(self.agents, R, s.K)
+        self.n = np.array([a.n for a in self.agents], dtype=np.int64)
+
+        def stack(name: str, shape: tuple[int, ...]) -> np.ndarray:
+            return (np.stack([np.asarray(getattr(a, name), dtype=np.float64)
+                              for a in self.agents]) if A else np.zeros((0, *shape)))
+
+        self.z, self.lam = stack("z", (R, s.J, s.K)), stack("lam", (R, s.J, s.K))
+        self.noise_mag, self.scale = stack("noise_mag", (R,)), stack("scale", (R,))
+        self.z_change = stack("z_change", (R,))
+        self.gens = agent_run_streams(s.seed, "noise", [a.agent for a in self.agents],
+                                      s.run_ids)
+        h, lo = self.gens.position()
+        for i, a in enumerate(self.agents):
+            pos = a.noise_position()
+            if pos is not None:
+                h[i * R : (i + 1) * R], lo[i * R : (i + 1) * R] = pos
+        self.gens.seek((h, lo))
+        self.release = BlockRelease([a.release for a in self.agents])
+        self._members: list[_Member] | None = None
+
+    def __len__(self) -> int:
+        return len(self.agents)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def state(self, i: int) -> dict:
+        """Agent i's checkpoint state, as `Agent.state` gives it."""
+        rows = slice(i * self.s.runs, (i + 1) * self.s.runs)
+        return {"z": self.z[i].copy(), "lam": self.lam[i].copy(),
+                "ledger": self.agents[i].ledger, "noise_mag": self.noise_mag[i].copy(),
+                "scale": self.scale[i].copy(), "z_change": self.z_change[i].copy(),
+                "noise": (self.gens.h[rows].copy(), self.gens.lo[rows].copy())}
+
+    def restore(self, i: int, st: dict) -> None:
+        """Continue agent i from its checkpoint state `st` (`state`)."""
+        rows = slice(i * self.s.runs, (i + 1) * self.s.runs)
+        self.z[i], self.lam[i] = st["z"], st["lam"]
+        self.noise_mag[i], self.scale[i], self.z_change[i] = (st["noise_mag"], st["scale"],
+                                                              st["z_change"])
+        self.agents[i].ledger = st["ledger"]
+        self.gens.h[rows], self.gens.lo[rows] = st["noise"]
+
+    def members(self) -> list[_Member]:
+        """The agents as checkpointed owners (`agent`, `state()`, `restore()`) backed by the
+        block (common.save_checkpoint / load_checkpoint)."""
+        if self._members is None:
+            self._members = [_Member(self, i) for i in range(len(self))]
+        return self._members
+
+    def write_back(self) -> None:
+        """Leave every Agent object its state (models, logs, noise position) from the block."""
+        for i, a in enumerate(self.agents):
+            a.restore(self.state(i))
+
+    # -- the records' kernels ------------------------------------------------------------------
+    def gradients(self, W: np.ndarray, terms: bool = False, shared: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Every agent's gradient sum (A, R, J, K) at its own model W[i] (W (A, R, J, K)) or
+        (`shared`) at one W (R, J, K) for all, and with `terms` the per-run maximum of its
+        sensitivity terms (A, R): `multinomial.grad_sum(_and_terms_max)` of each agent."""
+        Wr = multinomial.as_runs(W) if shared else W
+        A, (R, J, K) = len(self), Wr.shape[-3:]
+        self._check_runs(R)
+        G = np.empty((A, R, J, K))
+        tmax = np.empty((A, R)) if terms else None
+        for j, (pos, X, y, l1) in enumerate(self.stacks.batches):
+            g, tm = multinomial.stack_grad_sum(X, y, Wr if shared else Wr[pos], l1, terms,
+                                               self.stacks.label_index(j, R))
+            G[pos] = g
+            if terms:
+                tmax[pos] = tm
+        for i in self.stacks.single:
+            a, Wi = self.agents[i], Wr if shared else Wr[i]
+            if terms:
+                G[i], tmax[i] = multinomial.grad_sum_and_terms_max(a.X, a.y, Wi, a.row_l1)
+            else:
+                G[i] = multinomial.grad_sum(a.X, a.y, Wi)
+        return G, tmax
+
+    def _evaluate(self, W: np.ndarray, stacked, alone) -> np.ndarray:
+        """(A, R) per-agent values of one model W (R, J, K) for all: `stacked` on each batch
+        (given the batch's label index), `alone` on each remaining agent."""
+        Wr = multinomial.as_runs(W)
+        R = Wr.shape[0]
+        self._check_runs(R)
+        out = np.empty((len(self), R))
+        for j, (pos, X, y, _) in enumerate(self.stacks.batches):
+            out[pos] = stacked(X, y, Wr, self.stacks.label_index(j, R))
+        for i in self.stacks.single:
+            out[i] = alone(self.agents[i].X, self.agents[i].y, Wr)
+        return out
+
+    def _check_runs(self, R: int) -> None:
+        """The stacks hold agents whose records are one chunk at up to s.runs models; more
+        models would chunk them (another summation order)."""
+        if R > self.s.runs:
+            raise ValueError(f"models of {R} runs; this block is stacked for {self.s.runs}")
+
+    def loss_sums(self, W: np.ndarray) -> np.ndarray:
+        """Every agent's `multinomial.loss_sum` at W (R, J, K): (A, R)."""
+        return self._evaluate(W, multinomial.stack_loss_sum, multinomial.loss_sum)
+
+    def error_counts(self, W: np.ndarray) -> np.ndarray:
+        """Every agent's misclassified records at W (R, J, K) (`multinomial.errors`): (A, R)."""
+        return self._evaluate(W, lambda X, y, Wr, _: multinomial.stack_errors(X, y, Wr),
+                              multinomial.errors)
+
+    def label_counts(self) -> np.ndarray:
+        """Evaluation-only: records of each class 0..K-1 of every agent (A, K)."""
+        K = self.s.K
+        out = np.empty((len(self), K))
+        for pos, _, y, _ in self.stacks.batches:
+            out[pos] = (y[:, :, None] == np.arange(K)).sum(axis=1)
+        for i in self.stacks.single:
+            out[i] = self.agents[i].label_counts()
+        return out
+
+    # -- the method's steps --------------------------------------------------------------------
+    def contributions(self, rho: float) -> np.ndarray:
+        """Every agent's rho z_p - lam_p, (A, R J K): what the server sums."""
         s = self.s
-        G, terms_max = multinomial.grad_sum_and_terms_max(self.X, self.y, self.z, self.row_l1)
+        return steps.server_contribution(rho, self.z, self.lam).reshape(len(self),
+                                                                         s.runs * s.J * s.K)
+
+    def step_objective(self, w: np.ndarray, t: int, rho: float) -> None:
+        """ObjT / ObjP update of every agent (lines 2-5 of iteration t) and the dual update."""
+        s, A, R = self.s, len(self), self.s.runs
+        G, terms_max = self.gradients(self.z, terms=s.sens_mode not in ("global", "bound"))
         g = steps.agent_gradient(G, s.I, s.gamma, s.P, self.z, w, s.reg_grad)
-        # terms_max = max_i ||x_i||_1 ||h_i - y_i||_1 over this agent's records (per run)
+        # terms_max = max_i ||x_i||_1 ||h_i - y_i||_1 over each agent's records (per run)
         sens = np.broadcast_to(np.asarray(steps.sensitivity(terms_max, s.I, s.sens_mode, s.J,
-                                                            s.row_bound)),
-                               (s.runs,))
-        b = np.broadcast_to(np.asarray(steps.laplace_scale(sens, s.eps_bar)), (s.runs,))
-        xi, ev = self.release.laplace_noise(self.gens, s.J * s.K, sens, scale=b)
-        xi = xi.reshape(self.z.shape)
+                                                            s.row_bound)), (A, R))
+        b = np.broadcast_to(np.asarray(steps.laplace_scale(sens, s.eps_bar)), (A, R))
+        events = self._charge(*_release_runs(sens, b))
+        xi = np.ascontiguousarray(laplace_noise(self.gens, b.reshape(-1), s.J * s.K)
+                                  ).reshape(self.z.shape)
         bound = s.box
         if s.method == "objt":
             delta = steps.delta_objt(t, s.prox_scale, s.tr_schedule)
@@ -216,56 +462,151 @@ class Agent(Checkpointed, ReleasePath):
             z_new = steps.objp_update(w, self.lam, g, self.z, xi, rho, eta, bound)
         # the audit sees the perturbed linear term g + xi: z_new (what the server gets) is a
         # function of it and of w, lam, z, which the server already knows
-        if tap.enabled():
-            self.release.report((g + xi).reshape(s.runs, -1), None, ev)
-        self._finish(z_new, xi, b)
+        self.release.report((g + xi).reshape(A, R, s.J * s.K), events)
+        self._finish(z_new, xi, b, "laplace")
         self.lam = steps.dual_update(self.lam, rho, w, self.z)
 
-    def step_outp(self, w: np.ndarray, t: int, rho: float) -> None:
-        """OutP agent update from w^t: proximal step, then Gaussian output noise."""
+    def outp_params(self, t: int, rho: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """OutP at iteration t, per agent (A,): 1/eta_p^t, the release's L2 sensitivity and the
+        noise std actually used (`Agent._outp_noise`; computed once per record count)."""
         s = self.s
-        G = multinomial.grad_sum(self.X, self.y, self.z)
-        g = steps.outp_gradient(G, self.n, s.gamma, w)  # local average, regulariser at w^t
-        inv_eta, ev = self._outp_noise(t, rho)
-        z_new = steps.outp_update(w, self.lam, g, self.z, rho, inv_eta)
-        noise, ev = self.release.gaussian_noise(self.gens, s.J * s.K, ev.l2_sensitivity,
-                                                sigma=ev.sigma, delta=ev.delta)
-        noise = noise.reshape(self.z.shape)
+        sizes, inverse = np.unique(self.n, return_inverse=True)
+        vals = np.empty((sizes.size, 3))
+        for j, n in enumerate(sizes.tolist()):
+            inv_eta = steps.outp_inv_eta(t, s.prox_scale, n, s.eps_bar, s.dp_delta)
+            sens = steps.outp_l2_sensitivity(rho, inv_eta)
+            if s.calibrated:
+                sigma = 0.0 if math.isinf(s.eps_bar) else s.noise_multiplier * sens
+            else:
+                sigma = steps.outp_sigma(rho, inv_eta, s.eps_bar, s.dp_delta,
+                                         s.outp_calibration)
+            vals[j] = inv_eta, sens, steps.outp_noise_std(sigma, s.outp_noise_std)
+        per = vals[inverse.reshape(-1)]
+        return per[:, 0], per[:, 1], per[:, 2]
+
+    def step_outp(self, w: np.ndarray, t: int, rho: float) -> None:
+        """OutP update of every agent from w^t: proximal step, then Gaussian output noise."""
+        s, A, R = self.s, len(self), self.s.runs
+        G, _ = self.gradients(self.z)
+        per_agent = (A, 1, 1, 1)
+        # local average, regulariser at w^t
+        g = steps.outp_gradient(G, self.n.astype(np.float64).reshape(per_agent), s.gamma, w)
+        inv_eta, sens, std = self.outp_params(t, rho)
+        z_new = steps.outp_update(w, self.lam, g, self.z, rho, inv_eta.reshape(per_agent))
+        # a calibrated rule states each release at the owner's plan delta (None: BlockRelease's)
+        events = self._charge(sens, std, delta=None if s.calibrated else s.dp_delta)
+        scale = np.repeat(std, R)
+        noise = np.ascontiguousarray(gaussian_noise(self.gens, scale, s.J * s.K)
+                                     ).reshape(self.z.shape)
         released = z_new + noise
-        self.release.report(released.reshape(s.runs, -1), None, ev)
-        self._finish(released, noise, np.full(s.runs, ev.sigma))
+        self.release.report(released.reshape(A, R, s.J * s.K), events)
+        self._finish(released, noise, scale.reshape(A, R), "gaussian")
 
     def outp_dual(self, w: np.ndarray, rho: float) -> None:
         self.lam = steps.dual_update(self.lam, rho, w, self.z)
 
-    def _finish(self, z_new: np.ndarray, noise: np.ndarray, scale: np.ndarray) -> None:
-        if not np.all(np.isfinite(z_new)):
-            raise NumericalError(f"agent {self.agent}: non-finite local model (diverging?)")
-        R = self.s.runs
-        self.noise_mag = np.abs(noise).reshape(R, -1).mean(axis=1)
+    def _charge(self, sens: np.ndarray, scales: np.ndarray, delta: float | None = None
+                ) -> list:
+        """Charge every agent's ledger for its release of sensitivity sens[i] with noise
+        scales[i] (stated at `delta`) before any noise is drawn; returns the events. Agents of
+        one sensitivity are charged by one BlockRelease.charge (one call for the whole block
+        under a data-independent sensitivity); a refusal raises BudgetExceededError."""
+        if not len(self):
+            return []
+        values, inverse, counts = np.unique(sens, return_inverse=True, return_counts=True)
+        if values.size == 1:
+            return self.release.charge(float(values[0]), scales.tolist(), delta=delta)[1]
+        events: list = [None] * len(self)
+        order = np.argsort(inverse.reshape(-1), kind="stable")
+        owners = self.release.owners
+        for u, idx in enumerate(np.split(order, np.cumsum(counts)[:-1])):
+            part = BlockRelease([owners[i] for i in idx])
+            for i, ev in zip(idx.tolist(), part.charge(float(values[u]), scales[idx].tolist(),
+                                                       delta=delta)[1], strict=True):
+                events[i] = ev
+        return events
+
+    def _finish(self, z_new: np.ndarray, noise: np.ndarray, scale: np.ndarray, draw: str
+                ) -> None:
+        """The agents' new models and the evaluation-only logs of their step (noise_mag: the
+        mean |noise|, added in the order of the agent's own draw: `_run_major`)."""
+        A, R, JK = len(self), self.s.runs, self.s.J * self.s.K
+        ok = np.isfinite(z_new).reshape(A, R * JK).all(axis=1)
+        if not np.all(ok):
+            agent = self.agents[int(np.argmin(ok))].agent
+            raise NumericalError(f"agent {agent}: non-finite local model (diverging?)")
+        noise = noise.reshape(A, R, JK)
+        self.noise_mag = np.empty((A, R))
+        moved = (np.all(scale != 0, axis=1) if _run_major(R, JK, draw)
+                 else np.zeros(A, dtype=bool))
+        if not moved.all():
+            self.noise_mag[~moved] = np.abs(noise[~moved]).mean(axis=2)
+        if moved.any():  # as the agent's own (R, JK) draw, laid out runs fastest
+            t = np.ascontiguousarray(noise[moved].transpose(0, 2, 1)).transpose(0, 2, 1)
+            self.noise_mag[moved] = np.abs(t).mean(axis=2)
         self.scale = np.asarray(scale, dtype=np.float64)
-        self.z_change = np.abs(z_new - self.z).reshape(R, -1).mean(axis=1)
+        self.z_change = np.abs(z_new - self.z).reshape(A, R, JK).mean(axis=2)
         self.z = z_new
 
     def metrics(self, w: np.ndarray) -> np.ndarray:
-        """Evaluation-only per-run values at w: [loss sum, ||w - z_p||_1, noise_mag, scale,
-        z_change, misclassified own records], shape (N_METRICS R,)."""
-        loss = multinomial.loss_sum(self.X, self.y, w)
-        cv = np.abs(w - self.z).reshape(self.s.runs, -1).sum(axis=1)
-        wrong = multinomial.errors(self.X, self.y, w).astype(np.float64)
-        return np.concatenate([loss, cv, self.noise_mag, self.scale, self.z_change, wrong])
-
-    def label_counts(self) -> np.ndarray:
-        """Evaluation-only: records of each class 0..K-1 among this agent's records (K,)."""
-        return np.bincount(self.y, minlength=self.s.K).astype(np.float64)
+        """Every agent's `Agent.metrics` at w, (A, N_METRICS R) (evaluation-only)."""
+        A, R = len(self), self.s.runs
+        loss = self.loss_sums(w)
+        cv = np.abs(w - self.z).reshape(A, R, self.s.J * self.s.K).sum(axis=2)
+        wrong = self.error_counts(w).astype(np.float64)
+        return np.concatenate([loss, cv, self.noise_mag, self.scale, self.z_change, wrong],
+                              axis=1)
 
 
-#: per-run values in Agent.metrics
-N_METRICS = 6
+@dataclasses.dataclass(frozen=True)
+class _Member:
+    """Agent i of a block as a checkpointed owner (its state lives in the block)."""
+
+    block: AgentBlock
+    i: int
+
+    @property
+    def agent(self) -> int:
+        return self.block.agents[self.i].agent
+
+    def state(self) -> dict:
+        return self.block.state(self.i)
+
+    def restore(self, st: dict) -> None:
+        self.block.restore(self.i, st)
 
 
-def baselines(star: Star, agents: list[Agent], s: Settings, test: tuple | None
-              ) -> dict[str, float] | None:
+@functools.lru_cache(maxsize=64)
+def _run_major(runs: int, size: int, draw: str) -> bool:
+    """Whether an agent drawing its (runs, size) noise alone from its own streams, every run at a
+    nonzero scale, gets it laid out runs fastest (not C order: pcg draws many rows of few
+    positions column by column). A mean over such an array adds in another order than over a C
+    array, so a block reproduces an agent's noise_mag from that layout (asked of the draw
+    itself, not assumed)."""
+    gens = agent_run_streams(0, "noise", [0], range(runs))
+    x = (laplace_noise if draw == "laplace" else gaussian_noise)(gens, 1.0, size)
+    return not x.flags.c_contiguous
+
+
+def _release_runs(sens: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per agent (rows of (A, R) sensitivities and noise scales): the (sensitivity, scale) of the
+    run whose release is least private, the one its event describes (privacy.mechanisms picks
+    it the same way: largest sens / scale, the first on a tie)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(sens == 0, 0.0, np.where(scale == 0, np.inf, sens / scale))
+    r = np.argmax(ratio, axis=1)
+    rows = np.arange(sens.shape[0])
+    return np.asarray(sens[rows, r], dtype=np.float64), np.asarray(scale[rows, r],
+                                                                   dtype=np.float64)
+
+
+def as_block(agents: Sequence[Agent] | AgentBlock, s: Settings) -> AgentBlock:
+    """A block of `agents` (an AgentBlock passes through)."""
+    return agents if isinstance(agents, AgentBlock) else AgentBlock(agents, s)
+
+
+def baselines(star: Star, agents: Sequence[Agent] | AgentBlock, s: Settings,
+              test: tuple | None) -> dict[str, float] | None:
     """Evaluation-only trivial predictors (collective; the server gets them, others None).
 
     majority_label: the most frequent training label (the smallest on a tie, as argmax); the
@@ -273,7 +614,7 @@ def baselines(star: Star, agents: list[Agent], s: Settings, test: tuple | None
     training records (train_error_*) and on the test set (test_error_*, when there is one).
     Label counts are added in agent order.
     """
-    local = np.array([a.label_counts() for a in agents]).reshape(len(agents), s.K)
+    local = as_block(agents, s).label_counts()
     g = star.gather_agents(local, (s.K,))
     if g is None:
         return None
@@ -288,7 +629,8 @@ def baselines(star: Star, agents: list[Agent], s: Settings, test: tuple | None
     return out
 
 
-def reference_optimum(star: Star, agents: list[Agent], s: Settings, max_iter: int,
+def reference_optimum(star: Star, agents: Sequence[Agent] | AgentBlock, s: Settings,
+                      max_iter: int,
                       tol: float = 1e-8) -> tuple[np.ndarray, int, float]:
     """The non-private optimum w* of F (the same objective, box included) over every agent's
     records (collective; evaluation-only: it reads un-noised data), with the iterations taken
@@ -301,13 +643,13 @@ def reference_optimum(star: Star, agents: list[Agent], s: Settings, max_iter: in
     from ..models.reference import projected_gradient
 
     J, K, size = s.J, s.K, 1 + s.J * s.K
+    block = as_block(agents, s)
 
     def fg(w: np.ndarray) -> tuple[float, np.ndarray]:
         W = np.asarray(w, dtype=np.float64).reshape(J, K)
-        local = np.empty((len(agents), size))
-        for j, a in enumerate(agents):
-            local[j, 0] = multinomial.loss_sum(a.X, a.y, W)[0]
-            local[j, 1:] = multinomial.grad_sum(a.X, a.y, W)[0].reshape(-1)
+        local = np.empty((len(block), size))
+        local[:, 0] = block.loss_sums(W)[:, 0]
+        local[:, 1:] = block.gradients(W, shared=True)[0].reshape(len(block), J * K)
         parts = star.gather_agents(local, (size,))
         total = np.empty(size)
         if parts is not None:
@@ -327,48 +669,52 @@ def reference_optimum(star: Star, agents: list[Agent], s: Settings, max_iter: in
             float(np.max(np.abs(pg), initial=0.0)))
 
 
-def train_error(star: Star, agents: list[Agent], s: Settings, W: np.ndarray) -> float | None:
+def train_error(star: Star, agents: Sequence[Agent] | AgentBlock, s: Settings, W: np.ndarray
+                ) -> float | None:
     """Training error of one model W over every agent's records (collective; the server gets
     it, others None; evaluation-only)."""
-    local = np.array([float(multinomial.errors(a.X, a.y, W)[0]) for a in agents])
-    parts = star.gather_agents(local.reshape(len(agents), 1), (1,))
+    local = as_block(agents, s).error_counts(W).astype(np.float64)
+    parts = star.gather_agents(local.reshape(len(local), 1), (1,))
     return None if parts is None else float(agent_order_sum(parts)[0] / s.I)
 
 
-def _server_model(star: Star, agents: list[Agent], s: Settings, rho: float) -> np.ndarray:
+def _server_model(star: Star, block: AgentBlock, s: Settings, rho: float) -> np.ndarray:
     """w = Proj_W(U / (P rho)), U = sum_p (rho z_p - lam_p) in agent order; Bcast to all ranks."""
     shape = (s.runs, s.J, s.K)
     size = s.runs * s.J * s.K
-    local = np.empty((len(agents), size))
-    for j, a in enumerate(agents):
-        local[j] = a.contribution(rho).reshape(-1)
+    local = block.contributions(rho)
     w = np.empty(shape)
     if s.aggregate == "gather":
         parts = star.gather_agents(local, (size,))
         if parts is not None:
             w[:] = steps.server_average(agent_order_sum(parts).reshape(shape), s.P, rho, s.box)
     else:
-        total = star.reduce_sum(agent_order_sum(local) if len(agents) else np.zeros(size))
+        total = star.reduce_sum(agent_order_sum(local) if len(block) else np.zeros(size))
         if total is not None:
             w[:] = steps.server_average(total.reshape(shape), s.P, rho, s.box)
     return star.bcast(w)
 
 
-def iterate(star: Star, agents: list[Agent], s: Settings, w: np.ndarray, t: int,
-            rho: float) -> np.ndarray:
+def iterate(star: Star, agents: Sequence[Agent] | AgentBlock, s: Settings, w: np.ndarray,
+            t: int, rho: float) -> np.ndarray:
     """Iteration t (collective): the server's and the agents' updates of the method; returns the
     server's model of the iteration (ObjT/ObjP: computed from the agents' states before their
-    step; OutP: from their releases after their step from the previous w)."""
+    step; OutP: from their releases after their step from the previous w). The hosted agents
+    step as one AgentBlock; given a list of Agents, a block of them is made for this iteration
+    and their states written back (slower: keep the block across iterations)."""
+    if not isinstance(agents, AgentBlock):
+        block = AgentBlock(agents, s)
+        w = iterate(star, block, s, w, t, rho)
+        block.write_back()
+        return w
+    block = agents
     if s.method == "outp":
-        for a in agents:
-            a.step_outp(w, t, rho)
-        w = _server_model(star, agents, s, rho)
-        for a in agents:
-            a.outp_dual(w, rho)
+        block.step_outp(w, t, rho)
+        w = _server_model(star, block, s, rho)
+        block.outp_dual(w, rho)
     else:
-        w = _server_model(star, agents, s, rho)
-        for a in agents:
-            a.step_objective(w, t, rho)
+        w = _server_model(star, block, s, rho)
+        block.step_objective(w, t, rho)
     return w
 
 
@@ -396,7 +742,8 @@ class AdmmResult(ResultRecord):
     baselines: dict[str, float]
 
 
-def run_config(star: Star, agents: list[Agent], s: Settings, test: tuple | None,
+def run_config(star: Star, agents: Sequence[Agent] | AgentBlock, s: Settings,
+               test: tuple | None,
                recorder=None, label: str = "", progress: bool = True,
                hooks: RunHooks | None = None) -> AdmmResult | None:
     """Run one configuration (collective). `test` = (X, y) on the server (test error of w).
@@ -407,16 +754,17 @@ def run_config(star: Star, agents: list[Agent], s: Settings, test: tuple | None,
     evaluation-only trivial baselines (`baselines`): an AdmmResult; None elsewhere.
     """
     hooks = RunHooks.of(hooks, recorder, label, star.comm, progress)
+    block = as_block(agents, s)
     R = s.runs
     w = np.zeros((R, s.J, s.K))
     t0 = time.perf_counter()
     hooks.start(s.T, "iteration")
-    trivial = baselines(star, agents, s, test) if tap.evaluating() else None
+    trivial = baselines(star, block, s, test) if tap.evaluating() else None
 
     def record(k: int, rho: float) -> None:
         if not tap.evaluating():  # an audit: evaluation-only, nothing here leaves an owner
             return
-        vals = np.array([a.metrics(w) for a in agents]).reshape(len(agents), N_METRICS * R)
+        vals = block.metrics(w)
         g = star.gather_agents(vals, (N_METRICS * R,))
         if g is None:
             return
@@ -432,7 +780,7 @@ def run_config(star: Star, agents: list[Agent], s: Settings, test: tuple | None,
                        f"{np.mean(tot[1]) / s.P:.3g}, "
                        f"{(time.perf_counter() - t0) / max(k, 1):.3f} s/iter")
 
-    saved = load_checkpoint(star, hooks, agents, clock="t")
+    saved = load_checkpoint(star, hooks, block.members(), clock="t")
     k0 = 0
     if saved is None:
         record(0, s.rho(0))
@@ -441,19 +789,20 @@ def run_config(star: Star, agents: list[Agent], s: Settings, test: tuple | None,
     ended_at, end_reason = s.T, "reached T"
     for t in range(k0, s.T):
         rho = s.rho(t)
-        if math.isfinite(s.budget_eps) and not _all_can_release(star, agents, t, rho):
+        if math.isfinite(s.budget_eps) and not _all_can_release(star, block, t, rho):
             ended_at = t
             end_reason = (f"ended at t={t}: an agent's budget eps={s.budget_eps:g} has no room "
                           "for another release (basic composition)")
             if t % s.record_every != 0:
                 record(t, s.rho(max(t - 1, 0)))
             break
-        w = iterate(star, agents, s, w, t, rho)
+        w = iterate(star, block, s, w, t, rho)
         k = t + 1
         if k % s.record_every == 0 or k == s.T:
             record(k, rho)
-            save_checkpoint(star, hooks, k, s.T, agents, w=w)
-    ledgers = star.gather_objects([a.ledger for a in agents])
+            save_checkpoint(star, hooks, k, s.T, block.members(), w=w)
+    block.write_back()
+    ledgers = star.gather_objects([a.ledger for a in block.agents])
     if not star.is_learner:
         return None
     ledgers = sorted((lg for part in ledgers for lg in part), key=lambda lg: lg.agent)
@@ -465,7 +814,7 @@ def run_config(star: Star, agents: list[Agent], s: Settings, test: tuple | None,
                       seconds=time.perf_counter() - t0, baselines=trivial or {})
 
 
-def _all_can_release(star: Star, agents: list[Agent], t: int, rho: float) -> bool:
+def _all_can_release(star: Star, block: AgentBlock, t: int, rho: float) -> bool:
     """Whether every agent's ledger has room for its release at iteration t (collective)."""
-    ok = all(a.ledger.can_charge(a.next_event(t, rho)) for a in agents)
+    ok = all(a.ledger.can_charge(a.next_event(t, rho)) for a in block.agents)
     return star.all_true(ok)

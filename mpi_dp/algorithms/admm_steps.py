@@ -210,13 +210,22 @@ def objt_update(
 
 
 def outp_update(
-    w: np.ndarray, lam: np.ndarray, g: np.ndarray, z: np.ndarray, rho: float, inv_eta: float
+    w: np.ndarray, lam: np.ndarray, g: np.ndarray, z: np.ndarray, rho: float,
+    inv_eta: float | np.ndarray,
 ) -> np.ndarray:
     """OutP agent step before its noise (spec §4): (rho w^t + lam - g + z inv_eta) / (rho + inv_eta).
 
     The caller adds N(0, s^2) noise (s from `outp_noise_std`) to obtain the released z~_p.
+    `inv_eta` may be an array broadcasting against z (a block of agents: one per agent), each
+    entry giving what the scalar gives.
     """
-    rho, inv_eta = _positive("rho", rho), _positive("1/eta", inv_eta)
+    rho = _positive("rho", rho)
+    if np.ndim(inv_eta):
+        inv_eta = np.asarray(inv_eta, dtype=np.float64)
+        if not np.all((inv_eta > 0) & np.isfinite(inv_eta)):
+            raise ValueError(f"1/eta must be positive and finite, got {inv_eta}")
+    else:
+        inv_eta = _positive("1/eta", inv_eta)
     return (rho * np.asarray(w, dtype=np.float64) + lam - g + np.asarray(z) * inv_eta) / (rho + inv_eta)
 
 
@@ -239,8 +248,10 @@ def agent_gradient(
     return np.asarray(grad_sum, dtype=np.float64) / n_total + reg
 
 
-def outp_gradient(grad_sum: np.ndarray, n_p: int, gamma: float, w: np.ndarray) -> np.ndarray:
-    """OutP gradient (spec §4): grad_sum / I_p (local average) + 2 gamma w^t."""
+def outp_gradient(grad_sum: np.ndarray, n_p: int | np.ndarray, gamma: float, w: np.ndarray
+                  ) -> np.ndarray:
+    """OutP gradient (spec §4): grad_sum / I_p (local average) + 2 gamma w^t (n_p may be an
+    array broadcasting against grad_sum: one I_p per agent of a block)."""
     return np.asarray(grad_sum, dtype=np.float64) / n_p + 2.0 * gamma * np.asarray(w)
 
 

@@ -351,8 +351,9 @@ class Admm(Method[Prepared, _S]):
 
     def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S, recorder: Any,
                    label: str, hooks: RunHooks | None = None) -> Outcome | None:
-        agents = ctx.agree(lambda: [admm.Agent(i, X[: rc.n[i]], y[: rc.n[i]], s)
-                                    for i, (X, y) in prep.local.items()])
+        # the hosted agents step as one block (their records stacked by record count)
+        agents = ctx.agree(lambda: admm.AgentBlock([admm.Agent(i, X[: rc.n[i]], y[: rc.n[i]], s)
+                                                    for i, (X, y) in prep.local.items()], s))
         w_star = star_err = None
         iters = ctx.job.section(AdmmKeys).reference_iters
         if tap.evaluating() and iters > 0:

@@ -297,3 +297,106 @@ def centralised_optimum(
     bound = np.inf if w_bound is None else float(w_bound)
     w = minimize_smooth(fun_and_grad(X, y, K, gamma), J * K, bound, solver="scipy", tol=tol)
     return w.reshape(J, K)
+
+
+# ---------------------------------------------------------------- stacked agents (issue 29)
+#
+# The same one-chunk pass for a stack of B agents of equal record count n at once: X (B, n, J),
+# y (B, n), models (B, R, J, K) (or one (R, J, K) model for all). The GEMMs are numpy's stacked
+# matmul, which calls the very BLAS routine of the 2-D call once per agent with the same operand
+# layout (Wt (R*K, J) C order, X_b^T a transposed view, D_b (R*K, n) C order), and every other
+# step is elementwise or reduces along an axis of one agent's own block with the same memory
+# layout (the K sums add rows one after the other, the record sums run pairwise over contiguous
+# rows of length n). So agent b's results are bitwise those of the single-agent functions above,
+# whichever agents share its stack, provided its n records form one chunk (`stackable`) and
+# n >= 2 (for n = 1 numpy reduces the class axis of a 2-D call in another order).
+
+def stackable(n: int, runs: int, K: int) -> bool:
+    """Whether an agent of n records gets bitwise its single-agent results from the stacked
+    kernels at `runs` runs: one chunk (n <= chunk_rows) and n >= 2."""
+    return 2 <= int(n) <= chunk_rows(runs, K)
+
+
+def _stack_models(W: np.ndarray, where: str) -> tuple[np.ndarray, int, int]:
+    """Checked models (B, R, J, K) or one (R, J, K) / (J, K) model for every agent, as the
+    stacked (B, R*K, J) (or shared (R*K, J)) transposed flat form Wt of `_prepare`; returns
+    (Wt, R, K)."""
+    A = np.asarray(W, dtype=np.float64)
+    if A.ndim == 2:
+        A = A[None]
+    if A.ndim not in (3, 4):
+        raise ValueError(f"{where}: models must be (B, R, J, K), (R, J, K) or (J, K), got "
+                         f"{A.shape}")
+    if not np.all(np.isfinite(A)):
+        bad = np.nonzero(~np.isfinite(A.reshape(-1, *A.shape[-3:])))
+        raise NumericalError(f"{where}: model parameters contain NaN or inf (runs "
+                             f"{np.unique(bad[1] if A.ndim == 4 else bad[0]).tolist()})")
+    R, J, K = A.shape[-3:]
+    Wt = np.ascontiguousarray(np.swapaxes(A, -1, -2)).reshape(*A.shape[:-3], R * K, J)
+    return Wt, R, K
+
+
+def _stack_scores(X: np.ndarray, Wt: np.ndarray, R: int, K: int) -> np.ndarray:
+    """Shifted scores of every agent, (B, R, K, n): `_shifted_scores` per agent."""
+    B, n, _ = X.shape
+    S = np.matmul(Wt, X.transpose(0, 2, 1)).reshape(B, R, K, n)
+    S -= S.max(axis=2, keepdims=True)
+    return S
+
+
+def stack_label_index(y: np.ndarray, R: int, K: int) -> np.ndarray:
+    """Flat positions (B, R, n) of the labels' entries in a (B, R, K, n) block of the stack with
+    labels y (B, n): block.reshape(-1)[idx] is block[b, r, y[b, i], i] (`_label_index` for a
+    stack; reused by every pass at R runs)."""
+    y = np.asarray(y, dtype=np.intp)
+    B, n = y.shape
+    br = np.arange(B * R, dtype=np.intp).reshape(B, R, 1)
+    return (br * K + y[:, None, :]) * n + np.arange(n, dtype=np.intp)
+
+
+def _label_flat(y: np.ndarray, R: int, K: int, label_index: np.ndarray | None) -> np.ndarray:
+    return stack_label_index(y, R, K) if label_index is None else label_index
+
+
+def stack_grad_sum(X: np.ndarray, y: np.ndarray, W: np.ndarray, row_l1: np.ndarray | None = None,
+                   terms: bool = False, label_index: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray | None]:
+    """`grad_sum` (terms False) or `grad_sum_and_terms_max` (terms True; `row_l1` (B, n) the
+    records' l1 norms) of every agent of the stack: gradients (B, R, J, K) and the per-run
+    maximum of the sensitivity terms (B, R) (None without terms). `label_index`: the stack's
+    `stack_label_index` at these R, K (computed when not given)."""
+    Wt, R, K = _stack_models(W, "grad_sum")
+    B, n, J = X.shape
+    D = _stack_scores(X, Wt, R, K)
+    np.exp(D, out=D)
+    D /= D.sum(axis=2, keepdims=True)
+    idx, flat = _label_flat(y, R, K, label_index), D.reshape(-1)
+    hy = flat[idx]  # (B, R, n) copy
+    tmax = None
+    if terms:
+        flat[idx] = 0.0  # ||h - y||_1 = 2 sum_{k != y} h_k
+        tmax = np.maximum(np.zeros((B, R)),
+                          (2.0 * D.sum(axis=2) * np.asarray(row_l1)[:, None, :]).max(axis=2))
+    hy -= 1.0
+    flat[idx] = hy
+    G = np.matmul(D.reshape(B, R * K, n), X)  # (B, R*K, J)
+    return G.reshape(B, R, K, J).transpose(0, 1, 3, 2).copy(), tmax
+
+
+def stack_loss_sum(X: np.ndarray, y: np.ndarray, W: np.ndarray,
+                   label_index: np.ndarray | None = None) -> np.ndarray:
+    """`loss_sum` of every agent of the stack, (B, R) (`label_index` as in stack_grad_sum)."""
+    Wt, R, K = _stack_models(W, "loss_sum")
+    S = _stack_scores(X, Wt, R, K)
+    sy = S.reshape(-1)[_label_flat(y, R, K, label_index)]  # (B, R, n) copy
+    np.exp(S, out=S)
+    log_hy = sy - np.log(S.sum(axis=2))
+    return np.zeros(log_hy.shape[:2]) - np.clip(log_hy, np.log(H_MIN), 0.0,
+                                                out=log_hy).sum(axis=2)
+
+
+def stack_errors(X: np.ndarray, y: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """`errors` of every agent of the stack, (B, R) int64."""
+    Wt, R, K = _stack_models(W, "errors")
+    pred = _stack_scores(X, Wt, R, K).argmax(axis=2)  # (B, R, n)
+    return (pred != np.asarray(y)[:, None, :]).sum(axis=2, dtype=np.int64)
