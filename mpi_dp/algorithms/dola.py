@@ -44,9 +44,12 @@ GAUSS_MODES = ("per_record", "total_T", "paper")
 SENS_MODES = ("sound", "paper")
 REG_POINTS = ("mixed", "clean")
 STEPS = ("auto", "strong", "convex")
-#: rounds of noise drawn per generator call (independent of the block size, so any layout draws
-#: the same numbers: Generator draws are chunk-invariant, checked in tests)
+#: rounds of noise drawn per call: at most this many doubles per agent, and at most
+#: NOISE_BLOCK_DOUBLES for the whole block (10,000 agents: a few rounds per call). Any chunking
+#: draws the same numbers (each row is one agent's own stream, draws are chunk-invariant,
+#: checked in tests), so the block size never changes the noise.
 NOISE_DOUBLES = 2**16
+NOISE_BLOCK_DOUBLES = 2**22
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,12 +235,35 @@ def hinge_subgradient(batch: Batch, V: np.ndarray, margins: np.ndarray) -> np.nd
     return batch.combine(coef, V.shape[-1])
 
 
+Reader = Callable[[int, int, int], tuple[Any, np.ndarray]]
+
+
+def read_block(read: Reader, agents: np.ndarray, start: int, stop: int, n: int
+               ) -> tuple[Any, np.ndarray]:
+    """Records start..stop of every agent of the block, stacked agent-major: X dense (k, c, n)
+    or CSR (k c, n) with row a c + s = record start + s of agent a, y (k, c) float64.
+
+    The one place a chunk of the block's records is read: through `read.read_many(agents,
+    start, stop)` (every agent's `read(agent, start, stop)`, in agent order) where the reader
+    offers one (a whole block at once: methods.dola.PooledReader), else agent by agent."""
+    k, c = len(agents), stop - start
+    many = getattr(read, "read_many", None)
+    parts = (list(many(agents, start, stop)) if many is not None
+             else [read(int(a), start, stop) for a in agents])
+    if not parts:
+        return np.zeros((0, c, n)), np.zeros((0, c))
+    y = np.stack([np.asarray(p[1], dtype=np.float64) for p in parts]).reshape(k, c)
+    if sp.issparse(parts[0][0]):
+        return sp.vstack([sp.csr_matrix(p[0]) for p in parts], format="csr"), y
+    return np.stack([np.asarray(p[0], dtype=np.float64) for p in parts]).reshape(k, c, n), y
+
+
 class Stream:
     """The block's records, h per agent per round, read from `read(agent, start, stop)` in chunks
-    of whole rounds (never a whole large shard at once)."""
+    of whole rounds (never a whole large shard at once), the whole block per chunk
+    (`read_block`)."""
 
-    def __init__(self, agents: np.ndarray, h: int, T: int, n_features: int,
-                 read: Callable[[int, int, int], tuple[Any, np.ndarray]],
+    def __init__(self, agents: np.ndarray, h: int, T: int, n_features: int, read: Reader,
                  chunk_records: int = 4096) -> None:
         self.agents, self.h, self.T, self.n = np.asarray(agents), h, T, n_features
         self.read = read
@@ -248,19 +274,12 @@ class Stream:
 
     def _fill(self) -> None:
         k, h, C = len(self.agents), self.h, min(self.C, self.T - self.t)
-        start, stop = self.t * h, (self.t + C) * h
-        parts = [self.read(int(a), start, stop) for a in self.agents]
-        y = (np.stack([np.asarray(p[1], dtype=np.float64) for p in parts]) if parts
-             else np.zeros((0, C * h))).reshape(k, C * h)
-        if parts and sp.issparse(parts[0][0]):
-            X = sp.vstack([sp.csr_matrix(p[0]) for p in parts], format="csr")
+        X, y = read_block(self.read, self.agents, self.t * h, (self.t + C) * h, self.n)
+        if sp.issparse(X):
             # round-major: round j holds rows a * C h + j h + s for a = 0..k-1, s = 0..h-1
             perm = (np.arange(k)[None, :, None] * C * h + np.arange(C)[:, None, None] * h
                     + np.arange(h)[None, None, :]).ravel()
             X = X[perm]
-        else:
-            X = np.stack([np.asarray(p[0], dtype=np.float64) for p in parts]
-                         ).reshape(k, C * h, self.n) if parts else np.zeros((0, C * h, self.n))
         self._buf, self._base = (X, y), self.t
 
     def next(self) -> Batch:
@@ -343,31 +362,40 @@ def pass_reader(s: Settings, read: Callable[[int, int, int], tuple[Any, np.ndarr
 
 
 class Noise:
-    """Standard Laplace or normal draws (k, R, n) per round from the streams (seed, 'noise',
-    agent, run): chunks of rounds per generator call, the same numbers for any chunking."""
+    """Standard Laplace or normal draws (k, R, n) per round for the block's agents, from the
+    streams (seed, 'noise', agent, run) as one `rng.agent_run_streams` (row a R + r: agent a,
+    run r, the bits that agent draws alone): chunks of rounds per call, the same numbers for
+    any chunking and any block (each row is one agent's own stream)."""
 
     def __init__(self, agents: np.ndarray, run_ids: tuple[int, ...], seed: int, n: int,
                  kind: str, rounds: int | None = None) -> None:
         self.kind = kind
         self.left = rounds  # rounds still to draw (None: unbounded); caps the chunk
-        self.gens = [rng.run_streams(seed, "noise", int(a), run_ids) for a in agents]
         self.k, self.R, self.n = len(agents), len(run_ids), n
-        self.C = max(1, NOISE_DOUBLES // max(1, len(run_ids) * n))
+        self.streams = rng.agent_run_streams(seed, "noise", np.asarray(agents, dtype=np.int64),
+                                             run_ids)
+        # rounds per chunk: as one agent drew them, capped so the block's buffer stays small
+        per_round = max(1, self.R * n)
+        self.C = max(1, min(NOISE_DOUBLES // per_round,
+                            NOISE_BLOCK_DOUBLES // (per_round * max(1, self.k))))
         self._buf = np.zeros((self.k, self.R, 0, n))
         self._j = 0
-        self._start = [g.position() for g in self.gens]  # where the buffer's draws began
+        self._start = self.streams.position()  # where the buffer's draws began
 
-    def _draw(self, gens: Any, size: int) -> np.ndarray:
-        return (gens.laplace if self.kind == "laplace" else gens.standard_normal)(size)
+    def _draw(self, size: int) -> np.ndarray:
+        """(k R, size) draws of every row (advancing the streams)."""
+        s = self.streams
+        return (s.laplace if self.kind == "laplace" else s.standard_normal)(size)
 
     def next(self) -> np.ndarray:
         if self._j >= self._buf.shape[2]:
             C = self.C if self.left is None else max(1, min(self.C, self.left))
-            buf = np.empty((self.k, self.R, C, self.n))
-            self._start = [g.position() for g in self.gens]
-            for a, gens in enumerate(self.gens):
-                buf[a] = self._draw(gens, C * self.n).reshape(self.R, C, self.n)
-            self._buf, self._j = buf, 0
+            self._start = self.streams.position()
+            # C order, as one agent's (R, C n) draws were: the round's slice then has the old
+            # strides, so the reductions over it (noise_l1) add in the same order
+            self._buf = np.ascontiguousarray(self._draw(C * self.n)).reshape(
+                self.k, self.R, C, self.n)
+            self._j = 0
         out = self._buf[:, :, self._j]
         self._j += 1
         if self.left is not None:
@@ -375,23 +403,25 @@ class Noise:
         return out
 
     def positions(self) -> list:
-        """Every agent's stream position at its next unconsumed draw (a checkpoint): the buffer's
-        consumed rounds redrawn from its start (the live streams are left where they are)."""
-        out = []
-        for gens, start in zip(self.gens, self._start, strict=True):
-            now = gens.position()
-            gens.seek(start)
-            self._draw(gens, self._j * self.n)
-            out.append(gens.position())
-            gens.seek(now)
-        return out
+        """Every agent's stream position at its next unconsumed draw (a checkpoint; per agent
+        (h, lo) of its R runs, keyed by agent order): the buffer's consumed rounds redrawn from
+        its start (the live streams are left where they are)."""
+        now = self.streams.position()
+        self.streams.seek(self._start)
+        self._draw(self._j * self.n)
+        h, lo = self.streams.position()
+        self.streams.seek(now)
+        h, lo = h.reshape(self.k, self.R), lo.reshape(self.k, self.R)
+        return [(h[a], lo[a]) for a in range(self.k)]
 
     def seek(self, positions: list, left: int | None) -> None:
         """Continue every agent's streams at `positions` (from `positions()`), `left` rounds to
         draw; the draws are the same for any chunking, so the buffer is simply dropped."""
-        for gens, pos in zip(self.gens, positions, strict=True):
-            gens.seek(pos)
-        self._start = [g.position() for g in self.gens]
+        shape = (self.k * self.R,)
+        h = np.array([p[0] for p in positions], dtype=np.uint64).reshape(shape)
+        lo = np.array([p[1] for p in positions], dtype=np.uint64).reshape(shape)
+        self.streams.seek((h, lo))
+        self._start = self.streams.position()
         self._buf, self._j, self.left = np.zeros((self.k, self.R, 0, self.n)), 0, left
 
 
@@ -449,6 +479,16 @@ class LocalNet:
 
 
 # -- one block of agents -------------------------------------------------------------------------
+def _rows_of(ids: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """The position in `ids` (distinct, any order) of each entry of `want` (all present)."""
+    order = np.argsort(ids, kind="stable")
+    at = (order[np.minimum(np.searchsorted(ids[order], want), len(ids) - 1)] if len(ids)
+          else np.zeros(len(want), dtype=np.int64))
+    if not np.array_equal(ids[at], want):
+        raise ValueError("a neighbour is neither hosted nor a ghost of this block")
+    return at.astype(np.int64)
+
+
 class Block:
     """The state of the agents a process hosts, advanced one synchronous round at a time.
 
@@ -467,12 +507,13 @@ class Block:
         rows_ids = np.concatenate([self.agents, np.asarray(net.ghosts, dtype=np.int64)])
         self.rows_ids = rows_ids
         self.rows = tp.MixingRows(graph, self.agents, net.tracked, s.weights)
-        pos = {int(a): i for i, a in enumerate(rows_ids)}
-        self.nbr_row = np.array([pos[int(j)] for j in self.rows.nbr], dtype=np.int64)
+        self.nbr_row = _rows_of(rows_ids, self.rows.nbr)
         self.deg = np.diff(self.rows.indptr)
         self._mix_indptr = np.concatenate([[0], np.cumsum(self.deg + 1)]).astype(np.int64)
         self._mix_self = self._mix_indptr[:-1]
-        self._mix_nbr = np.setdiff1d(np.arange(self._mix_indptr[-1]), self._mix_self)
+        nbr_slot = np.ones(self._mix_indptr[-1], dtype=bool)
+        nbr_slot[self._mix_self] = False
+        self._mix_nbr = np.flatnonzero(nbr_slot)
         self._mix_indices = np.empty(self._mix_indptr[-1], dtype=np.int64)
         self._mix_indices[self._mix_self] = np.arange(k)
         self._mix_indices[self._mix_nbr] = self.nbr_row
@@ -485,7 +526,7 @@ class Block:
         self.Hsum = np.zeros((k, R, n))  # running sum of each agent's iterate (w_hat)
         self.noise = Noise(self.agents, s.run_ids, s.seed, n,
                            "normal" if s.variant == "gaussian" else "laplace", rounds=s.T)
-        self.eps = np.array([s.eps[a] for a in self.agents], dtype=np.float64)
+        self.eps = np.asarray(s.eps, dtype=np.float64)[self.agents]
         # every agent's release path: its calibration (a per-record plan) and ledger
         self.release = BlockRelease([OwnerRelease(
             int(a), R, s.calibration[a] if s.calibration else None, certified=s.certified,
@@ -505,12 +546,13 @@ class Block:
     def state(self) -> dict[str, Any] | None:
         """Collective: what a resumed block continues from, on the root (None elsewhere): round
         t, every agent's state keyed by agent id, each edge's last active round (graph order)."""
-        pos = self.noise.positions()
-        mine = {int(a): {"pub": self.Pub[i].copy(), "W": self.W[i].copy(),
-                         "Hsum": self.Hsum[i].copy(), "cum": self.cum[:, i].copy(),
-                         "noise_l1": self.noise_l1[i].copy(), "deg": self.last_active_deg[i],
-                         "a_self": self.last_a_self[i], "ledger": self.ledgers[i],
-                         "noise": pos[i]} for i, a in enumerate(self.agents)}
+        pos, ledgers = self.noise.positions(), self.ledgers  # each built once for the block
+        cum = self.cum.transpose(1, 0, 2).copy()  # (k, 4, R): agent i's row is its cum[:, i]
+        Pub, W, Hsum, l1 = (x.copy() for x in (self.Pub, self.W, self.Hsum, self.noise_l1))
+        mine = {int(a): {"pub": Pub[i], "W": W[i], "Hsum": Hsum[i], "cum": cum[i],
+                         "noise_l1": l1[i], "deg": self.last_active_deg[i],
+                         "a_self": self.last_a_self[i], "ledger": ledgers[i], "noise": pos[i]}
+                for i, a in enumerate(self.agents)}
         parts = self.net.gather_objects((mine, self._edge_idx, self.activation.last.copy()))
         if parts is None:
             return None
@@ -529,14 +571,18 @@ class Block:
             return None
         t, edge_last = head
         st = self.net.scatter_agents(None if saved is None else saved["agents"])
-        for r, a in enumerate(self.rows_ids.tolist()):
-            self.Pub[r] = st[a]["pub"]
-        for i, a in enumerate(self.agents.tolist()):
-            self.W[i], self.Hsum[i], self.cum[:, i] = st[a]["W"], st[a]["Hsum"], st[a]["cum"]
-            self.noise_l1[i], self.last_active_deg[i] = st[a]["noise_l1"], st[a]["deg"]
-            self.last_a_self[i] = st[a]["a_self"]
-            self.release.owners[i].ledger = st[a]["ledger"]
-        self.noise.seek([st[a]["noise"] for a in self.agents.tolist()], self.s.T - t)
+        if len(self.rows_ids):
+            self.Pub[:] = np.stack([st[a]["pub"] for a in self.rows_ids.tolist()])
+        mine = [st[a] for a in self.agents.tolist()]
+        if mine:
+            self.W[:] = np.stack([d["W"] for d in mine])
+            self.Hsum[:] = np.stack([d["Hsum"] for d in mine])
+            self.cum[:] = np.stack([d["cum"] for d in mine], axis=1)
+            self.noise_l1[:] = np.stack([d["noise_l1"] for d in mine])
+            self.last_active_deg[:] = [d["deg"] for d in mine]
+            self.last_a_self[:] = [d["a_self"] for d in mine]
+        self.release.restore_ledgers([d["ledger"] for d in mine])
+        self.noise.seek([d["noise"] for d in mine], self.s.T - t)
         self.stream.seek(t)
         self.activation.last, self.activation.t = edge_last[self._edge_idx].copy(), t
         self.t = t
@@ -627,10 +673,12 @@ class Block:
             if s.calibrated:  # each agent's calibrated multiplier x the gradient's sensitivity
                 J, charged = self.release.charge(delta2, record_pass=self.record_pass(t))
             else:  # the paper's rules (gauss_mode), stated at dola.delta
-                paper = [gauss_std(s.gauss_mode, delta2, e, s.delta, s.T, alpha=alpha, n=n,
-                                   L=s.L, calibration=s.gauss_calibration) for e in self.eps]
-                J, charged = self.release.charge(delta2, paper, record_pass=self.record_pass(t),
-                                                 delta=s.delta)
+                eps_u, which = np.unique(self.eps, return_inverse=True)  # one J per distinct eps
+                J_u = np.array([gauss_std(s.gauss_mode, delta2, float(e), s.delta, s.T,
+                                          alpha=alpha, n=n, L=s.L,
+                                          calibration=s.gauss_calibration) for e in eps_u])
+                J, charged = self.release.charge(delta2, J_u[which.reshape(-1)].tolist(),
+                                                 record_pass=self.record_pass(t), delta=s.delta)
             Z = self.noise.next() if np.any(J > 0) else None
             if Z is not None:
                 G = G + J[:, None, None] * Z
@@ -640,8 +688,9 @@ class Block:
             self.release.report(self.Pub[: self.k], charged)
             if self.on_release is not None:
                 self.on_release(t, self.agents, self.Pub[: self.k].copy())
-        deg_active = np.zeros(self.k)
-        np.add.at(deg_active, self.rows.owner, a_nbr > 0)
+        # active neighbours per agent: exact small integers in float64, any summation order
+        deg_active = np.bincount(self.rows.owner, weights=a_nbr > 0, minlength=self.k
+                                 ).astype(np.float64)
         self.last_active_deg, self.last_a_self = deg_active, a_self
         self.t = t1
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -185,6 +186,24 @@ class PooledReader:
             off = self._offsets[a] = np.concatenate([[0], np.cumsum(n)])
         return off
 
+    def read_many(self, agents: Sequence[int], start: int, stop: int
+                  ) -> list[tuple[Any, np.ndarray]]:
+        """`self(a, start, stop)` of every agent of `agents` (in that order), read as a block:
+        the cached ones first, then a prefix of every agent that streams one owner in one
+        `ShardFile.read_agents` (a few large reads), the rest agent by agent."""
+        ids = [int(a) for a in agents]
+        got: dict[int, tuple[Any, np.ndarray]] = {}
+        if self.cache and start == 0:
+            for a in ids:
+                if a in self.cache and len(self.cache[a][1]) == stop:
+                    got[a] = self.cache.pop(a)
+        todo = [a for a in ids if a not in got and len(self.groups[a]) == 1]
+        if start == 0 and todo:
+            n = [min(stop, int(self.offsets(a)[-1])) for a in todo]
+            got.update(zip(todo, self.shard.read_agents([self.groups[a][0] for a in todo], n),
+                           strict=True))
+        return [got[a] if a in got else self(a, start, stop) for a in ids]
+
     def __call__(self, a: int, start: int, stop: int) -> tuple[Any, np.ndarray]:
         if self.cache and start == 0 and a in self.cache and len(self.cache[a][1]) == stop:
             return self.cache.pop(a)
@@ -221,7 +240,11 @@ def consumed_records(ctx: Context, groups, n_used, sizes: np.ndarray | None = No
     read = PooledReader(shard, groups, sizes)
 
     def mine() -> tuple[Any, np.ndarray]:
-        parts = {a: read(a, 0, n_used[a]) for a in range(int(st[r]), int(st[r + 1]))}
+        ids = range(int(st[r]), int(st[r + 1]))
+        if len({n_used[a] for a in ids}) == 1:  # one prefix for the block: one block read
+            parts = dict(zip(ids, read.read_many(ids, 0, n_used[ids[0]]), strict=True))
+        else:
+            parts = {a: read(a, 0, n_used[a]) for a in ids}
         if keep is not None:
             keep.update(parts)
         return _stack(shard, list(parts.values())) if parts else None
