@@ -306,6 +306,9 @@ class HostedOwners(Mapping[int, DataOwner]):
     def __len__(self) -> int:
         return len(self.shards)
 
+    def __contains__(self, a: object) -> bool:  # asking builds nothing
+        return a in self.shards
+
     def states(self) -> list[tuple[int, dict]]:
         """The checkpoint state of every owner built so far (the others are as new)."""
         return [(a, o.state()) for a, o in sorted(self.built.items())]

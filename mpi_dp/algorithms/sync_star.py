@@ -170,6 +170,7 @@ class OwnerBlock:
         self.noise = agent_run_streams(s.seed, "noise", self.agents, s.run_ids)
         self.answered = 0
         self.last_clipped = np.zeros((len(shards), s.runs))
+        self.restored: dict[int, Ledger] = {}  # checkpointed ledgers, by block position
 
     def __len__(self) -> int:
         return int(self.agents.size)
@@ -204,7 +205,7 @@ class OwnerBlock:
     def owners(self) -> list[_HostedOwner]:
         """One checkpoint view per hosted owner (`save_checkpoint` / `load_checkpoint`; after a
         load, `restored_ledgers` hands the owners their checkpointed ledgers)."""
-        self.restored: dict[int, Ledger] = {}
+        self.restored = {}
         return [_HostedOwner(self, j) for j in range(len(self))]
 
     def restored_ledgers(self) -> None:
