@@ -508,23 +508,11 @@ class AgentBlock:
     def _charge(self, sens: np.ndarray, scales: np.ndarray, delta: float | None = None
                 ) -> list:
         """Charge every agent's ledger for its release of sensitivity sens[i] with noise
-        scales[i] (stated at `delta`) before any noise is drawn; returns the events. Agents of
-        one sensitivity are charged by one BlockRelease.charge (one call for the whole block
-        under a data-independent sensitivity); a refusal raises BudgetExceededError."""
+        scales[i] (stated at `delta`) before any noise is drawn, in one BlockRelease.charge
+        (per-owner sensitivities); returns the events. A refusal raises BudgetExceededError."""
         if not len(self):
             return []
-        values, inverse, counts = np.unique(sens, return_inverse=True, return_counts=True)
-        if values.size == 1:
-            return self.release.charge(float(values[0]), scales.tolist(), delta=delta)[1]
-        events: list = [None] * len(self)
-        order = np.argsort(inverse.reshape(-1), kind="stable")
-        owners = self.release.owners
-        for u, idx in enumerate(np.split(order, np.cumsum(counts)[:-1])):
-            part = BlockRelease([owners[i] for i in idx])
-            for i, ev in zip(idx.tolist(), part.charge(float(values[u]), scales[idx].tolist(),
-                                                       delta=delta)[1], strict=True):
-                events[i] = ev
-        return events
+        return list(self.release.charge(sens, scales.tolist(), delta=delta)[1])
 
     def _finish(self, z_new: np.ndarray, noise: np.ndarray, scale: np.ndarray, draw: str
                 ) -> None:
