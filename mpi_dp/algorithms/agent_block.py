@@ -142,59 +142,50 @@ class AgentBlock:
             out[j], counts[j] = linear.clipped_grad_sum(loss, sh.X, sh.y, T, xi,
                                                         sh.squared_stats if stats else None)
 
+    def _each(self, width: int, models: int, stacked, alone) -> np.ndarray:
+        """(A, width): `stacked(group, group slice)` for the agents of each group whose records
+        fit one row chunk of `models` models (in agent chunks), `alone(shard)` for the others."""
+        out = np.empty((len(self), width))
+        step = linear.chunk_rows(models)
+        for g in self.groups:
+            if g.n <= step:
+                for rows, c in _agent_chunks(g, models):
+                    out[rows] = stacked(g, c)
+            else:
+                for j in g.rows.tolist():
+                    out[j] = alone(self.shards[j])
+        for j in self.singles:
+            out[j] = alone(self.shards[j])
+        return out
+
     def loss_sums(self, loss: str, Theta: np.ndarray) -> np.ndarray:
         """Every agent's `linear.loss_sum` at the models Theta (M, p): (A, M)."""
         T = linear.as_runs(Theta)
-        out = np.empty((len(self), T.shape[0]))
-        step = linear.chunk_rows(T.shape[0])
-        for g in self.groups:
-            if g.n <= step:
-                for rows, c in _agent_chunks(g, T.shape[0]):
-                    out[rows] = linear.loss_sum_stack(loss, g.X[c], g.y[c], T)
-            else:
-                for j in g.rows.tolist():
-                    out[j] = linear.loss_sum(loss, self.shards[j].X, self.shards[j].y, T)
-        for j in self.singles:
-            sh = self.shards[j]
-            out[j] = linear.loss_sum(loss, sh.X, sh.y, T)
-        return out
+        return self._each(T.shape[0], T.shape[0],
+                          lambda g, c: linear.loss_sum_stack(loss, g.X[c], g.y[c], T),
+                          lambda sh: linear.loss_sum(loss, sh.X, sh.y, T))
 
     def grad_sums(self, loss: str, theta: np.ndarray) -> np.ndarray:
         """Every agent's `linear.grad_sum` at one model theta (1, p): (A, p)."""
         T = linear.as_runs(theta)
         if T.shape[0] != 1:
             raise ValueError("grad_sums takes one model")
-        out = np.empty((len(self), T.shape[1]))
-        step = linear.chunk_rows(1)
-        for g in self.groups:
-            if g.n <= step:  # one chunk: grad_sum is the unclipped pass of clipped_grad_sum
-                for rows, c in _agent_chunks(g, 1):
-                    out[rows] = linear.clipped_grad_sum_stack(loss, g.X[c], g.y[c], T, np.inf,
-                                                              g.row_l1[c])[0][:, 0]
-            else:
-                for j in g.rows.tolist():
-                    out[j] = linear.grad_sum(loss, self.shards[j].X, self.shards[j].y, T)[0]
-        for j in self.singles:
-            sh = self.shards[j]
-            out[j] = linear.grad_sum(loss, sh.X, sh.y, T)[0]
-        return out
+        # one chunk: grad_sum is the unclipped pass of clipped_grad_sum
+        return self._each(T.shape[1], 1,
+                          lambda g, c: linear.clipped_grad_sum_stack(
+                              loss, g.X[c], g.y[c], T, np.inf, g.row_l1[c])[0][:, 0],
+                          lambda sh: linear.grad_sum(loss, sh.X, sh.y, T)[0])
 
     def error_counts(self, thetas: np.ndarray) -> np.ndarray:
-        """Every agent's `common.error_counts` of the models thetas (M, p): (A, M)."""
+        """Every agent's `linear.error_counts` of the models thetas (M, p): (A, M)."""
         T = linear.as_runs(thetas)
-        out = np.empty((len(self), T.shape[0]))
-        step = linear.chunk_rows(T.shape[0])
-        for g in self.groups:
-            if g.n <= step:
-                for rows, c in _agent_chunks(g, T.shape[0]):
-                    Z = g.X[c] @ T.T  # (G, n, M): X @ T.T per agent, as error_counts
-                    wrong = np.where(Z >= 0.0, 1.0, -1.0) != g.y[c, :, None]
-                    out[rows] = 0.0
-                    out[rows] += wrong.sum(axis=1)
-            else:
-                for j in g.rows.tolist():
-                    out[j] = error_counts(self.shards[j].X, self.shards[j].y, T)
-        for j in self.singles:
-            sh = self.shards[j]
-            out[j] = error_counts(sh.X, sh.y, T)
-        return out
+
+        def stacked(g: SizeGroup, c: slice) -> np.ndarray:
+            Z = g.X[c] @ T.T  # (G, n, M): X @ T.T per agent, as error_counts
+            wrong = np.where(Z >= 0.0, 1.0, -1.0) != g.y[c, :, None]
+            total = np.zeros((Z.shape[0], T.shape[0]))
+            total += wrong.sum(axis=1)
+            return total
+
+        return self._each(T.shape[0], T.shape[0], stacked,
+                          lambda sh: error_counts(sh.X, sh.y, T))
