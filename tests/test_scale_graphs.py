@@ -169,6 +169,7 @@ def test_geometric_radius_is_the_counted_bisection(m, degree, monkeypatch):
     for seed in range(2):
         want = _bisected_radius_as_it_was(m, degree, seed, 0)
         monkeypatch.setattr(tp, "MAX_ATTEMPTS", 1)
+        monkeypatch.setattr(tp, "CONNECT_MARGIN", math.inf)  # bisect even a disconnected one
         monkeypatch.setattr(tp, "cKDTree", Counting)
         try:
             g = tp.geometric(m, degree, seed)
@@ -351,3 +352,15 @@ def test_logistic_polish_without_the_hessian_matrix_equals_the_direct_one(monkey
     assert calls  # the polish ran through the operator
     np.testing.assert_allclose(cg, direct, rtol=1e-8, atol=1e-10)
     assert q_cg == pytest.approx(q_direct, rel=1e-12)
+
+
+@pytest.mark.parametrize("m, degree, seed", [(1000, 10.0, 1), (400, 8.0, 3), (120, 6.0, 0)])
+def test_geometric_connectivity_precheck_keeps_the_graph(m, degree, seed, monkeypatch):
+    """Rejecting an attempt whose graph at d* (1 + margin) is disconnected before bisecting
+    skips only attempts the bisected graph would reject: the same attempt, radius and edges as
+    with the pre-check off (an infinite margin: the complete graph, always connected)."""
+    g = tp.geometric(m, degree, seed)
+    monkeypatch.setattr(tp, "CONNECT_MARGIN", math.inf)
+    want = tp.geometric(m, degree, seed)
+    assert g.info == want.info and np.array_equal(g.edges, want.edges)
+    assert g.info["attempt"] >= 1 or (m, seed) != (1000, 1)  # the first case resamples

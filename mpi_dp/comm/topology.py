@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 from scipy.sparse import csgraph
 from scipy.spatial import cKDTree
 from scipy.spatial.distance import cdist
@@ -63,14 +64,21 @@ def _pairs_within(points: np.ndarray, r: float) -> np.ndarray:
 #: side from the sorted pair distances; nearer, it counts pairs with the k-d tree as it always did
 #: (the two distance computations differ by rounding only, many orders below this margin)
 BISECT_MARGIN = 1e-7
+#: `geometric` rejects an attempt whose graph at d* (1 + CONNECT_MARGIN) is not connected before
+#: bisecting: the bisected radius ends within BISECT_MARGIN of d*, so its graph is a subgraph of
+#: that one (most attempts at 10,000 agents are rejected; the bisection's k-d tree counts were
+#: most of the time of building the graph)
+CONNECT_MARGIN = 1e-5
 
 
-def _kth_pair_distance(tree: cKDTree, pts: np.ndarray, k: int) -> float:
+def _kth_pair_distance(tree: cKDTree, pts: np.ndarray, k: int
+                       ) -> tuple[float, np.ndarray, np.ndarray, float]:
     """The k-th smallest distance between two of the points (k >= 1): the radius at which the
-    number of pairs within reaches k."""
+    number of pairs within reaches k; with the pairs found within the searched radius, their
+    distances and that radius (inf and empty when there are fewer than k pairs)."""
     m = len(pts)
     if k > m * (m - 1) // 2:
-        return math.inf
+        return math.inf, np.zeros((0, 2), dtype=np.int64), np.zeros(0), 0.0
     r = math.sqrt(4.0 * k / (math.pi * max(1, m * (m - 1)))) + 1e-12  # ~2k pairs if uniform
     while True:
         pairs = tree.query_pairs(r, output_type="ndarray")
@@ -78,7 +86,21 @@ def _kth_pair_distance(tree: cKDTree, pts: np.ndarray, k: int) -> float:
             break
         r *= 2.0
     d = np.sqrt(((pts[pairs[:, 0]] - pts[pairs[:, 1]]) ** 2).sum(axis=1))
-    return float(np.partition(d, k - 1)[k - 1])
+    return float(np.partition(d, k - 1)[k - 1]), pairs, d, r
+
+
+def _connected_within(m: int, pairs: np.ndarray, d: np.ndarray, searched: float,
+                      pts: np.ndarray, r: float) -> bool:
+    """Whether the graph of the pairs at distance <= r is connected (from the pairs already
+    found within `searched` when r is inside it)."""
+    if r > searched:
+        e = _pairs_within(pts, r)
+    else:
+        e = pairs[d <= r]
+    if m <= 1:
+        return True
+    adj = sp.coo_matrix((np.ones(len(e)), (e[:, 0], e[:, 1])), shape=(m, m))
+    return csgraph.connected_components(adj, directed=False)[0] == 1
 
 
 def geometric(m: int, degree: float, seed: int, kind: str = "geometric") -> Graph:
@@ -91,7 +113,10 @@ def geometric(m: int, degree: float, seed: int, kind: str = "geometric") -> Grap
         tree = cKDTree(pts)
         lo, hi = 0.0, math.sqrt(2.0)
         target = degree * m / 2.0  # edges
-        d_star = _kth_pair_distance(tree, pts, math.ceil(target))
+        d_star, pairs, dist, searched = _kth_pair_distance(tree, pts, math.ceil(target))
+        if math.isfinite(d_star) and not _connected_within(
+                m, pairs, dist, searched, pts, d_star * (1.0 + CONNECT_MARGIN)):
+            continue  # the bisected radius is below this one: not connected either
         for _ in range(60):
             mid = 0.5 * (lo + hi)
             if abs(mid - d_star) > BISECT_MARGIN * d_star:  # far from the crossing: its side

@@ -125,7 +125,11 @@ class Prepared:
     test: tuple[Any, np.ndarray] | None  # on rank 0
     majority_error: float
     graphs: dict = dataclasses.field(default_factory=dict)
-    comparators: dict = dataclasses.field(default_factory=dict)
+    comparators: dict = dataclasses.field(default_factory=dict)  # (groups, n_used, lam): w*
+    # {(groups, n_used): every consumed record (rank 0; None elsewhere)}: checked with the
+    # settings, w* solved on them by the first configuration that runs (evaluation-only, like
+    # the star methods' reference optima: configuration set-up, not job start-up)
+    consumed: dict = dataclasses.field(default_factory=dict)
     sizes: np.ndarray | None = None  # n_i of every shard owner
     # {(groups, n_used): {agent: (X, y)}}: the consumed records of this rank's agents, read once
     # for the comparator and handed to the stream of the first configuration that reads them
@@ -253,14 +257,9 @@ def consumed_records(ctx: Context, groups, n_used, sizes: np.ndarray | None = No
     return _stack(shard, [p for p in parts if p is not None]) if parts is not None else None
 
 
-def comparator(shard: ShardFile, groups, n_used, lam: float, path: str,
-               records: tuple[Any, np.ndarray] | None = None) -> tuple[np.ndarray | None, str]:
-    """w* = argmin over W of the total loss on every consumed record (exact dual CD; lam > 0:
-    the optimum lies inside the ball of radius 1/sqrt(lam)), with the data checks on the way.
-    `records`: those records already read (`consumed_records`)."""
-    if records is None:
-        read = PooledReader(shard, groups)
-        records = _stack(shard, [read(a, 0, n) for a, n in enumerate(n_used)])
+def check_records(shard: ShardFile, records: tuple[Any, np.ndarray], path: str) -> None:
+    """The data checks of the comparator's records (labels -1/+1, finite features of L2 norm
+    <= 1): made with the settings, before the output file is touched."""
     X, y = records
     if not np.all(np.isin(y, (-1.0, 1.0))):
         raise JobError(f"job file {path}: dola trains a linear SVM: labels must be -1/+1, the "
@@ -274,9 +273,11 @@ def comparator(shard: ShardFile, groups, n_used, lam: float, path: str,
                        f"uses L_data = 1); the largest in {shard.path} is {np.sqrt(sq.max()):.4g}"
                        " (prepare the data with rows scaled to norm <= 1, e.g. the diabetes, "
                        "reuters or mnist_parity recipes)")
-    if lam <= 0:
-        return None, "none (lam = 0: no exact comparator, regret not recorded)"
-    return reference.svm_dual_cd(X, y, lam), "exact L1-loss SVM by dual coordinate descent"
+
+
+def comparator_how(lam: float) -> str:
+    return ("exact L1-loss SVM by dual coordinate descent" if lam > 0 else
+            "none (lam = 0: no exact comparator, regret not recorded)")
 
 
 class Dola(Method[Prepared, DolaSettings]):
@@ -467,13 +468,11 @@ class Dola(Method[Prepared, DolaSettings]):
         r = k.radius
         radius = (1.0 / math.sqrt(lam) if lam > 0 else 10.0) if r == "auto" else float(r)
         n_used = tuple([-(-T // passes) * h] * m)  # one pass: ceil(T / passes) rounds
-        cache_key = (groups, n_used, lam)
-        if cache_key not in prep.comparators:
+        if (groups, n_used) not in prep.consumed:  # read and checked now, solved at the run
             records = consumed_records(ctx, groups, n_used, prep.sizes,
                                        prep.records.setdefault((groups, n_used), {}))
-            found = on_root(ctx.comm, lambda: comparator(shard, groups, n_used, lam, j.path, records))
-            prep.comparators[cache_key] = ctx.comm.bcast(found, root=0)
-        w_star, how = prep.comparators[cache_key]
+            on_root(ctx.comm, lambda: check_records(shard, records, j.path))
+            prep.consumed[groups, n_used] = records
         if not 0 <= k.ref_agent < m:
             raise JobError(f"job file {j.path}: key 'dola.ref_agent': {k.ref_agent} is "
                            f"not one of the {m} agents")
@@ -484,14 +483,14 @@ class Dola(Method[Prepared, DolaSettings]):
             delta=float(k.delta), rho=float(rc.config.param("dola.rho", k.rho)),
             reg_point=k.reg_point, activation=k.activation, p_act=float(k.p_act),
             window=k.window, weights=k.weights, ref_agent=k.ref_agent,
-            exact_regret=k.regret == "exact" and w_star is not None, seed=g.seed,
+            exact_regret=k.regret == "exact" and lam > 0, seed=g.seed,
             run_ids=ctx.run_ids, record_every=g.record_every, passes=passes)
         if variant == "gaussian" and j.section(PrivacyKeys).calibration == "paper":
             for e in set(rc.eps):  # calibration errors (e.g. classical at eps >= 1) before running
                 dola.gauss_std(algo.gauss_mode, 2 * algo.L_data / h, e, algo.delta, T,
                                alpha=dola.step_size(1, algo), n=algo.n_features, L=algo.L,
                                calibration=algo.gauss_calibration)
-        return DolaSettings(algo, graph, groups, n_used, g.T, w_star, how)
+        return DolaSettings(algo, graph, groups, n_used, g.T, None, comparator_how(lam))
 
     def plans(self, ctx: Context, prep: Prepared, rc: Resolved, s: DolaSettings
               ) -> list[contract.Plan]:
@@ -535,6 +534,7 @@ class Dola(Method[Prepared, DolaSettings]):
     def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: DolaSettings,
                    recorder: Any, label: str, hooks: RunHooks | None = None) -> Outcome | None:
         hooks = RunHooks.of(hooks, recorder, label, ctx.comm, ctx.progress)
+        s = dataclasses.replace(s, w_star=self._w_star(ctx, prep, s))
         a = s.algo
         net = ctx.agree(lambda: cg.GraphNet(ctx.comm, s.graph, ctx.job.section(DolaKeys).exchange,
                                             (a.runs, a.n_features),
@@ -586,6 +586,20 @@ class Dola(Method[Prepared, DolaSettings]):
             exchange_seconds=float(max(e[0] for e in exch)), exchanges=int(max(e[1] for e in exch)),
             seconds=round(time.perf_counter() - t0, 3))
         return out
+
+    @staticmethod
+    def _w_star(ctx: Context, prep: Prepared, s: DolaSettings) -> np.ndarray | None:
+        """Collective: the comparator w* of s's consumed records (solved once per records and
+        lam on rank 0, broadcast; None: lam = 0)."""
+        lam = s.algo.lam
+        if lam <= 0:
+            return None
+        key = (s.groups, s.n_used, lam)
+        if key not in prep.comparators:
+            records = prep.consumed[s.groups, s.n_used]
+            w = on_root(ctx.comm, lambda: reference.svm_dual_cd(*records, lam))
+            prep.comparators[key] = ctx.comm.bcast(w, root=0)
+        return prep.comparators[key]
 
     @staticmethod
     def _per_record(a: dola.Settings, eps_rel: float) -> float:
