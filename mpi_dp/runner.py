@@ -31,7 +31,7 @@ from .errors import DiskFullError, JobError
 from .job import load_job
 from .jobspec import Job, PrivacyKeys, resolve_per_owner, sweep_key
 from .methods import REGISTRY, Context, Method, Outcome, Resolved
-from .methods.base import RunHooks, shard_sizes
+from .methods.base import RunHooks, ledger_delta, shard_sizes
 from .privacy import accountants, contract, noise_signal
 from .results import footprint, provenance
 from .results.output import (
@@ -376,8 +376,7 @@ def _run_one(method: Method, ctx: Context, prepared: Any, rc: Resolved, s: Any, 
     if rec is not None:
         if outcome is None:
             raise RuntimeError(f"method {method.name!r} returned no outcome on rank 0")
-        d = ctx.job.section(PrivacyKeys).delta
-        write_outcome(rec, outcome, contract.default_delta(max(rc.n)) if d == "auto" else float(d))
+        write_outcome(rec, outcome, ledger_delta(ctx, rc))
         result.config_done(rc.index)
 
 
@@ -393,7 +392,8 @@ def write_outcome(rec: ConfigRecorder, outcome: Outcome, delta: float) -> None:
     """A configuration's arrays, its agents' ledgers through the accountants, its attributes."""
     for path, data, attrs in outcome.arrays:
         rec.write(path, data, **attrs)
-    rows = accountants.ledger_rows(outcome.ledgers, delta)
+    rows = (outcome.ledgers if isinstance(outcome.ledgers, np.ndarray) else
+            accountants.ledger_rows(outcome.ledgers, delta))
     common = {"delta": float(rows["delta"][0])} if len(rows) and np.all(
         rows["delta"] == rows["delta"][0]) else {}
     rec.write("privacy/ledger", rows, guarantee=outcome.guarantee,

@@ -128,3 +128,61 @@ def test_equal_ledgers_share_one_computation():
         ledgers.append(led)
     acc.ledger_rows(ledgers, 1e-5)
     assert len(acc._CACHE) == 1
+
+
+def _mixed_ledgers() -> list[Ledger]:
+    """Ledgers of different releases, budgets and contracts (one of record scope)."""
+    from mpi_dp.privacy import contract
+
+    cal = contract.calibrate(contract.Plan("laplace", 6, 1.0, 1e-4), "pld")
+    rec = contract.calibrate(contract.Plan("gaussian", 2, 1.0, 1e-5, scope="record"), "pld")
+    out = []
+    for a in range(9):
+        if a % 3 == 0:
+            lg = Ledger(a, 2.0 + a, runs=2)
+            for k in range(1 + a % 4):
+                lg.charge(lap(0.1 * (1 + k % 2)))
+        elif a % 3 == 1:
+            lg = Ledger(a, math.inf, runs=2, target=cal)
+            for _ in range(6):
+                lg.charge(cal.event(0.5))
+        else:
+            lg = Ledger(a, math.inf, 1.0, runs=2, target=rec)
+            for p in range(3):
+                lg.charge(rec.event(1.0), record_pass=p % 2)
+        out.append(lg)
+    return out
+
+
+def test_rows_composed_where_the_ledgers_live_equal_the_roots():
+    """Each rank's rows of its own ledgers, gathered in any order (in_agent_order), equal the
+    root's rows of every ledger, bit for bit: a row depends on its ledger alone."""
+    ledgers = _mixed_ledgers()
+    want = acc.ledger_rows(ledgers, 1e-5)
+    parts = [acc.ledger_rows(ledgers[i::3], 1e-5) for i in (2, 0, 1)]
+    got = acc.in_agent_order(parts + [acc.ledger_rows([], 1e-5)])
+    assert got.dtype == acc.LEDGER_DTYPE and got.tobytes() == want.tobytes()
+
+
+def test_remembered_compositions_are_not_composed_again(monkeypatch):
+    """A rank given the root's totals of its ledgers' compositions (ledger_compositions ->
+    composed on the root -> remember) composes no privacy loss distribution itself, and its rows
+    equal those it would compute alone."""
+    ledgers = _mixed_ledgers()
+    acc._CACHE.clear()
+    want = acc.ledger_rows(ledgers, 1e-5)
+    needed = acc.ledger_compositions(ledgers, 1e-5)
+    assert 1 < len(needed) < 2 * len(ledgers)  # distinct compositions only
+    totals = acc.composed(needed)  # the root (cached: it just composed them)
+    acc._CACHE.clear()
+    acc.remember(totals)
+
+    def no_pld(*a, **k):
+        raise AssertionError("composed a PLD again")
+
+    monkeypatch.setattr(acc, "pld", no_pld)
+    monkeypatch.setattr(acc, "rdp", no_pld)
+    assert acc.ledger_rows(ledgers, 1e-5).tobytes() == want.tobytes()
+    acc._CACHE.clear()
+    with pytest.raises(AssertionError, match="PLD again"):  # without them it would compose
+        acc.ledger_rows(ledgers, 1e-5)

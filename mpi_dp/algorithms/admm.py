@@ -47,6 +47,7 @@ from .common import (
     ReleasePath,
     ResultRecord,
     agent_order_sum,
+    gather_ledgers,
     load_checkpoint,
     save_checkpoint,
 )
@@ -720,7 +721,7 @@ class AdmmResult(ResultRecord):
     KEYS: ClassVar[Mapping[str, str]] = {"models/final": "final"}
 
     final: np.ndarray
-    ledgers: list[Ledger]
+    ledgers: list[Ledger] | np.ndarray  # or their privacy/ledger rows (ledger_delta)
     iterations: np.ndarray
     eps_total_basic: np.ndarray
     delta_total_basic: np.ndarray
@@ -733,8 +734,11 @@ class AdmmResult(ResultRecord):
 def run_config(star: Star, agents: Sequence[Agent] | AgentBlock, s: Settings,
                test: tuple | None,
                recorder=None, label: str = "", progress: bool = True,
-               hooks: RunHooks | None = None) -> AdmmResult | None:
+               hooks: RunHooks | None = None, ledger_delta: float | None = None
+               ) -> AdmmResult | None:
     """Run one configuration (collective). `test` = (X, y) on the server (test error of w).
+    `ledger_delta`: the ledgers come back as their privacy/ledger rows, composed on the ranks
+    hosting the agents (accountants.in_agent_order).
     `hooks` (the runner's RunHooks) record, report progress and checkpoint; without them they
     are built from `recorder`, `label` and `progress`.
 
@@ -790,14 +794,19 @@ def run_config(star: Star, agents: Sequence[Agent] | AgentBlock, s: Settings,
             record(k, rho)
             save_checkpoint(star, hooks, k, s.T, block.members(), w=w)
     block.write_back()
-    ledgers = star.gather_objects([a.ledger for a in block.agents])
+    mine = [a.ledger for a in block.agents]
+    # each agent's releases and basic totals (the most over runs), gathered beside its ledger
+    spent = star.gather_objects((np.array([lg.agent for lg in mine], dtype=np.int64),
+                                 np.array([int(lg.releases.max()) for lg in mine], np.int64),
+                                 np.array([lg.spent_eps.max() for lg in mine], np.float64),
+                                 np.array([lg.spent_delta.max() for lg in mine], np.float64)))
+    ledgers = gather_ledgers(star, mine, ledger_delta)
     if not star.is_learner:
         return None
-    ledgers = sorted((lg for part in ledgers for lg in part), key=lambda lg: lg.agent)
-    iters = np.array([int(lg.releases.max()) for lg in ledgers], dtype=np.int64)
-    return AdmmResult(final=w, ledgers=ledgers, iterations=iters,
-                      eps_total_basic=np.array([lg.spent_eps.max() for lg in ledgers]),
-                      delta_total_basic=np.array([lg.spent_delta.max() for lg in ledgers]),
+    agent, iters, eps_b, delta_b = (np.concatenate(c) for c in zip(*spent, strict=True))
+    order = np.argsort(agent, kind="stable")
+    return AdmmResult(final=w, ledgers=ledgers, iterations=iters[order],
+                      eps_total_basic=eps_b[order], delta_total_basic=delta_b[order],
                       ended_at=ended_at, end_reason=end_reason,
                       seconds=time.perf_counter() - t0, baselines=trivial or {})
 

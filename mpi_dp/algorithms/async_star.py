@@ -49,6 +49,7 @@ from .common import (
     ReleasePath,
     ResultRecord,
     agent_order_sum,
+    gather_ledgers,
     load_checkpoint,
 )
 from .hooks import RunHooks
@@ -579,7 +580,7 @@ class AsyncStarResult(ResultRecord):
     clip_fraction: np.ndarray
     dropped_ticks: np.ndarray
     f_star: float | None
-    ledgers: list[Ledger]
+    ledgers: list[Ledger] | np.ndarray  # or their privacy/ledger rows (ledger_delta)
     final_psi: np.ndarray | None
     psi_isolated: np.ndarray
 
@@ -587,10 +588,11 @@ class AsyncStarResult(ResultRecord):
 def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
                ref: Reference | None, recorder=None, label: str = "", progress: bool = True,
                logged: tuple[np.ndarray, np.ndarray] | None = None,
-               evalset: EvalSet | None = None, hooks: RunHooks | None = None
-               ) -> AsyncStarResult | None:
+               evalset: EvalSet | None = None, hooks: RunHooks | None = None,
+               ledger_delta: float | None = None) -> AsyncStarResult | None:
     """Run one configuration (collective over star.comm). The learner returns the final arrays
-    (AsyncStarResult), the others None.
+    (AsyncStarResult), the others None. `ledger_delta`: the ledgers come back as their
+    privacy/ledger rows, composed on the ranks hosting the owners (accountants.in_agent_order).
 
     `shards` are the owners hosted on this rank (owners >= N take no part and hold no records);
     `ref` (theta*, f*) is needed on the learner; `logged` = (owner (T,), time (T,)) replays a
@@ -657,19 +659,23 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
         raise stop.Interrupted(stopped)
 
     records.finish(oracle, link.is_learner, star)
-    logs = star.gather_objects(owners.ledgers_and_clipped())
+    mine = owners.ledgers_and_clipped()
+    # every owner's answers, basic eps spent and clipped records per run, beside its ledger
+    logs = star.gather_objects((np.array([lg.agent for lg, _ in mine], dtype=np.int64),
+                                np.array([lg.releases for lg, _ in mine], np.int64).reshape(-1, R),
+                                np.array([lg.spent_eps for lg, _ in mine]).reshape(-1, R),
+                                np.array([c for _, c in mine], np.float64).reshape(-1, R)))
+    ledgers = gather_ledgers(star, [lg for lg, _ in mine], ledger_delta)
     if not link.is_learner:
         return None
-    ledgers = sorted((lg for part in logs for lg, _ in part), key=lambda lg: lg.agent)
     answered = np.zeros((R, N), dtype=np.int64)
     spent = np.zeros((R, N))
     clip_frac = np.zeros((R, N))
-    for part in logs:
-        for lg, clipped in part:
-            a = lg.agent
-            answered[:, a] = lg.releases
-            spent[:, a] = lg.spent_eps
-            clip_frac[:, a] = clipped / np.maximum(lg.releases, 1) / s.n[a]
+    for a, releases, eps, clipped in logs:
+        answered[:, a] = releases.T
+        spent[:, a] = eps.T
+        n_a = np.array([s.n[i] for i in a.tolist()])
+        clip_frac[:, a] = (clipped / np.maximum(releases, 1) / n_a[:, None]).T
     psi_isolated = ref.psi_isolated[:N]
     if records.gram is not None:  # psi of the isolated optima on the same (Gram) footing
         psi_isolated = records.gram.final(ref.theta_isolated[:N], records.f_star)["psi_isolated"]

@@ -35,6 +35,7 @@ from .common import (
     ReleasePath,
     ResultRecord,
     agent_order_sum,
+    gather_ledgers,
     load_checkpoint,
     save_checkpoint,
 )
@@ -253,16 +254,17 @@ class SyncStarResult(ResultRecord):
 
     final: np.ndarray
     final_iterate: np.ndarray
-    ledgers: list[Ledger]
+    ledgers: list[Ledger] | np.ndarray  # or their privacy/ledger rows (ledger_delta)
 
 
 def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference | None,
                recorder=None, label: str = "", progress: bool = True,
                theta_init: np.ndarray | None = None,
-               evalset: EvalSet | None = None, hooks: RunHooks | None = None
-               ) -> SyncStarResult | None:
+               evalset: EvalSet | None = None, hooks: RunHooks | None = None,
+               ledger_delta: float | None = None) -> SyncStarResult | None:
     """Run one configuration (collective). The learner returns the final arrays
-    (SyncStarResult), the others None.
+    (SyncStarResult), the others None. `ledger_delta`: the owners' ledgers come back as their
+    privacy/ledger rows, composed on the ranks hosting them (accountants.in_agent_order).
 
     `ref` (theta*, f*: see common.reference_quantities) is needed on the learner only.
     `theta_init` (p,) replaces theta0 (test hook, e.g. starting at theta* as spec check V5 does).
@@ -344,12 +346,11 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
                             step_sum=step_sum)
             hooks.progress(k, lambda psi=psi: _median_psi(psi))
 
-    ledgers = star.gather_objects(owners.ledgers)
+    ledgers = gather_ledgers(star, owners.ledgers, ledger_delta)
     if not star.is_learner:
         return None
-    return SyncStarResult(
-        final=theta_avg if s.variant == "alg2" else theta, final_iterate=theta,
-        ledgers=sorted((lg for part in ledgers for lg in part), key=lambda lg: lg.agent))
+    return SyncStarResult(final=theta_avg if s.variant == "alg2" else theta,
+                          final_iterate=theta, ledgers=ledgers)
 
 
 def check_settings(s: Settings, path: str) -> None:

@@ -30,6 +30,7 @@ from .base import (
     RunHooks,
     calibration_attrs,
     default_of,
+    ledger_delta,
     owner_plans,
     settings_attrs,
 )
@@ -363,7 +364,8 @@ class Admm(Method[Prepared, _S]):
                 prep.optima[optimum] = (w, admm.train_error(ctx.star, agents, s, w), nit, grad)
             w_star, star_err, nit, grad = prep.optima[optimum]
         out = admm.run_config(ctx.star, agents, s, prep.test, recorder, label=label,
-                              progress=ctx.progress, hooks=hooks)
+                              progress=ctx.progress, hooks=hooks,
+                              ledger_delta=ledger_delta(ctx, rc))
         if out is None:
             return None
         if s.calibrated:

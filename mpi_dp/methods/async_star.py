@@ -26,6 +26,7 @@ from .base import (
     RunHooks,
     calibration_attrs,
     default_of,
+    ledger_delta,
     owner_plans,
     settings_attrs,
 )
@@ -250,7 +251,7 @@ class AsyncStar(StarMethod[Prepared, _S]):
         shards, ref = self.shards_and_reference(ctx, prep, s, rc.n)
         out = async_star.run_config(star, prep.link, shards, s, ref, recorder, label=label,
                                     progress=ctx.progress, logged=logged, evalset=prep.evalset,
-                                    hooks=hooks)
+                                    hooks=hooks, ledger_delta=ledger_delta(ctx, rc))
         if out is None:
             return None
         return _outcome(out, ref, s)

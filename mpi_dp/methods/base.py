@@ -116,18 +116,27 @@ class Resolved:
 class Outcome:
     """What a configuration leaves for the result file (on rank 0).
 
-    `ledgers`: every participating agent's privacy ledger, in agent order. `guarantee`: what one
+    `ledgers`: every participating agent's privacy ledger, in agent order, or their rows of
+    privacy/ledger already composed where they live (`ledger_delta`, accountants.in_agent_order).
+    `guarantee`: what one
     release and the totals mean for this method (stored with privacy/ledger and printed by
     analyze). `arrays`: (path, data, attrs) datasets. `attrs`: attributes of the group.
     """
 
-    ledgers: list[Ledger]
+    ledgers: list[Ledger] | np.ndarray
     guarantee: str
     arrays: list[tuple[str, Any, dict[str, Any]]] = dataclasses.field(default_factory=list)
     attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def add(self, path: str, data: Any, **attrs: Any) -> None:
         self.arrays.append((path, data, attrs))
+
+
+def ledger_delta(ctx: Context, rc: Resolved) -> float:
+    """The delta privacy/ledger composes a ledger without a target at (privacy.delta; 'auto'
+    by the largest n_i)."""
+    d = ctx.job.section(PrivacyKeys).delta
+    return contract.default_delta(max(rc.n)) if d == "auto" else float(d)
 
 
 def owner_plans(ctx: Context, rc: Resolved, n_records: Any, mechanism: str,
@@ -156,7 +165,7 @@ def calibration_attrs(cals: list[contract.Calibration | None]) -> dict[str, Any]
     live = [c for c in cals if c is not None]
     if not live:
         return {}
-    texts = list(dict.fromkeys(c.text() for c in live))
+    texts = list(dict.fromkeys(c.text() for c in {id(c): c for c in live}.values()))
     return {"calibration": live[0].name, "calibration_rule": contract.RULE_TEXT[live[0].rule],
             "calibrations": "\n".join(texts)}
 

@@ -22,6 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..algorithms import dola
+from ..algorithms.common import gather_ledgers
 from ..comm import graph as cg
 from ..comm import topology as tp
 from ..comm.rma import on_root
@@ -38,6 +39,7 @@ from .base import (
     Resolved,
     RunHooks,
     calibration_attrs,
+    ledger_delta,
     owner_plans,
     settings_attrs,
     shard_sizes,
@@ -554,14 +556,13 @@ class Dola(Method[Prepared, DolaSettings]):
             hooks.info(f"resumed from its checkpoint at round={t_resumed}")
         ev = dola.Evaluation(prep.test)
         dola.drive(block, ev, hooks=hooks)
-        ledgers = net.gather_objects(block.ledgers)
+        ledgers = gather_ledgers(net, block.ledgers, ledger_delta(ctx, rc))
         exch = net.gather_objects((net.exchange_seconds, net.exchanges))
         net.free()
         final = ev.final()
         if not net.is_root or final is None:
             return None
-        out = Outcome(sorted((led for part in ledgers for led in part), key=lambda x: x.agent),
-                      guarantee=self._guarantee(a))
+        out = Outcome(ledgers, guarantee=self._guarantee(a))
         out.add("models/w_hat", final["w_hat"], what="(1/T) sum_t w_bar_t, the online-to-batch "
                 "model (evaluation: built from clean iterates)")
         out.add("models/w_bar", final["w_bar"], what="network mean of the final clean iterates")

@@ -16,6 +16,7 @@ from .base import (
     Resolved,
     RunHooks,
     calibration_attrs,
+    ledger_delta,
     owner_plans,
     settings_attrs,
 )
@@ -123,7 +124,8 @@ class SyncStar(StarMethod[Prepared, sync_star.Settings]):
         n = rc.n
         shards, ref = self.shards_and_reference(ctx, prep, s, n)
         res = sync_star.run_config(ctx.star, shards, s, ref, recorder, label=label,
-                                   progress=ctx.progress, evalset=prep.evalset, hooks=hooks)
+                                   progress=ctx.progress, evalset=prep.evalset, hooks=hooks,
+                                   ledger_delta=ledger_delta(ctx, rc))
         if res is None:
             return None
         out = Outcome(res.ledgers, guarantee=star_guarantee(s.calibration, "T answers"))

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -239,20 +239,57 @@ def compose(pairs: Sequence[tuple[Event, int]], delta: float) -> Totals:
     totals are a function of what was released alone: never the answer of an earlier, nearly
     equal ledger (e.g. another configuration's per-release eps one ulp away), which would make a
     configuration's ledger depend on the configurations run before it."""
+    return _totals(*_signature(pairs, delta))
+
+
+def _signature(pairs: Sequence[tuple[Event, int]], delta: float
+               ) -> tuple[tuple, list[tuple[Event, int]]]:
+    """`compose`'s cache key of `pairs` at delta, and the canonical pairs it composes."""
     merged: dict[tuple, list] = {}
     for ev, c in pairs:
         if c > 0:
             key, can = _canonical(ev)
             merged.setdefault(key, [can, 0])[1] += int(c)
     live = sorted(((key, c, can) for key, (can, c) in merged.items()), key=lambda t: t[:2])
-    sig = (tuple((k, c) for k, c, _ in live), float(delta))
+    return (tuple((k, c) for k, c, _ in live), float(delta)), [(ev, c) for _, c, ev in live]
+
+
+def _totals(sig: tuple, canon: list[tuple[Event, int]]) -> Totals:
     hit = _CACHE.get(sig)
     if hit is None:
-        canon = [(ev, c) for _, c, ev in live]
+        delta = sig[1]
         eps_b, delta_b = basic(canon)
         hit = _CACHE[sig] = Totals(eps_b, delta_b, advanced(canon, delta), pld(canon, delta),
                                    rdp(canon, delta), float(delta))
     return hit
+
+
+def ledger_compositions(ledgers: Iterable[Ledger], delta: float) -> dict[tuple, list]:
+    """The compositions `ledger_rows(ledgers, delta)` makes ({cache key: canonical pairs}): a
+    rank that composes its hosted ledgers' rows gets the totals from the rank that calibrated
+    (`composed` there, `remember` here) instead of composing privacy loss distributions again."""
+    out: dict[tuple, list] = {}
+    for led in ledgers:
+        d = _ledger_delta(led, delta)
+        for pairs in (led.scope_pairs(), *(() if led.scope == "configuration" else
+                                           (led.worst_counts(),))):
+            sig, canon = _signature(pairs, d)
+            out.setdefault(sig, canon)
+    return out
+
+
+def composed(needed: Mapping[tuple, list]) -> dict[tuple, Totals]:
+    """The totals of `ledger_compositions`' keys (computed here, or cached)."""
+    return {sig: _totals(sig, canon) for sig, canon in needed.items()}
+
+
+def remember(totals: Mapping[tuple, Totals]) -> None:
+    """Cache totals `composed` elsewhere: the same keys give the same totals everywhere."""
+    _CACHE.update(totals)
+
+
+def _ledger_delta(led: Ledger, delta: float) -> float:
+    return float(led.target.plan.delta) if led.target is not None else float(delta)
 
 
 def _noise_multiplier(pairs: Sequence[tuple[Event, int]]) -> float:
@@ -260,6 +297,14 @@ def _noise_multiplier(pairs: Sequence[tuple[Event, int]]) -> float:
     nms = [1.0 / ev.eps if isinstance(ev, LaplaceEvent) else ev.noise_multiplier
            for ev, _ in pairs if isinstance(ev, LaplaceEvent | GaussianEvent) and ev.eps > 0]
     return min(nms) if nms else math.nan
+
+
+def in_agent_order(parts: Iterable[np.ndarray]) -> np.ndarray:
+    """`ledger_rows` computed where the ledgers live (each rank its hosted agents'), gathered:
+    one table in agent order. A row depends on its ledger alone, so it is the row rank 0 would
+    compute from the gathered ledgers, without pickling thousands of them."""
+    rows = np.concatenate([np.asarray(p, dtype=LEDGER_DTYPE) for p in parts])
+    return rows[np.argsort(rows["agent"], kind="stable")]
 
 
 def ledger_rows(ledgers: Iterable[Ledger], delta: float) -> np.ndarray:
@@ -273,7 +318,7 @@ def ledger_rows(ledgers: Iterable[Ledger], delta: float) -> np.ndarray:
     for led in ledgers:
         pairs = led.worst_counts()
         target = led.target
-        d = float(target.plan.delta) if target is not None else float(delta)
+        d = _ledger_delta(led, delta)
         tot = compose(led.scope_pairs(), d)
         every = tot if led.scope == "configuration" else compose(pairs, d)
         mech = "+".join(sorted({ev.mechanism for ev, _ in pairs})) or "none"
