@@ -128,9 +128,10 @@ class Prepared:
     majority_error: float
     graphs: dict = dataclasses.field(default_factory=dict)
     comparators: dict = dataclasses.field(default_factory=dict)  # (groups, n_used, lam): w*
-    # {(groups, n_used): every consumed record (rank 0; None elsewhere)}: checked with the
-    # settings, w* solved on them by the first configuration that runs (evaluation-only, like
-    # the star methods' reference optima: configuration set-up, not job start-up)
+    # {(groups, n_used): [every consumed record (rank 0; None elsewhere), the lams whose w* is
+    # still to solve]}: checked with the settings, w* solved on them by the first configuration
+    # that runs (evaluation-only, like the star methods' reference optima: configuration
+    # set-up, not job start-up); the records are dropped once no w* needs them
     consumed: dict = dataclasses.field(default_factory=dict)
     sizes: np.ndarray | None = None  # n_i of every shard owner
     # {(groups, n_used): {agent: (X, y)}}: the consumed records of this rank's agents, read once
@@ -474,7 +475,9 @@ class Dola(Method[Prepared, DolaSettings]):
             records = consumed_records(ctx, groups, n_used, prep.sizes,
                                        prep.records.setdefault((groups, n_used), {}))
             on_root(ctx.comm, lambda: check_records(shard, records, j.path))
-            prep.consumed[groups, n_used] = records
+            prep.consumed[groups, n_used] = [records, set()]
+        if lam > 0 and (groups, n_used, lam) not in prep.comparators:
+            prep.consumed[groups, n_used][1].add(lam)
         if not 0 <= k.ref_agent < m:
             raise JobError(f"job file {j.path}: key 'dola.ref_agent': {k.ref_agent} is "
                            f"not one of the {m} agents")
@@ -597,9 +600,13 @@ class Dola(Method[Prepared, DolaSettings]):
             return None
         key = (s.groups, s.n_used, lam)
         if key not in prep.comparators:
-            records = prep.consumed[s.groups, s.n_used]
+            held = prep.consumed[s.groups, s.n_used]
+            records = held[0]
             w = on_root(ctx.comm, lambda: reference.svm_dual_cd(*records, lam))
             prep.comparators[key] = ctx.comm.bcast(w, root=0)
+            held[1].discard(lam)
+            if not held[1]:
+                held[0] = None
         return prep.comparators[key]
 
     @staticmethod
