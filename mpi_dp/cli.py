@@ -229,6 +229,12 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     return int(run_fetch_command(args) or 0)
 
 
+def _cmd_upgrade(args: argparse.Namespace) -> int:
+    from .data.upgrade_cli import run_upgrade_command
+
+    return run_upgrade_command(args)
+
+
 def _method_of(res):
     from .methods import REGISTRY
 
@@ -562,6 +568,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_fetch_arguments(fetch)
     fetch.set_defaults(func=_cmd_fetch)
+
+    upg = dsub.add_parser("upgrade", help="an old shard file (one group per owner) -> block "
+                          "layout (fast start-up)",
+                          description="Write a format_version-1 shard file (one HDF5 group per "
+                          "owner, read one owner at a time) again in the block layout "
+                          "(format_version 2: a rank's owners in a few large reads), the same "
+                          "data bit for bit.")
+    from .data.upgrade_cli import add_upgrade_arguments
+
+    add_upgrade_arguments(upg)
+    upg.set_defaults(func=_cmd_upgrade)
 
     an = sub.add_parser("analyze", help="table per configuration of a result file",
                         description="Print the method's table of a result file (star methods: per "

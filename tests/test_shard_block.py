@@ -474,3 +474,40 @@ def test_synth_writes_the_block_layout(tmp_path):
     with ShardFile(path) as sf:
         assert sf.layout == "blocks" and sf.attrs["format_version"] == FORMAT_VERSION == 2
         assert sf.sizes().tolist() == [10] * 4
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_data_upgrade_command(tmp_path, sparse, capsys, monkeypatch):
+    """`mpi-dp data upgrade`: a version-1 file written again in the block layout with the same
+    records and test sets; an existing OUT is refused and left as it was; a block file is left
+    alone; an upgrade that would not hold the same data leaves no file behind."""
+    from mpi_dp import cli
+    from mpi_dp.data import upgrade_cli
+
+    old = _write(tmp_path / "old.h5", "groups", sparse)
+    new = tmp_path / "new.h5"
+    assert cli.main(["data", "upgrade", str(old), str(new)]) == 0
+    assert "records checked equal" in capsys.readouterr().out
+    with ShardFile(old) as a, ShardFile(new) as b:
+        assert (a.layout, b.layout) == ("groups", "blocks")
+        ids = range(len(SIZES))
+        for pa, pb in zip(a.read_agents(ids), b.read_agents(ids), strict=True):
+            assert _same(pa[0], pb[0]) and _same(pa[1], pb[1])
+    before = new.read_bytes()
+    assert cli.main(["data", "upgrade", str(old), str(new)]) != 0  # never replaced
+    assert "exists" in capsys.readouterr().err and new.read_bytes() == before
+    assert cli.main(["data", "upgrade", str(new), str(tmp_path / "again.h5")]) == 0
+    assert "already in the block layout" in capsys.readouterr().out
+    assert not (tmp_path / "again.h5").exists()
+
+    other = _write(tmp_path / "other.h5", "groups", sparse, seed=1)  # different records
+    with pytest.raises(DataError, match="owner 0's records differ"):
+        upgrade_cli.check_same_records(old, other)
+    import mpi_dp.data.shard_writer as writer  # the command imports its writer when run
+
+    def wrong(src, dst, layout="blocks"):
+        return writer.write_shards(dst, _data(sparse, seed=2)[0], layout=layout)
+
+    monkeypatch.setattr(writer, "rewrite_shards", wrong)
+    assert cli.main(["data", "upgrade", str(old), str(tmp_path / "bad.h5")]) != 0
+    assert "differ" in capsys.readouterr().err and not (tmp_path / "bad.h5").exists()
