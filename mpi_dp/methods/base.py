@@ -147,11 +147,12 @@ def owner_plans(ctx: Context, rc: Resolved, n_records: Any, mechanism: str,
     (privacy.delta; 'auto' by its n_records[i]). A delta at or above 1/n_i is refused (JobError
     naming the owner and n_i)."""
     job = ctx.job
+    asked = job.section(PrivacyKeys).delta
     out = []
     for i, eps in enumerate(rc.eps):
         n = int(n_records[i])
         try:
-            delta = contract.resolve_delta(job.section(PrivacyKeys).delta, n, i)
+            delta = contract.resolve_delta(asked, n, i)
         except ValueError as e:
             raise JobError(f"job file {job.path}: {e}") from None
         k = int(releases if isinstance(releases, int | np.integer) else releases[i])
