@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,8 @@ from mpi_dp.algorithms import p2p_drive as D
 from mpi_dp.algorithms import p2p_refcache as RC
 from mpi_dp.algorithms.p2p_data import Data
 from mpi_dp.data import synth
+from mpi_dp.models import p2p as M
+from mpi_dp.privacy import tap
 from mpi_dp.rng import run_streams
 
 BASE_TREE = Path(os.environ.get("MPI_DP_BASE_TREE", "/tmp/wt_base"))
@@ -213,6 +216,176 @@ def test_block_noise_is_each_agents_own_stream():
                 if n_i else np.zeros((2, 0, P.p)))
         assert block.noise[i].shape == want.shape
         assert block.noise[i].tobytes() == want.tobytes()
+
+
+# -- a replay round as one batch (p2p_cd.Block.wake_many) ---------------------------------------
+def _uneven_problem(loss: str, n: int = 24, p: int = 3, seed: int = 0) -> M.Problem:
+    """Record counts from a few sizes (equal and different sizes in one round), degrees from 1
+    to a hub's n - 1, one agent's records Fortran-ordered (not stackable: `local_grad` alone)."""
+    g = np.random.default_rng(seed)
+    A = np.triu(g.random((n, n)) < 0.15, 1)
+    A[np.arange(n - 1), np.arange(1, n)] = True  # a path keeps it connected
+    A[0, 1:] = True  # agent 0: a hub
+    Wd = np.triu(A * (0.2 + g.random((n, n))), 1)
+    W = sp.csr_matrix(Wd + Wd.T)
+    sizes = g.choice([1, 4, 4, 7, 7, 7, 30], size=n)
+    X = [g.normal(size=(int(k), p)) / (2 * math.sqrt(p)) for k in sizes]
+    X[5] = np.asfortranarray(X[5])
+    if loss == "logistic":
+        y = [np.where(g.random(len(x)) < 0.5, 1.0, -1.0) for x in X]
+    else:
+        y = [x @ g.normal(size=p) + 0.1 * g.normal(size=len(x)) for x in X]
+    return M.make_problem(W, X, y, loss, 1.0, 1.0 / sizes)
+
+
+def _one_at_a_time(block: C.Block, net: C.LocalNet, rounds: C.Rounds) -> None:
+    """The replay before wake_many: every hosted agent of a round reads, wakes and posts."""
+    for r in range(rounds.count):
+        for i in rounds.agents[rounds.starts[r]:rounds.starts[r + 1]].tolist():
+            _, nb = net.read(i)
+            net.post(i, float(block.k[i] + 1), block.wake(i, nb))
+
+
+def _replayed(P: M.Problem, s: C.Settings, theta0: np.ndarray, batched: bool, canary: int
+              ) -> tuple[C.Block, C.LocalNet, tap.Tap]:
+    sched = C.global_schedule(s.seed, P.n, s.T)
+    keep = C.effective_ticks(sched, P.n, s.T_agent)
+    rounds = C.cut_rounds(sched, keep, P.graph, s.record_every)
+    block = C.Block(P, np.arange(P.n), s, C.agent_budgets(s, P, sched),
+                    {i: theta0[:, i, :] for i in range(P.n)})
+    net = C.LocalNet(P.n, s.R * P.p, P.graph)
+    C.post_initial(block, net)
+    with tap.tapping(tap.Tap(canary, s.R, 1000)) as t:
+        if batched:
+            C.replay(block, net, rounds, lambda: None)
+        else:
+            _one_at_a_time(block, net, rounds)
+    return block, net, t
+
+
+def _assert_same_blocks(a: tuple, b: tuple) -> None:
+    (ba, na, ta), (bb, nb, tb) = a, b
+    for i in ba.agents.tolist():
+        assert ba.k[i] == bb.k[i]
+        assert ba.theta[i].shape == bb.theta[i].shape
+        assert ba.theta[i].tobytes() == bb.theta[i].tobytes(), i
+        assert ba.clipped[i].tobytes() == bb.clipped[i].tobytes(), i
+        assert pickle.dumps(ba.ledgers[i]) == pickle.dumps(bb.ledgers[i]), i
+        la, lb = ba.ledgers[i], bb.ledgers[i]
+        assert la.releases.tobytes() == lb.releases.tobytes()
+        assert la.spent_eps.tobytes() == lb.spent_eps.tobytes()
+        for (ea, ca), (eb, cb) in zip(la.event_counts(), lb.event_counts(), strict=True):
+            assert ea == eb and ca.tobytes() == cb.tobytes()
+    assert na.models.tobytes() == nb.models.tobytes()
+    assert na.stamps.tobytes() == nb.stamps.tobytes() and na.puts == nb.puts
+    assert ta.count.tolist() == tb.count.tolist() and ta.events == tb.events
+    assert len(ta.values) == len(tb.values) > 0
+    for va, vb in zip(ta.values, tb.values, strict=True):
+        assert va.tobytes() == vb.tobytes()
+
+
+@pytest.mark.parametrize("loss", ["logistic", "quadratic"])
+@pytest.mark.parametrize("eps", [math.inf, 0.7])
+@pytest.mark.parametrize("runs", [(0,), (0, 2, 5)])
+def test_a_batched_round_equals_its_agents_one_at_a_time(loss, eps, runs):
+    """Replay's rounds as batches (wake_many) against every agent waking alone (wake): states,
+    versions, clipped shares, ledgers, mailboxes and the audit's reports, bit for bit; unequal
+    record counts and degrees, a non-stackable agent, -0.0 and varied initial models."""
+    P = _uneven_problem(loss, seed=len(runs))
+    n = P.n
+    s = C.Settings(T=n * 12, T_agent=None, eps=eps, delta=1e-3, runs=runs, seed=9,
+                   clip=0.3, allocation="equal")
+    g = np.random.default_rng(4)
+    theta0 = g.normal(size=(s.R, n, P.p)) * 10.0 ** g.integers(-2, 2, size=(1, n, 1))
+    theta0[:, 3] = -0.0
+    theta0[:, 4] = 0.0
+    canary = int(np.argmax(C.wakeups(C.global_schedule(s.seed, n, s.T), n, None)))
+    one = _replayed(P, s, theta0, False, canary)
+    many = _replayed(P, s, theta0, True, canary)
+    _assert_same_blocks(one, many)
+    if s.private:
+        assert any(c.any() for c in many[0].clipped.values())
+    sched = C.global_schedule(s.seed, n, s.T)
+    rounds = C.cut_rounds(sched, C.effective_ticks(sched, n, None), P.graph, 0)
+    sizes = [P.m[rounds.agents[a:b]].tolist() for a, b in zip(rounds.starts[:-1],
+                                                                rounds.starts[1:], strict=True)]
+    assert any(len(z) > len(set(z)) > 1 for z in sizes)  # a round of equal and other sizes
+
+
+@pytest.mark.parametrize("runs,p", [((0,), 1), ((0, 1), 1)])
+def test_a_batched_round_with_one_or_two_numbers_per_model(runs, p):
+    """R p = 1 (NumPy sums a lone axis pairwise: each agent mixes alone) and R p = 2."""
+    P = _uneven_problem("logistic", p=p, seed=7)
+    s = C.Settings(T=P.n * 10, T_agent=None, eps=1.0, delta=1e-3, runs=runs, seed=2)
+    theta0 = np.random.default_rng(1).normal(size=(s.R, P.n, P.p))
+    _assert_same_blocks(_replayed(P, s, theta0, False, 0), _replayed(P, s, theta0, True, 0))
+
+
+def test_a_batched_round_in_small_mix_blocks_and_with_capped_agents(monkeypatch):
+    """The mix in blocks of a few agents (MIX_ELEMS small: padding differs from block to
+    block), agents capped at T_i wake-ups, the Proposition-2 budgets (a scale per release)."""
+    P = _uneven_problem("logistic", seed=3)
+    cap = tuple(int(k) for k in np.random.default_rng(0).integers(2, 12, size=P.n))
+    s = C.Settings(T=P.n * 10, T_agent=cap, eps=2.0, delta=1e-3, runs=(0, 1), seed=4,
+                   allocation="prop2_corrected")
+    theta0 = np.zeros((s.R, P.n, P.p))
+    want = _replayed(P, s, theta0, False, 1)
+    monkeypatch.setattr(C, "MIX_ELEMS", 12 * s.R * P.p)
+    _assert_same_blocks(want, _replayed(P, s, theta0, True, 1))
+    assert any(len(set(b.tolist())) > 1 for b in want[0].budgets.values())
+
+
+def test_wake_many_reads_nothing_its_batch_writes():
+    """A round's batch equals its agents waking alone in any order, its reads all before its
+    posts: Mailbox-like reads into one buffer, then posts."""
+    P = _uneven_problem("quadratic", seed=5)
+    s = C.Settings(T=1, T_agent=None, eps=math.inf, delta=1e-3, runs=(0, 1), seed=1)
+    theta0 = np.random.default_rng(3).normal(size=(s.R, P.n, P.p))
+    A = (P.graph.W != 0).toarray()
+    ids = []
+    for i in np.random.default_rng(8).permutation(P.n).tolist():  # an independent set
+        if not A[i, ids].any():
+            ids.append(i)
+    assert len(ids) > 3
+    blocks = [C.Block(P, np.arange(P.n), s, [np.zeros(0)] * P.n,
+                      {i: theta0[:, i, :] for i in range(P.n)}) for _ in range(2)]
+    nets = [C.LocalNet(P.n, s.R * P.p, P.graph) for _ in range(2)]
+    for b, net in zip(blocks, nets, strict=True):
+        C.post_initial(b, net)
+    for i in ids[::-1]:
+        _, nb = nets[0].read(i)
+        nets[0].post(i, float(blocks[0].k[i] + 1), blocks[0].wake(i, nb))
+    rows = np.concatenate([nets[1].read(i)[1] for i in ids])
+    new = blocks[1].wake_many(ids, rows)
+    for pos, i in enumerate(ids):
+        assert new[pos].tobytes() == blocks[0].theta[i].tobytes() == blocks[1].theta[i].tobytes()
+        assert blocks[1].k[i] == 1
+    with pytest.raises(ValueError, match="nbr_models"):
+        blocks[1].wake_many(ids, rows[1:])
+
+
+def test_local_grads_is_each_agents_local_grad():
+    """The stacked gradient kernel against the per-agent one on random odd shapes: 1 to 300
+    records, 1 to 4 runs, 1 to 16 coordinates, both losses, with and without clipping."""
+    g = np.random.default_rng(5)
+    for trial in range(120):
+        A, R, p = (int(g.integers(1, 12)), int(g.integers(1, 5)), int(g.integers(1, 17)))
+        loss = ("logistic", "quadratic")[trial % 2]
+        X = [g.normal(size=(int(g.choice([1, 2, 3, 7, 64, 299])), p)) for _ in range(A)]
+        y = [np.where(g.random(len(x)) < 0.5, 1.0, -1.0) if loss == "logistic"
+             else 5 * g.normal(size=len(x)) for x in X]
+        th = [g.normal(size=(R, p)) * 10.0 ** g.integers(-3, 4) for _ in range(A)]
+        xn = [np.abs(x).sum(axis=1) for x in X]
+        lam = g.random(A)
+        clip = (math.inf, 1.0, 0.05)[trial % 3]
+        G, F = M.local_grads(loss, X, y, lam, th, clip, xn)
+        for a in range(A):
+            g1, f1 = M.local_grad(loss, X[a], y[a], float(lam[a]), th[a], clip, xn[a])
+            assert G[a].tobytes() == g1.tobytes() and F[a].tobytes() == f1.tobytes()
+    assert not M.stackable(np.asfortranarray(np.ones((3, 2))), np.ones(3))
+    assert not M.stackable(np.ones((0, 2)), np.ones(0))
+    assert not M.stackable(sp.csr_matrix(np.ones((3, 2))), np.ones(3))
+    assert M.stackable(np.ones((3, 2)), np.ones(3))
 
 
 # -- whole jobs ----------------------------------------------------------------------------------

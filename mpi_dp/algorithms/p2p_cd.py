@@ -17,8 +17,9 @@ runs differ only in their noise (the schedule is the job's).
 
 Execution: `simulate` runs the global schedule tick by tick in one process (the reference);
 `replay` runs the same schedule cut into conflict-free rounds on any `Net` (comm.rma mailboxes
-under MPI), equal to `simulate` bit for bit; `live` runs per-agent Poisson clocks in wall time
-and logs what every update read, and `replay_log` re-executes such a log exactly.
+under MPI), a round's hosted wake-ups as one batch (`Block.wake_many`), equal to `simulate` bit
+for bit; `live` runs per-agent Poisson clocks in wall time and logs what every update read, and
+`replay_log` re-executes such a log exactly.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import dataclasses
 import heapq
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -41,6 +42,8 @@ from ..rng import agent_run_streams, run_streams, stream
 
 MODES = ("sound", "faithful")
 INITS = ("zero", "local", "private_ws")
+#: numbers per padded (agents x neighbours x R p) block of a round's neighbour mix (2 MiB)
+MIX_ELEMS = 2**18
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,6 +272,14 @@ class Block:
         self.clipped = {int(i): np.zeros(R) for i in self.agents}
         self.release = {int(i): self._release_path(int(i)) for i in self.agents}
         self._nbuf = np.empty((0, R * p))
+        self._rbuf = np.empty((0, R * p))
+        # per hosted agent: its mixing weights W_ij / D_ii (wake's), and whether its gradient
+        # goes through the stacked kernel (wake_many)
+        self._w = {int(i): problem.graph.nbr_weights(int(i)) / problem.deg[int(i)]
+                   for i in self.agents}
+        self._stacked = {int(i): M.stackable(problem.X[int(i)], problem.y[int(i)])
+                         and int(i) in self.xnorm for i in self.agents}
+        self._events: dict[int, tuple[float, Any]] = {}  # per agent: (scale, its last event)
 
     def _draw_noise(self, budgets: list[np.ndarray]) -> dict[int, np.ndarray]:
         """Standard Laplace noise (R, n_i, p) of every hosted agent, drawn up front: the agents
@@ -304,8 +315,9 @@ class Block:
                             certified=s.certified, clip=s.L0 if s.mode == "sound" else math.inf)
 
     @property
-    def ledgers(self) -> dict[int, Ledger]:
-        return {i: r.ledger for i, r in self.release.items()}
+    def ledgers(self) -> Mapping[int, Ledger]:
+        """Every hosted agent's ledger by id: a live view (O(1) to make, as each lookup)."""
+        return _Ledgers(self.release)
 
     def nbr_buffer(self, i: int) -> np.ndarray:
         """Scratch (|N_i|, R p) for mailbox reads: rows of one buffer shared by the hosted agents
@@ -328,7 +340,7 @@ class Block:
         if s.private:
             sc = self.scales[i][k]
             rel = self.release[i]
-            ev = rel.charge(rel.event(2.0 * s.L0 / int(P.m[i]), sc))
+            ev = rel.charge(self._event(i, sc))
             g = g + sc * self.noise[i][:, k, :]
             self.clipped[i] += frac
         nb = nbr_models.reshape(-1, s.R, P.p)
@@ -342,6 +354,127 @@ class Block:
         # mu c_i g) with theta_i and the neighbours' models already public, a function of g
         self.release[i].report(g, None, ev)
         return new
+
+    def _event(self, i: int, sc: float) -> Any:
+        """Agent i's event of a release at noise scale sc (sensitivity 2 L0 / m_i): the same
+        object while its scale repeats (its ledger's cache of the last event then holds; a new
+        object would be equal, so ledgers and audit reports are the same either way)."""
+        last = self._events.get(i)
+        if last is not None and last[0] == sc:
+            return last[1]
+        rel = self.release[i]
+        ev = rel.event(2.0 * self.s.L0 / int(self.P.m[i]), sc)
+        self._events[i] = (sc, ev)
+        return ev
+
+    def round_buffer(self, rows: int) -> np.ndarray:
+        """Scratch (rows, R p) for the neighbour models of a round's hosted agents, one agent's
+        rows after another (`wake_many` reads it before the next round's reads)."""
+        if self._rbuf.shape[0] < rows:
+            self._rbuf = np.empty((max(rows, 2 * self._rbuf.shape[0]), self.s.R * self.P.p))
+        return self._rbuf[:rows]
+
+    def wake_many(self, ids: Sequence[int], nbr_models: np.ndarray) -> np.ndarray:
+        """`wake` of distinct agents `ids` that read nothing the others write (a replay round):
+        nbr_models holds agent ids[0]'s neighbours' models (|N_i|, R p) in neighbour-id order,
+        then ids[1]'s, ... Returns their new states (A, R, p), the vectors they broadcast.
+
+        Every agent's numbers are its `wake`'s bit for bit, whatever else is in the batch: its
+        gradient from models.p2p.local_grads (its own GEMMs; `local_grad` alone where its
+        records do not stack), its mix summed over its own neighbours in order (`_mix`), the
+        rest elementwise with its own scalars. Then, agent by agent in `ids` order, as `wake`:
+        the ledger is charged (a refusal raises with the agents before it done, the others
+        untouched), the state, k and clipped share change and the audit sees the release."""
+        P, s = self.P, self.s
+        ids = [int(i) for i in ids]
+        A, R, p = len(ids), s.R, P.p
+        if A == 0:
+            return np.zeros((0, R, p))
+        if A == 1:  # nothing to batch
+            return self.wake(ids[0], nbr_models)[None]
+        if len(set(ids)) != A:
+            raise ValueError("wake_many wakes distinct agents")
+        ks = [self.k[i] for i in ids]
+        th = [self.theta[i] for i in ids]
+        clip = s.clip if (s.mode == "sound" and s.private) else math.inf
+        g, frac = self._grads(ids, th, clip)
+        if s.private:
+            sc = [self.scales[i][k] for i, k in zip(ids, ks, strict=True)]
+            noise = np.stack([self.noise[i][:, k, :] for i, k in zip(ids, ks, strict=True)])
+            g = g + np.array(sc)[:, None, None] * noise
+        mixed = self._mix(ids, nbr_models)
+        idx = np.asarray(ids, dtype=np.int64)
+        a = P.alpha[idx][:, None, None]
+        new = (1.0 - a) * np.stack(th) + a * (mixed - (P.mu * P.conf[idx])[:, None, None] * g)
+        for pos, i in enumerate(ids):
+            rel = self.release[i]
+            ev = None
+            if s.private:
+                ev = rel.charge(self._event(i, sc[pos]))
+                self.clipped[i] += frac[pos]
+            self.theta[i] = new[pos].copy()
+            self.k[i] = ks[pos] + 1
+            rel.report(g[pos], None, ev)
+        return new
+
+    def _grads(self, ids: list[int], th: list[np.ndarray], clip: float
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """(A, R, p) gradients and (A, R) clipped fractions of `ids` at th, each `local_grad`'s:
+        the stackable agents in one models.p2p.local_grads, the others one at a time."""
+        P = self.P
+        one = [pos for pos, i in enumerate(ids) if not self._stacked[i]]
+        if not one:
+            return M.local_grads(P.loss, [P.X[i] for i in ids], [P.y[i] for i in ids],
+                                 P.lam[np.asarray(ids, dtype=np.int64)], th, clip,
+                                 [self.xnorm[i] for i in ids])
+        g = np.empty((len(ids), self.s.R, P.p))
+        frac = np.empty((len(ids), self.s.R))
+        many = [pos for pos, i in enumerate(ids) if self._stacked[i]]
+        if many:
+            sel = [ids[pos] for pos in many]
+            g[many], frac[many] = M.local_grads(
+                P.loss, [P.X[i] for i in sel], [P.y[i] for i in sel],
+                P.lam[np.asarray(sel, dtype=np.int64)], [th[pos] for pos in many], clip,
+                [self.xnorm[i] for i in sel])
+        for pos in one:
+            i = ids[pos]
+            g[pos], frac[pos] = M.local_grad(P.loss, P.X[i], P.y[i], float(P.lam[i]), th[pos],
+                                             clip, self.xnorm.get(i))
+        return g, frac
+
+    def _mix(self, ids: list[int], nbr_models: np.ndarray) -> np.ndarray:
+        """sum_j W_ij / D_ii Theta_j (A, R, p) of `ids` from their neighbours' rows, each agent's
+        `wake` sum bit for bit: its products added one neighbour at a time from +0.0, in order
+        (NumPy's sum over the outer axis), in padded (agents, neighbours, R p) blocks where the
+        shorter agents' padding adds -0.0, which leaves every sum as it is. With R p = 1 (NumPy
+        sums a lone axis pairwise) each agent sums alone, as `wake`."""
+        R, p = self.s.R, self.P.p
+        K = R * p
+        w = [self._w[i] for i in ids]
+        deg = np.array([len(x) for x in w], dtype=np.int64)
+        ends = np.cumsum(deg)
+        if nbr_models.shape != (int(ends[-1]), K):
+            raise ValueError(f"nbr_models must be ({int(ends[-1])}, {K}) rows of the agents' "
+                             f"neighbours, got {nbr_models.shape}")
+        A = len(ids)
+        out = np.empty((A, K))
+        if K == 1:
+            for a in range(A):
+                nb = nbr_models[ends[a] - deg[a]:ends[a]].reshape(-1, R, p)
+                out[a] = (w[a][:, None, None] * nb).sum(axis=0).ravel()
+            return out.reshape(A, R, p)
+        prod = np.concatenate(w)[:, None] * nbr_models
+        a = 0
+        while a < A:  # blocks of consecutive agents within MIX_ELEMS (at least one agent)
+            b, top = a + 1, int(deg[a])
+            while b < A and (b + 1 - a) * max(top, int(deg[b])) * K <= MIX_ELEMS:
+                top = max(top, int(deg[b]))
+                b += 1
+            pad = np.full((b - a, top, K), -0.0)
+            pad[np.arange(top) < deg[a:b, None]] = prod[ends[a] - deg[a]:ends[b - 1]]
+            out[a:b] = pad.sum(axis=1)
+            a = b
+        return out.reshape(A, R, p)
 
     def release_score(self, i: int, score: np.ndarray, sensitivity: float) -> np.ndarray:
         """Agent i's validation score (R,) of a private selection, released with Laplace noise
@@ -372,6 +505,22 @@ class Block:
             st = states[i]
             self.theta[i], self.k[i] = np.array(st["theta"], dtype=np.float64), int(st["k"])
             self.clipped[i], self.release[i].ledger = np.array(st["clipped"]), st["ledger"]
+
+
+class _Ledgers(Mapping):
+    """A block's ledgers by agent id, read through its release paths (a restore rebinds)."""
+
+    def __init__(self, release: dict[int, OwnerRelease]) -> None:
+        self._release = release
+
+    def __getitem__(self, i: int) -> Ledger:
+        return self._release[i].ledger
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._release)
+
+    def __len__(self) -> int:
+        return len(self._release)
 
 
 # -- drivers --------------------------------------------------------------------------------
@@ -418,21 +567,35 @@ def replay(block: Block, net: Any, rounds: Rounds, barrier: Callable[[], None],
            on_record: Callable[[int], None] | None = None,
            progress: Callable[[int], None] | None = None,
            checkpoint: Callable[[int], None] | None = None, start: int = 0) -> int:
-    """The schedule in conflict-free rounds: the hosted agents of a round read, update and post,
-    then every rank waits at the barrier; records where the rounds say, each followed by
-    `checkpoint(r)`. Runs rounds `start`.. (a resumed replay: the round after its checkpoint's).
-    Returns wake-ups run."""
+    """The schedule in conflict-free rounds: the hosted agents of a round read (all of them
+    first), update as one batch (`Block.wake_many`) and post, then every rank waits at the
+    barrier; records where the rounds say, each followed by `checkpoint(r)`. Runs rounds
+    `start`.. (a resumed replay: the round after its checkpoint's). Returns wake-ups run."""
     mine = np.zeros(block.P.n, dtype=bool)
     mine[block.agents] = True
+    deg = np.diff(block.P.graph.W.indptr)
     done = 0
     for r in range(start, rounds.count):
         lo, hi = int(rounds.starts[r]), int(rounds.starts[r + 1])
-        for i in rounds.agents[lo:hi].tolist():
-            if mine[i]:
-                buf = block.nbr_buffer(i)
-                _, nb = net.read(i, buf)
-                net.post(i, float(block.k[i] + 1), block.wake(i, nb))
-                done += 1
+        here = rounds.agents[lo:hi]
+        here = here[mine[here]]
+        if len(here):
+            # no agent of a round is a neighbour of another: nothing read in it is written in
+            # it, so every read may come before every post (on every rank: the barrier ends it)
+            ends = np.cumsum(deg[here]).tolist()
+            buf = block.round_buffer(ends[-1])
+            ids = here.tolist()
+            o = 0
+            for i, e in zip(ids, ends, strict=True):
+                view = buf[o:e]
+                _, nb = net.read(i, view)
+                if nb is not view:
+                    view[...] = nb
+                o = e
+            new = block.wake_many(ids, buf)
+            for pos, i in enumerate(ids):
+                net.post(i, float(block.k[i]), new[pos])  # stamped with its new version
+            done += len(ids)
         barrier()
         if rounds.record_at[r] >= 0:
             if on_record is not None:

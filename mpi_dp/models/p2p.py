@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -32,7 +33,11 @@ def _sigmoid_neg(z: np.ndarray) -> np.ndarray:
 
 def example_coef(loss: str, X: np.ndarray, y: np.ndarray, theta: np.ndarray) -> np.ndarray:
     """c (m, R) with per-example gradient grad l(theta_r; x_k, y_k) = c[k, r] x_k."""
-    z = X @ theta.T  # (m, R)
+    return margin_coef(loss, y, X @ theta.T)  # z (m, R)
+
+
+def margin_coef(loss: str, y: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """`example_coef` from the margins z = X @ theta.T (m, R): elementwise per record."""
     if loss == "logistic":
         return -y[:, None] * _sigmoid_neg(y[:, None] * z)
     return 2.0 * (z - y[:, None])
@@ -66,6 +71,40 @@ def local_grad(loss: str, X: np.ndarray, y: np.ndarray, lam: float, theta: np.nd
         frac = np.mean(f < 1.0, axis=0)
         c = c * f
     return (c.T @ X) / X.shape[0] + 2.0 * lam * theta, frac
+
+
+def stackable(X: object, y: object) -> bool:
+    """Whether `local_grads` takes an agent's records: dense float64 C-ordered X (m >= 1, p)
+    and float64 labels (m,) (anything else: `local_grad` alone)."""
+    return (isinstance(X, np.ndarray) and X.dtype == np.float64 and X.ndim == 2
+            and X.shape[0] > 0 and X.flags.c_contiguous and isinstance(y, np.ndarray)
+            and y.dtype == np.float64 and y.shape == (X.shape[0],))
+
+
+def local_grads(loss: str, X: Sequence[np.ndarray], y: Sequence[np.ndarray], lam: np.ndarray,
+                theta: Sequence[np.ndarray], clip: float = math.inf,
+                xnorm: Sequence[np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """`local_grad` of A agents at once (each `stackable`): X[a] (m_a, p), y[a], lam (A,),
+    theta[a] (R, p), xnorm[a] (m_a,) where clipping. Returns ((A, R, p) gradients, (A, R)
+    fractions clipped), agent a's bit for bit its own `local_grad`: its two products are its own
+    GEMMs (X @ theta.T, c.T @ X on a fresh copy of its c), the loss and clipping steps are
+    elementwise on the agents' records concatenated, its clipped count is an exact integer sum
+    over its records, and the rest is elementwise with its own scalars."""
+    if not len(X):
+        raise ValueError("local_grads needs at least one agent")
+    m = np.array([x.shape[0] for x in X], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(m)[:-1]])
+    c = margin_coef(loss, np.concatenate(y), np.concatenate([x @ t.T for x, t in
+                                                            zip(X, theta, strict=True)]))
+    frac = np.zeros((len(X), c.shape[1]))
+    if math.isfinite(clip):
+        f = clip_factors(c, np.concatenate(xnorm), clip)
+        frac = np.add.reduceat(f < 1.0, starts, axis=0, dtype=np.int64) / m[:, None]
+        c = c * f
+    S = np.stack([c[o:o + k].copy().T @ x for o, k, x in zip(starts.tolist(), m.tolist(), X,
+                                                              strict=True)])
+    return S / m[:, None, None] + (2.0 * np.asarray(lam, dtype=np.float64))[:, None, None] \
+        * np.stack(theta), frac
 
 
 def local_obj(loss: str, X: np.ndarray, y: np.ndarray, lam: float, theta: np.ndarray
