@@ -103,24 +103,32 @@ class Evaluator:
                 "trivial_name": ("the global test set's majority class" if binary
                                  else "the global test set's mean")}
 
-    def _mine(self, theta: dict[int, np.ndarray]) -> dict[int, tuple]:
-        P = self.P
-        out = {}
-        for i in self.agents.tolist():
-            th = theta[i].reshape(self.R, P.p)
-            lo = M.local_obj(P.loss, self.d.X[i], self.d.y[i], float(P.lam[i]), th)
-            out[i] = (th, lo, self._metric(i, th))
-        return out
+    def _mine(self, theta: dict[int, np.ndarray]) -> tuple[np.ndarray, ...]:
+        """The hosted peers' ids, models (k, R, p), local objectives and test metrics (k, R):
+        four arrays to gather, not a pickled tuple per peer."""
+        P, R = self.P, self.R
+        ids = self.agents.tolist()
+        th = np.empty((len(ids), R, P.p))
+        lo = np.empty((len(ids), R))
+        met = np.empty((len(ids), R))
+        for a, i in enumerate(ids):
+            th[a] = theta[i].reshape(R, P.p)
+            lo[a] = M.local_obj(P.loss, self.d.X[i], self.d.y[i], float(P.lam[i]), th[a])
+            met[a] = self._metric(i, th[a])
+        return np.asarray(ids, dtype=np.int64), th, lo, met
 
-    def _assemble(self, parts: list[dict[int, tuple]]) -> tuple[np.ndarray, np.ndarray,
-                                                                  np.ndarray]:
+    def _gather(self, mine: tuple[np.ndarray, ...]) -> list[tuple[np.ndarray, ...]] | None:
+        return [mine] if self.comm.Get_size() == 1 else self.comm.gather(mine, root=0)
+
+    def _assemble(self, parts: list[tuple[np.ndarray, ...]]
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         P = self.P
         theta = np.empty((self.R, P.n, P.p))
         lo = np.empty((P.n, self.R))
         met = np.empty((P.n, self.R))
-        for part in parts:
-            for i, (th, l_i, mt) in part.items():
-                theta[:, i, :], lo[i], met[i] = th, l_i, mt
+        for ids, th, l_i, mt in parts:
+            theta[:, ids, :] = th.transpose(1, 0, 2)
+            lo[ids], met[ids] = l_i, mt
         return theta, lo, met
 
     def val_score(self, i: int, th: np.ndarray, clip: float) -> tuple[np.ndarray, float]:
@@ -158,7 +166,7 @@ class Evaluator:
         return smooth + P.mu * ((P.deg * P.conf)[:, None] * lo).sum(axis=0)
 
     def record(self, block: HostedModels | Block) -> dict[str, Any] | None:
-        parts = self.comm.gather(self._mine(block.theta), root=0)
+        parts = self._gather(self._mine(block.theta))
         if parts is None:
             return None
         theta, lo, met = self._assemble(parts)
@@ -184,7 +192,7 @@ class Evaluator:
               ) -> dict[str, Any] | None:
         """The final models' metrics on rank 0 (collective); `val`: the `validation` score to
         report beside them as val_metric (None: none)."""
-        parts = self.comm.gather(self._mine(block.theta), root=0)
+        parts = self._gather(self._mine(block.theta))
         star = self.ref.get("theta_star")  # the non-private optimum Theta* (evaluation-only)
         star = None if star is None else np.asarray(star).reshape(self.P.n, self.P.p)
         loc = self.comm.gather({i: (self._metric(i, self.ref["theta_loc"][i][None])[0],
