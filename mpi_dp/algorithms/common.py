@@ -445,19 +445,22 @@ def gather_ledgers(gather: Star | Any, ledgers: list[Ledger], delta: float | Non
     """Collective: the hosted `ledgers` of every rank on the root (None elsewhere), in agent
     order: with `delta`, as their privacy/ledger rows composed here, in parallel
     (accountants.ledger_rows at delta; unpickling 10,000 ledgers on the root took seconds),
-    else the Ledger objects. `gather`: anything with gather_objects (a Star, a GraphNet)."""
+    else the Ledger objects. `gather`: a Star or a GraphNet (its comm, gather_objects and
+    bcast_object)."""
     if delta is None:
         parts = gather.gather_objects(ledgers)
         return None if parts is None else sorted((lg for p in parts for lg in p),
                                                  key=lambda lg: lg.agent)
     from ..privacy import accountants
 
-    # the compositions the rows need are few and mostly cached on the root (its calibration
-    # composed them): composed there once, not on every rank
-    needed = gather.gather_objects(accountants.ledger_compositions(ledgers, delta))
-    totals = None if needed is None else accountants.composed(
-        {sig: canon for part in needed for sig, canon in part.items()})
-    accountants.remember(gather.bcast_object(totals))
+    if gather.comm.Get_size() > 1:
+        # the compositions the rows need are few and mostly cached on the root (its
+        # calibration composed them): composed there once, not on every rank (on one rank
+        # the rows compose them here anyway: no second pass over the ledgers)
+        needed = gather.gather_objects(accountants.ledger_compositions(ledgers, delta))
+        totals = None if needed is None else accountants.composed(
+            {sig: canon for part in needed for sig, canon in part.items()})
+        accountants.remember(gather.bcast_object(totals))
     parts = gather.gather_objects(accountants.ledger_rows(ledgers, delta))
     return None if parts is None else accountants.in_agent_order(parts)
 
