@@ -34,11 +34,12 @@ def add_upgrade_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _same(a, b) -> bool:
+    """Bit-for-bit equal records: dense bytes, or CSR arrays with their dtypes (-0.0 is not 0.0)."""
     if sp.issparse(a) or sp.issparse(b):
         if not (sp.issparse(a) and sp.issparse(b)) or a.shape != b.shape:
             return False
         a, b = sp.csr_matrix(a), sp.csr_matrix(b)
-        return all(np.array_equal(x, y) and x.dtype == y.dtype for x, y in
+        return all(x.dtype == y.dtype and x.tobytes() == y.tobytes() for x, y in
                    ((a.data, b.data), (a.indices, b.indices), (a.indptr, b.indptr)))
     a, b = np.asarray(a), np.asarray(b)
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
