@@ -27,6 +27,18 @@ Without --same-records or --grid both tables are made.
   per iter    (configuration 0 done - result file opened) / T: the iterations with their records
               and the configuration's own set-up (references), amortised over T; dola: per round;
               p2p: per round of T x agents wake-ups, i.e. one wake-up of every peer
+  steady      the same without the configuration's set-up and close: the time from the record
+              at iteration T/2 to the record at T, over T/2 (the jobs record at 0, T/2 and T; an
+              even T >= 2, else not measured). At small T the set-up (references, ledger
+              table, result writing) dominates "per iter", and it is serial on rank 0, so the
+              steady figure is the one that shows how the iterations themselves scale.
+              Two methods cannot reach the efficiency goal by construction: an async_star
+              iteration is one owner's answer to one query (per run), a message round trip to
+              one host, not work the ranks share; p2p's replay runs the seeded schedule in
+              conflict-free rounds, each as wide as the wake-ups no earlier one blocks (at
+              1,024 peers of degree ~10 about 5 wake-ups a round: 7,042 in 1,439 rounds at
+              T = 8), so no more ranks than that can work at once, and each round ends in a
+              barrier
   ratio       the case's time / the same block's time at the smallest agent count: star methods
               and admm per iteration (every record once); dola per agent-round (each agent
               steps on one record per round, whatever it holds: per round / agents); p2p per
@@ -34,7 +46,8 @@ Without --same-records or --grid both tables are made.
               divide by 64 / 10,000 peers holding 156x fewer records each). Both ms per round and
               us per agent-round are printed for dola and p2p.
   peak memory max over ranks of ru_maxrss (resource.getrusage), MiB
-  efficiency  per-iteration time on the smallest rank count r0 x r0 / (R x time on R ranks)
+  efficiency  per-iteration time on the smallest rank count r0 x r0 / (R x time on R ranks),
+              of "per iter" and of "steady"
 
 --tree [LABEL=]DIR (repeatable) runs the worker AND the data commands under another source tree
 (PYTHONPATH=DIR; the shard files of each tree are made by that tree's own `mpi-dp data synth` and
@@ -84,6 +97,9 @@ SAME_AGENTS = (1, 1000, 10000)
 GRAPH_BASE = 64
 #: mean degree of the random geometric graph stored with every p2p same-records shard
 P2P_DEGREE = 10.0
+#: the numbers of the records at T/2 and T (record_every = T/2): the star methods and admm
+#: record at 0, T/2, T; dola at T/2, T; p2p at 0, T/2, T and once more after the replay
+STEADY_RECORDS = {"dola": (1, 2)}
 #: the issue's goals
 GOAL_RATIO, GOAL_STARTUP_S, GOAL_EFFICIENCY, GOAL_RANKS = 3.0, 2.0, 0.8, 16
 
@@ -110,20 +126,21 @@ def job_text(method: str, data: Path, out: Path, T: int, runs: int, agents: int,
     i.e. T per agent), `runs` runs. `same` (the same-records table): p2p skips its
     evaluation-only optimum Q* (`reference = "none"`); its graph is the shard's (there: a random
     geometric graph of mean degree P2P_DEGREE at every agent count, see `regroup`)."""
+    every = T // 2 if T >= 2 and T % 2 == 0 else T  # records at 0, T/2, T: see "steady"
     head = (f'name = "scaling_{method}"\nalgorithm = "{method}"\ndata = "{data}"\n'
             f'output = "{out}"\nseed = 7\nruns = {runs}\neps = 1.0\n')
     if method == "sync_star":
         return head + (f'variant = "alg2"\nT = {T}\nloss = "squared"\nlam = 1e-2\n'
-                       f'theta_max = 1e6\nxi = "auto"\nrecord_every = {T}\n')
+                       f'theta_max = 1e6\nxi = "auto"\nrecord_every = {every}\n')
     if method == "async_star":
         return head + (f'variant = "proof"\nT = {T}\nloss = "squared"\nlam = 1e-2\n'
-                       f'theta_max = 1e6\nxi = "auto"\nrecord_every = {T}\n')
+                       f'theta_max = 1e6\nxi = "auto"\nrecord_every = {every}\n')
     if method == "admm":
-        return head + f'variant = "iadmm"\nT = {T}\nrecord_every = {T}\n'
+        return head + f'variant = "iadmm"\nT = {T}\nrecord_every = {every}\n'
     if method == "dola":
-        return head + f'T = {T}\nrecord_every = {T}\n'
+        return head + f'T = {T}\nrecord_every = {every}\n'
     extra = 'reference = "none"\n' if same else ""
-    return head + f'T = {T * agents}\nrecord_every = {T * agents}\n\n[p2p]\nmu = 1.0\n{extra}'
+    return head + f'T = {T * agents}\nrecord_every = {every * agents}\n\n[p2p]\nmu = 1.0\n{extra}'
 
 
 @dataclass(frozen=True)
@@ -300,10 +317,14 @@ def worker(job: str, out: str) -> None:
 
     comm = MPI.COMM_WORLD
     marks: dict[str, float] = {}
+    records: dict[int, float] = {}  # configuration 0's records: first beat of each
     beat, done = recorder.ResultFile.beat, recorder.ResultFile.config_done
 
     def timed_beat(self, config, record, force=False):
-        marks.setdefault("opened", time.perf_counter())
+        now = time.perf_counter()
+        marks.setdefault("opened", now)
+        if config == 0 and record > 0 and "done" not in marks:
+            records.setdefault(int(record), now)
         return beat(self, config, record, force)
 
     def timed_done(self, index):
@@ -324,6 +345,7 @@ def worker(job: str, out: str) -> None:
                                "worker's timing hooks do not fit this tree")
         print("SCALING " + json.dumps({"startup": marks["opened"] - t0,
                                        "config": marks["done"] - marks["opened"],
+                                       "records": sorted(records.items()),
                                        "peak_mib": max(rss),
                                        "package": str(Path(mpi_dp.__file__).parent)}), flush=True)
 
@@ -342,7 +364,8 @@ def run_case(method: str, data: Path | None, agents: int, ranks: int, tree: Tree
         p.unlink(missing_ok=True)
     job = work / f"{tag}.toml"
     job.write_text(job_text(method, data, out, a.T, a.runs, agents, same))
-    mpiexec = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or "mpiexec"
+    mpiexec = a.mpiexec or shutil.which("mpiexec", path=str(Path(sys.executable).parent)) \
+        or "mpiexec"
     cmd = [mpiexec, "-n", str(ranks), sys.executable, __file__, "--worker", str(job), str(out)]
     what = (f"{'(warm-up) ' if untimed else ''}{tree.label} {method} {agents:,} agents "
             f"{ranks} rank(s)")
@@ -352,17 +375,29 @@ def run_case(method: str, data: Path | None, agents: int, ranks: int, tree: Tree
     except subprocess.TimeoutExpired:
         print(f"  {what}: TIMED OUT after {a.timeout:.0f} s", flush=True)
         return None
-    line = next((ln for ln in cp.stdout.splitlines() if ln.startswith("SCALING ")), None)
+    # (Open MPI's output forwarding may put terminal escapes before it on the same line)
+    line = next((ln[ln.index("SCALING "):] for ln in cp.stdout.splitlines()
+                 if "SCALING " in ln), None)
     if cp.returncode != 0 or line is None:
-        tail = (cp.stderr.strip().splitlines() or ["(no output)"])[-1]
-        print(f"  {what}: FAILED: {tail}", flush=True)
+        log = out.with_suffix(".log")
+        log.write_text(f"$ {' '.join(cmd)}\nexit status {cp.returncode}\n-- stdout\n{cp.stdout}"
+                       f"\n-- stderr\n{cp.stderr}")
+        tail = (cp.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
+        print(f"  {what}: FAILED (exit status {cp.returncode}; output in {log}): {tail}",
+              flush=True)
         return None
     res = json.loads(line[len("SCALING "):])
     if Path(res["package"]).resolve() != tree.path / "mpi_dp":
         print(f"  {what}: FAILED: the worker ran {res['package']}, not {tree.path}", flush=True)
         return None
     res["iter_ms"] = 1e3 * res["config"] / a.T
-    print(f"  {what}: start-up {res['startup']:.2f} s, {res['iter_ms']:,.1f} ms/iter, "
+    marks = dict(res.get("records", []))  # record number -> first beat (job_text: every T/2)
+    k = STEADY_RECORDS.get(method, (2, 3))
+    res["steady_ms"] = (1e3 * (marks[k[1]] - marks[k[0]]) / (a.T // 2)
+                        if a.T >= 2 and a.T % 2 == 0 and k[1] in marks and k[0] in marks
+                        else None)
+    steady = "" if res["steady_ms"] is None else f" ({res['steady_ms']:,.1f} steady)"
+    print(f"  {what}: start-up {res['startup']:.2f} s, {res['iter_ms']:,.1f} ms/iter{steady}, "
           f"{res['peak_mib']:.0f} MiB", flush=True)
     return res
 
@@ -497,7 +532,8 @@ def grid(methods: list[str], agents: list[int], ranks: list[int], trees: list[Tr
                         res[m, n, t.label, r].append(
                             run_case(m, data[m, n, t.label], n, r, t, a, same=False))
     print(f"\n{'method':<11} {'agents':>7} {'tree':<8} {'ranks':>6} {'start-up s':>17} "
-          f"{'ms/iter':>24} {'peak MiB/rank':>13} {'efficiency':>17}")
+          f"{'ms/iter':>24} {'steady ms/iter':>24} {'peak MiB/rank':>13} {'efficiency':>17} "
+          f"{'steady eff.':>17}")
     for m in methods:
         for n in agents:
             for t in trees:
@@ -507,20 +543,29 @@ def grid(methods: list[str], agents: list[int], ranks: list[int], trees: list[Tr
                     ok = [x for x in runs if x is not None]
                     eff = [b["iter_ms"] * ranks[0] / (r * x["iter_ms"])
                            for x, b in zip(runs, first, strict=True) if x and b]
+                    steady = [x["steady_ms"] for x in ok if x.get("steady_ms")]
+                    s_eff = [b["steady_ms"] * ranks[0] / (r * x["steady_ms"])
+                             for x, b in zip(runs, first, strict=True)
+                             if x and b and x.get("steady_ms") and b.get("steady_ms")]
                     mark = "*" if r > cores else ""
                     goal = ""
-                    if r == GOAL_RANKS and eff:
-                        met = statistics.median(eff) >= GOAL_EFFICIENCY
-                        goal = f"goal >= {GOAL_EFFICIENCY:g}: {'met' if met else 'NOT met'}"
+                    if r == GOAL_RANKS and (eff or s_eff):
+                        met = [f"{name} {'met' if statistics.median(e) >= GOAL_EFFICIENCY else 'NOT met'}"
+                               for name, e in (("per iter", eff), ("steady", s_eff)) if e]
+                        goal = f"goal >= {GOAL_EFFICIENCY:g}: {', '.join(met)}"
                         if r > cores:
                             goal += " (oversubscribed: not meaningful)"
                     print(f"{m:<11} {n:>7,} {t.label:<8} {str(r) + mark:>6} "
                           f"{spread([x['startup'] for x in ok], '.2f'):>17} "
                           f"{spread([x['iter_ms'] for x in ok], ',.1f'):>24} "
+                          f"{spread(steady, ',.1f'):>24} "
                           f"{spread([x['peak_mib'] for x in ok], '.0f'):>13} "
-                          f"{spread(eff, '.2f'):>17} {goal}".rstrip(), flush=True)
+                          f"{spread(eff, '.2f'):>17} {spread(s_eff, '.2f'):>17} "
+                          f"{goal}".rstrip(), flush=True)
     print(f"efficiency: per-iteration time on {ranks[0]} rank(s) x {ranks[0]} / (R x per-iteration "
-          "time on R ranks), per block; * = more ranks than cores")
+          "time on R ranks), per block; steady: the same of the steady figures (the iterations "
+          "from T/2 to T, without the configuration's set-up and close); * = more ranks than "
+          "cores")
 
 
 def parse_tree(text: str, n: int) -> tuple[str, Path]:
@@ -562,6 +607,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="run under this source tree (repeatable; default: this checkout)")
     ap.add_argument("--baseline-tree", metavar="DIR",
                     help="= --tree before=DIR --tree after=<this checkout>")
+    ap.add_argument("--mpiexec", help="the mpiexec to launch the workers with (default: the one "
+                    "beside this Python, else the first on PATH); it must belong to the MPI that "
+                    "mpi4py links")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per case")
     ap.add_argument("--data-dir", type=Path, default=Path("/tmp/mpi_dp_scaling"),
                     help="where shard files are cached and jobs run")
