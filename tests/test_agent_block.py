@@ -13,9 +13,9 @@ import pytest
 import scipy.sparse as sp
 from helpers import assert_rank_invariant, write_job
 
-from mpi_dp.algorithms import sync_star
+from mpi_dp.algorithms import common, sync_star
 from mpi_dp.algorithms.agent_block import AgentBlock
-from mpi_dp.algorithms.common import LocalShard, agent_order_sum, error_counts
+from mpi_dp.algorithms.common import LocalShard, agent_order_sum, error_counts, ordered_total
 from mpi_dp.errors import BudgetExceededError
 from mpi_dp.models import linear
 
@@ -95,6 +95,28 @@ def test_agent_order_sum_adds_one_agent_after_the_other():
         rows[rng.random(shape) < 0.2] = -0.0
         a, b = loop(rows), agent_order_sum(rows)
         assert np.array_equal(a, b) and np.array_equal(np.signbit(a), np.signbit(b))
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4096])
+def test_ordered_total_is_the_learner_s_loop(monkeypatch, chunk):
+    """sync_star's learner sum `d = lam theta; d = d + w_i r_i` as array work: the same bits
+    (signed zeros included) for any chunking, a lone column, one agent and none."""
+    monkeypatch.setattr(common, "ORDER_CHUNK", chunk)
+    rng = np.random.default_rng(2)
+    for n, item in ((0, (2, 3)), (1, (1, 1)), (7, (1, 1)), (10, (2, 5)), (1000, (3, 4))):
+        rows = rng.normal(size=(n, *item)) * np.exp(5 * rng.normal(size=(n, *item)))
+        rows[rng.random(rows.shape) < 0.2] = -0.0
+        w = rng.random(n)
+        start = rng.normal(size=item)
+        start[rng.random(item) < 0.3] = -0.0
+        loop = start.copy()
+        for i in range(n):
+            loop = loop + w[i] * rows[i]
+        got = ordered_total(start, rows, w)
+        assert np.array_equal(loop, got) and np.array_equal(np.signbit(loop), np.signbit(got))
+        # a wrong order (sum of the terms first, then the start) differs somewhere
+        if n == 1000:
+            assert not np.array_equal(start + (w[:, None, None] * rows).sum(axis=0), got)
 
 
 def _settings(shards, **kw):

@@ -37,6 +37,7 @@ from .common import (
     agent_order_sum,
     gather_ledgers,
     load_checkpoint,
+    ordered_total,
     save_checkpoint,
 )
 from .hooks import RunHooks
@@ -273,7 +274,6 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
     `recorder`, `label` and `progress`.
     """
     hooks = RunHooks.of(hooks, recorder, label, star.comm, progress)
-    n_agents = star.layout.n_agents
     p = s.p
     n_total = int(sum(s.n))
     weights = np.array(s.n, dtype=np.float64) / n_total  # n_i / n, public
@@ -320,10 +320,8 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
         responses_local = owners.answer(theta)  # lines 4-6, on the owners' ranks
         if s.aggregate == "gather":  # line 7: every answer reaches the learner individually
             responses = star.gather_agents(responses_local, (R, p))
-            if star.is_learner:
-                d = s.lam * theta  # line 8, fixed owner order
-                for i in range(n_agents):
-                    d = d + weights[i] * responses[i]
+            if star.is_learner:  # line 8, fixed owner order
+                d = ordered_total(s.lam * theta, responses, weights)
         else:  # optional: Reduce of pre-weighted answers (sum order depends on the rank count)
             part = agent_order_sum(weights[owners.agents][:, None, None] * responses_local)
             total = star.reduce_sum(part)
