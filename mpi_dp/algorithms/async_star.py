@@ -619,8 +619,12 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
     trace = Trace(R, s.T) if saved is None else saved["trace"]
     dropped = np.zeros(0)
     stopped = 0  # the signal that stopped the learner (comm.stop), told to the hosts below
+    if link.is_learner or s.loss == "squared":
+        # compile or load the kernels on every rank at once, before the clocks start (live) or
+        # the first query (replay): loaded on a host's first query, they held the learner up
+        # for about a second per host (numba's import and its cache)
+        kernels.warm_up()
     if s.mode == "live":
-        kernels.warm_up()  # compile or load the kernels before the clocks start
         link.start_clock()
     if link.is_learner:
         learner = Learner(s, initial_models(s))
