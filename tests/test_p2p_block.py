@@ -454,3 +454,44 @@ def test_a_256_peer_job_equals_the_code_before_issue_29(tmp_path):
                  env={RC.CACHE_ENV: str(tmp_path / "cache")})
     assert cp.returncode == 0, cp.stderr
     assert _equal_files(old, new) > 20
+
+
+# -- evaluation: every hosted peer scored as one batch -----------------------------------------
+@pytest.mark.parametrize("task,loss", [("binary", "logistic"), ("regression", "squared"),
+                                       ("binary", "squared")])
+@pytest.mark.parametrize("R", [1, 3])
+def test_evaluation_batch_scores_each_peer_as_alone(task, loss, R):
+    """The evaluator's batched local objectives and test metrics equal, bit for bit, each peer's
+    own `local_obj` and `_metric` (unequal sizes, large peers, a peer without test records, one
+    with CSR records, one with integer labels: those take the per-peer path)."""
+    from types import SimpleNamespace
+
+    from mpi_dp.algorithms.p2p_eval import Evaluator
+
+    rng = np.random.default_rng(7)
+    p, n = 5, 9
+    sizes = [1, 3, 8, 9, 40, 3000, 7, 2, 5]
+    lab = (lambda m: rng.choice([-1.0, 1.0], m)) if task == "binary" else (
+        lambda m: rng.normal(size=m))
+    X = [rng.normal(size=(m, p)) * np.exp(rng.normal(size=(m, 1))) for m in sizes]
+    y = [lab(m) for m in sizes]
+    Xt = [rng.normal(size=(m, p)) for m in sizes]
+    yt = [lab(m) for m in sizes]
+    Xt[2], yt[2] = None, None  # no test records
+    Xt[4], yt[4] = Xt[4][:0], yt[4][:0]  # an empty test set
+    X[6] = sp.csr_matrix(X[6])  # CSR records: the per-peer path
+    yt[7] = yt[7].astype(np.int64)  # integer labels: the per-peer path
+    d = SimpleNamespace(task=task, X=X, y=y, Xt=Xt, yt=yt)
+    P = SimpleNamespace(loss=loss, lam=rng.random(n), p=p)
+    agents = np.array([8, 0, 5, 2, 4, 6, 1, 3, 7])
+    ev = Evaluator(MPI.COMM_SELF, P, d, agents, {}, R)
+    theta = {i: rng.normal(size=(R, p)) for i in range(n)}
+    theta[3][0, :] = -0.0
+    ids, th, lo, met = ev._mine(theta)
+    assert ids.tolist() == agents.tolist()
+    for a, i in enumerate(agents.tolist()):
+        want_lo = M.local_obj(loss, X[i], y[i], float(P.lam[i]), th[a])
+        want_met = ev._metric(i, th[a])
+        assert np.array_equal(lo[a], want_lo), (i, lo[a], want_lo)
+        assert np.array_equal(met[a], want_met, equal_nan=True), (i, met[a], want_met)
+    assert np.isnan(met[3]).all() and np.isnan(met[4]).all()

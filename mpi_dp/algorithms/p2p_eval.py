@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,20 @@ class HostedModels:
 
 #: test records x peers per block of the global test scores (32 MiB of float64)
 GLOBAL_BLOCK = 2**22
+
+
+def _agent_means(X: list[np.ndarray], y: list[np.ndarray], th: np.ndarray,
+                 f: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> list[np.ndarray]:
+    """Per agent a, the mean over its records of f(X[a] @ th[a].T, y[a]) (R,): f, elementwise,
+    runs once on every agent's records concatenated; each agent's product is its own GEMM and
+    its mean the reduction of its own rows (a C-ordered (m_a, R) block, as alone), so agent a
+    gets the bits `f(X[a] @ th[a].T, y[a]).mean(axis=0)` gives it."""
+    if not X:
+        return []
+    m = np.array([x.shape[0] for x in X], dtype=np.int64)
+    ends = np.cumsum(m).tolist()
+    vals = f(np.concatenate([x @ t.T for x, t in zip(X, th, strict=True)]), np.concatenate(y))
+    return [vals[e - k:e].mean(axis=0) for e, k in zip(ends, m.tolist(), strict=True)]
 
 
 class Evaluator:
@@ -113,8 +128,32 @@ class Evaluator:
         met = np.empty((len(ids), R))
         for a, i in enumerate(ids):
             th[a] = theta[i].reshape(R, P.p)
-            lo[a] = M.local_obj(P.loss, self.d.X[i], self.d.y[i], float(P.lam[i]), th[a])
-            met[a] = self._metric(i, th[a])
+        X, y, Xt, yt = self.d.X, self.d.y, self.d.Xt, self.d.yt
+        train = [a for a, i in enumerate(ids) if M.stackable(X[i], y[i])]
+        for a in sorted(set(range(len(ids))) - set(train)):
+            i = ids[a]
+            lo[a] = M.local_obj(P.loss, X[i], y[i], float(P.lam[i]), th[a])
+        loss = ((lambda z, yc: np.logaddexp(0.0, -yc[:, None] * z)) if P.loss == "logistic"
+                else (lambda z, yc: (z - yc[:, None]) ** 2))
+        for a, mean in zip(train, _agent_means([X[ids[a]] for a in train],
+                                               [y[ids[a]] for a in train], th[train], loss),
+                           strict=True):
+            lo[a] = mean + float(P.lam[ids[a]]) * np.einsum("rp,rp->r", th[a], th[a])
+        test = ([] if Xt is None else
+                [a for a, i in enumerate(ids) if Xt[i] is not None and M.stackable(Xt[i], yt[i])])
+        for a in sorted(set(range(len(ids))) - set(test)):
+            met[a] = self._metric(ids[a], th[a])
+        if self.d.task == "binary":
+            def hit(z: np.ndarray, yc: np.ndarray) -> np.ndarray:
+                return np.where(z >= 0, 1.0, -1.0) == yc[:, None]
+            means = _agent_means([Xt[ids[a]] for a in test], [yt[ids[a]] for a in test],
+                                 th[test], hit)
+        else:
+            means = [np.sqrt(m) for m in _agent_means(
+                [Xt[ids[a]] for a in test], [yt[ids[a]] for a in test], th[test],
+                lambda z, yc: (z - yc[:, None]) ** 2)]
+        for a, m in zip(test, means, strict=True):
+            met[a] = m
         return np.asarray(ids, dtype=np.int64), th, lo, met
 
     def _gather(self, mine: tuple[np.ndarray, ...]) -> list[tuple[np.ndarray, ...]] | None:
