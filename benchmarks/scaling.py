@@ -126,7 +126,7 @@ def job_text(method: str, data: Path, out: Path, T: int, runs: int, agents: int,
     i.e. T per agent), `runs` runs. `same` (the same-records table): p2p skips its
     evaluation-only optimum Q* (`reference = "none"`); its graph is the shard's (there: a random
     geometric graph of mean degree P2P_DEGREE at every agent count, see `regroup`)."""
-    every = T // 2 if T >= 2 and T % 2 == 0 else T  # records at 0, T/2, T: see "steady"
+    every = T // 2 if T >= 2 and T % 2 == 0 else T  # records at 0, T/2 and T: see "steady"
     head = (f'name = "scaling_{method}"\nalgorithm = "{method}"\ndata = "{data}"\n'
             f'output = "{out}"\nseed = 7\nruns = {runs}\neps = 1.0\n')
     if method == "sync_star":
@@ -441,9 +441,13 @@ def same_counts(method: str, agents: list[int]) -> list[int]:
     return counts
 
 
-def unit(method: str, res: dict, agents: int) -> float:
-    """The figure the same-records ratio compares (see the module's docstring)."""
-    return res["iter_ms"] * 1e3 / agents if method == "dola" else res["iter_ms"]
+def unit(method: str, res: dict, agents: int, key: str = "iter_ms") -> float | None:
+    """The figure the same-records ratio compares (see the module's docstring): res[key]
+    ("iter_ms" or "steady_ms"; None where not measured)."""
+    v = res.get(key)
+    if v is None:
+        return None
+    return v * 1e3 / agents if method == "dola" else v
 
 
 def same_records(methods: list[str], trees: list[Tree], a: argparse.Namespace) -> None:
@@ -470,7 +474,8 @@ def same_records(methods: list[str], trees: list[Tree], a: argparse.Namespace) -
     base_label = trees[0].label
     vs_head = f" {base_label + '/this':>17}" if len(trees) > 1 else ""
     print(f"\n{'method':<11} {'agents':>7} {'tree':<8} {'start-up s':>17} {'ms/iter':>24} "
-          f"{'us/agent-iter':>16} {'ratio':>17}{vs_head}  goal")
+          f"{'us/agent-iter':>16} {'ratio':>17} {'steady ms/iter':>24} {'steady ratio':>17}"
+          f"{vs_head}  goal")
     for m in methods:
         counts = same_counts(m, a.same_agents)
         for n in counts:
@@ -480,6 +485,10 @@ def same_records(methods: list[str], trees: list[Tree], a: argparse.Namespace) -
                 first = res[m, counts[0], tree.label]
                 ratios = [unit(m, r, n) / unit(m, b, counts[0])
                           for r, b in zip(runs, first, strict=True) if r and b]
+                s_ratios = [unit(m, r, n, "steady_ms") / unit(m, b, counts[0], "steady_ms")
+                            for r, b in zip(runs, first, strict=True)
+                            if r and b and r.get("steady_ms") and b.get("steady_ms")]
+                steady = [r["steady_ms"] for r in ok if r.get("steady_ms")]
                 goal = "(base of the ratio)" if n == counts[0] else ""
                 if n == counts[-1]:
                     goal = f"ratio <= {GOAL_RATIO:g}: " + (
@@ -500,11 +509,15 @@ def same_records(methods: list[str], trees: list[Tree], a: argparse.Namespace) -
                 print(f"{m:<11} {n:>7,} {tree.label:<8} "
                       f"{spread([r['startup'] for r in ok], '.2f'):>17} "
                       f"{spread([r['iter_ms'] for r in ok], ',.1f'):>24} {per_agent:>16} "
-                      f"{spread(ratios, '.2f') if n != counts[0] else '1':>17}{vs}  "
+                      f"{spread(ratios, '.2f') if n != counts[0] else '1':>17} "
+                      f"{spread(steady, ',.1f'):>24} "
+                      f"{spread(s_ratios, '.2f') if n != counts[0] else '1':>17}{vs}  "
                       f"{goal}".rstrip(), flush=True)
     print(f"ratio: to the {min(a.same_agents)}-agent case of the same block and tree (dola, p2p: "
           f"{GRAPH_BASE} agents); star methods and admm per iteration, dola per agent-round, p2p "
-          "per round (one wake-up of every peer). Medians over the blocks (min-max).")
+          "per round (one wake-up of every peer); steady ratio: the same of the steady figures "
+          "(iterations T/2..T, without the configuration's set-up and close). Medians over the "
+          "blocks (min-max).")
 
 
 def grid(methods: list[str], agents: list[int], ranks: list[int], trees: list[Tree],
