@@ -27,11 +27,13 @@ Without --same-records or --grid both tables are made.
   per iter    (configuration 0 done - result file opened) / T: the iterations with their records
               and the configuration's own set-up (references), amortised over T; dola: per round;
               p2p: per round of T x agents wake-ups, i.e. one wake-up of every peer
-  steady      the same without the configuration's set-up and close: the time from the record
-              at iteration T/2 to the record at T, over T/2 (the jobs record at 0, T/2 and T; an
-              even T >= 2, else not measured). At small T the set-up (references, ledger
-              table, result writing) dominates "per iter", and it is serial on rank 0, so the
-              steady figure is the one that shows how the iterations themselves scale.
+  steady      (rank grid) the same without the configuration's set-up and close: the time from
+              the record at iteration T/2 to the record at T, over T/2 (the grid's jobs record at
+              0, T/2 and T; an even T >= 2, else not measured; the same-records table's jobs
+              record at 0 and T only, as a record scores every agent). At small T the set-up
+              (references, ledger table, result writing) dominates "per iter", and it is serial
+              on rank 0, so the steady figure is the one that shows how the iterations
+              themselves scale.
               Two methods cannot reach the efficiency goal by construction: an async_star
               iteration is one owner's answer to one query (per run), a message round trip to
               one host, not work the ranks share; p2p's replay runs the seeded schedule in
@@ -126,7 +128,9 @@ def job_text(method: str, data: Path, out: Path, T: int, runs: int, agents: int,
     i.e. T per agent), `runs` runs. `same` (the same-records table): p2p skips its
     evaluation-only optimum Q* (`reference = "none"`); its graph is the shard's (there: a random
     geometric graph of mean degree P2P_DEGREE at every agent count, see `regroup`)."""
-    every = T // 2 if T >= 2 and T % 2 == 0 else T  # records at 0, T/2 and T: see "steady"
+    # the rank grid's jobs record at 0, T/2 and T (see "steady"); the same-records table's at 0
+    # and T only: a record scores every agent, and its ratios compare the iterations
+    every = T // 2 if not same and T >= 2 and T % 2 == 0 else T
     head = (f'name = "scaling_{method}"\nalgorithm = "{method}"\ndata = "{data}"\n'
             f'output = "{out}"\nseed = 7\nruns = {runs}\neps = 1.0\n')
     if method == "sync_star":
@@ -394,7 +398,8 @@ def run_case(method: str, data: Path | None, agents: int, ranks: int, tree: Tree
     marks = dict(res.get("records", []))  # record number -> first beat (job_text: every T/2)
     k = STEADY_RECORDS.get(method, (2, 3))
     res["steady_ms"] = (1e3 * (marks[k[1]] - marks[k[0]]) / (a.T // 2)
-                        if a.T >= 2 and a.T % 2 == 0 and k[1] in marks and k[0] in marks
+                        if not same and a.T >= 2 and a.T % 2 == 0 and k[1] in marks
+                        and k[0] in marks
                         else None)
     steady = "" if res["steady_ms"] is None else f" ({res['steady_ms']:,.1f} steady)"
     print(f"  {what}: start-up {res['startup']:.2f} s, {res['iter_ms']:,.1f} ms/iter{steady}, "
@@ -441,13 +446,9 @@ def same_counts(method: str, agents: list[int]) -> list[int]:
     return counts
 
 
-def unit(method: str, res: dict, agents: int, key: str = "iter_ms") -> float | None:
-    """The figure the same-records ratio compares (see the module's docstring): res[key]
-    ("iter_ms" or "steady_ms"; None where not measured)."""
-    v = res.get(key)
-    if v is None:
-        return None
-    return v * 1e3 / agents if method == "dola" else v
+def unit(method: str, res: dict, agents: int) -> float:
+    """The figure the same-records ratio compares (see the module's docstring)."""
+    return res["iter_ms"] * 1e3 / agents if method == "dola" else res["iter_ms"]
 
 
 def same_records(methods: list[str], trees: list[Tree], a: argparse.Namespace) -> None:
@@ -474,8 +475,7 @@ def same_records(methods: list[str], trees: list[Tree], a: argparse.Namespace) -
     base_label = trees[0].label
     vs_head = f" {base_label + '/this':>17}" if len(trees) > 1 else ""
     print(f"\n{'method':<11} {'agents':>7} {'tree':<8} {'start-up s':>17} {'ms/iter':>24} "
-          f"{'us/agent-iter':>16} {'ratio':>17} {'steady ms/iter':>24} {'steady ratio':>17}"
-          f"{vs_head}  goal")
+          f"{'us/agent-iter':>16} {'ratio':>17}{vs_head}  goal")
     for m in methods:
         counts = same_counts(m, a.same_agents)
         for n in counts:
@@ -485,10 +485,6 @@ def same_records(methods: list[str], trees: list[Tree], a: argparse.Namespace) -
                 first = res[m, counts[0], tree.label]
                 ratios = [unit(m, r, n) / unit(m, b, counts[0])
                           for r, b in zip(runs, first, strict=True) if r and b]
-                s_ratios = [unit(m, r, n, "steady_ms") / unit(m, b, counts[0], "steady_ms")
-                            for r, b in zip(runs, first, strict=True)
-                            if r and b and r.get("steady_ms") and b.get("steady_ms")]
-                steady = [r["steady_ms"] for r in ok if r.get("steady_ms")]
                 goal = "(base of the ratio)" if n == counts[0] else ""
                 if n == counts[-1]:
                     goal = f"ratio <= {GOAL_RATIO:g}: " + (
@@ -509,15 +505,11 @@ def same_records(methods: list[str], trees: list[Tree], a: argparse.Namespace) -
                 print(f"{m:<11} {n:>7,} {tree.label:<8} "
                       f"{spread([r['startup'] for r in ok], '.2f'):>17} "
                       f"{spread([r['iter_ms'] for r in ok], ',.1f'):>24} {per_agent:>16} "
-                      f"{spread(ratios, '.2f') if n != counts[0] else '1':>17} "
-                      f"{spread(steady, ',.1f'):>24} "
-                      f"{spread(s_ratios, '.2f') if n != counts[0] else '1':>17}{vs}  "
+                      f"{spread(ratios, '.2f') if n != counts[0] else '1':>17}{vs}  "
                       f"{goal}".rstrip(), flush=True)
     print(f"ratio: to the {min(a.same_agents)}-agent case of the same block and tree (dola, p2p: "
           f"{GRAPH_BASE} agents); star methods and admm per iteration, dola per agent-round, p2p "
-          "per round (one wake-up of every peer); steady ratio: the same of the steady figures "
-          "(iterations T/2..T, without the configuration's set-up and close). Medians over the "
-          "blocks (min-max).")
+          "per round (one wake-up of every peer). Medians over the blocks (min-max).")
 
 
 def grid(methods: list[str], agents: list[int], ranks: list[int], trees: list[Tree],
