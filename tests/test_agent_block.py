@@ -97,11 +97,12 @@ def test_agent_order_sum_adds_one_agent_after_the_other():
         assert np.array_equal(a, b) and np.array_equal(np.signbit(a), np.signbit(b))
 
 
-@pytest.mark.parametrize("chunk", [1, 3, 4096])
-def test_ordered_total_is_the_learner_s_loop(monkeypatch, chunk):
+@pytest.mark.parametrize("elems", [1, 36, 2**20])
+def test_ordered_total_is_the_learner_s_loop(monkeypatch, elems):
     """sync_star's learner sum `d = lam theta; d = d + w_i r_i` as array work: the same bits
-    (signed zeros included) for any chunking, a lone column, one agent and none."""
-    monkeypatch.setattr(common, "ORDER_CHUNK", chunk)
+    (signed zeros included) for any chunking (one agent a chunk; 3 of 12 numbers; all), a lone
+    column, one agent and none."""
+    monkeypatch.setattr(common, "ORDER_ELEMS", elems)
     rng = np.random.default_rng(2)
     for n, item in ((0, (2, 3)), (1, (1, 1)), (7, (1, 1)), (10, (2, 5)), (1000, (3, 4))):
         rows = rng.normal(size=(n, *item)) * np.exp(5 * rng.normal(size=(n, *item)))

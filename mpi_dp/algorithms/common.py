@@ -50,18 +50,19 @@ def agent_order_sum(rows: np.ndarray) -> np.ndarray:
     return total
 
 
-#: agents per chunk of `ordered_total` (bounds its temporary to ~2 x 4,096 rows)
-ORDER_CHUNK = 4096
+#: numbers per chunk of `ordered_total`'s terms (bounds its temporaries to a few x 8 MiB)
+ORDER_ELEMS = 2**20
 
 
 def ordered_total(start: np.ndarray, rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """start + weights[0] rows[0] + weights[1] rows[1] + ..., added left to right: bit for bit
     the loop `d = start; for i: d = d + weights[i] * rows[i]`, as array work (add.accumulate is
-    sequential along its axis)."""
+    sequential along its axis), in chunks of agents of at most ORDER_ELEMS numbers."""
     total = np.array(start, dtype=np.float64)
-    for lo in range(0, rows.shape[0], ORDER_CHUNK):
-        w = weights[lo:lo + ORDER_CHUNK].reshape((-1,) + (1,) * (rows.ndim - 1))
-        terms = np.concatenate([total[None], w * rows[lo:lo + ORDER_CHUNK]])
+    step = max(1, ORDER_ELEMS // max(1, total.size))
+    for lo in range(0, rows.shape[0], step):
+        w = weights[lo:lo + step].reshape((-1,) + (1,) * (rows.ndim - 1))
+        terms = np.concatenate([total[None], w * rows[lo:lo + step]])
         total = np.add.accumulate(terms, axis=0)[-1]
     return total
 
