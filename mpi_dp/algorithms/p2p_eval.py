@@ -52,6 +52,26 @@ def _agent_means(X: list[np.ndarray], y: list[np.ndarray], th: np.ndarray,
     return [vals[e - k:e].mean(axis=0) for e, k in zip(ends, m.tolist(), strict=True)]
 
 
+def _per_peer(ids: list[int], th: np.ndarray, X: list | None, y: list | None,
+              f: Callable[[np.ndarray, np.ndarray], np.ndarray],
+              alone: Callable[[int], np.ndarray],
+              finish: Callable[[int, np.ndarray], np.ndarray]) -> np.ndarray:
+    """(k, R) for the peers `ids` (position a: peer ids[a], models th[a]): finish(a, mean of
+    f(margins, labels) over its records X[i], y[i]) as one batch (`_agent_means`) where they
+    stack (models.p2p.stackable), alone(a) otherwise (no records, CSR, other dtypes)."""
+    out = np.empty(th.shape[:2])
+    batch = []
+    for a, i in enumerate(ids):
+        if X is not None and X[i] is not None and M.stackable(X[i], y[i]):
+            batch.append(a)
+        else:
+            out[a] = alone(a)
+    means = _agent_means([X[ids[a]] for a in batch], [y[ids[a]] for a in batch], th[batch], f)
+    for a, mean in zip(batch, means, strict=True):
+        out[a] = finish(a, mean)
+    return out
+
+
 class Evaluator:
     """Evaluation-only metrics: every rank scores its hosted peers, rank 0 sums in peer order."""
 
@@ -63,15 +83,23 @@ class Evaluator:
         self.trivial_name = ("majority label of the peer's training records" if d.task ==
                              "binary" else "the peer's training mean (0 on centred targets)")
 
+    def _terms(self, z: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Per test record and model, from the margins z (m, R): what `_finish` of its mean over
+        a peer's records makes the metric (a hit; a squared error)."""
+        if self.d.task == "binary":
+            return np.where(z >= 0, 1.0, -1.0) == y[:, None]
+        return (z - y[:, None]) ** 2
+
+    def _finish(self, mean: np.ndarray) -> np.ndarray:
+        """The metric from the mean of `_terms`: accuracy as it is, RMSE its square root."""
+        return mean if self.d.task == "binary" else np.sqrt(mean)
+
     def _metric(self, i: int, th: np.ndarray, X=None, y=None) -> np.ndarray:
         X = self.d.Xt[i] if X is None else X
         y = self.d.yt[i] if y is None else y
         if X is None or len(y) == 0:
             return np.full(th.shape[0], np.nan)
-        z = X @ th.T
-        if self.d.task == "binary":
-            return np.mean(np.where(z >= 0, 1.0, -1.0) == y[:, None], axis=0)
-        return np.sqrt(np.mean((z - y[:, None]) ** 2, axis=0))
+        return self._finish(np.mean(self._terms(X @ th.T, y), axis=0))
 
     def _trivial(self, i: int, X=None, y=None, ytr=None) -> float:
         y = self.d.yt[i] if y is None else y
@@ -124,36 +152,16 @@ class Evaluator:
         P, R = self.P, self.R
         ids = self.agents.tolist()
         th = np.empty((len(ids), R, P.p))
-        lo = np.empty((len(ids), R))
-        met = np.empty((len(ids), R))
         for a, i in enumerate(ids):
             th[a] = theta[i].reshape(R, P.p)
-        X, y, Xt, yt = self.d.X, self.d.y, self.d.Xt, self.d.yt
-        train = [a for a, i in enumerate(ids) if M.stackable(X[i], y[i])]
-        for a in sorted(set(range(len(ids))) - set(train)):
-            i = ids[a]
-            lo[a] = M.local_obj(P.loss, X[i], y[i], float(P.lam[i]), th[a])
-        loss = ((lambda z, yc: np.logaddexp(0.0, -yc[:, None] * z)) if P.loss == "logistic"
-                else (lambda z, yc: (z - yc[:, None]) ** 2))
-        for a, mean in zip(train, _agent_means([X[ids[a]] for a in train],
-                                               [y[ids[a]] for a in train], th[train], loss),
-                           strict=True):
-            lo[a] = mean + float(P.lam[ids[a]]) * np.einsum("rp,rp->r", th[a], th[a])
-        test = ([] if Xt is None else
-                [a for a, i in enumerate(ids) if Xt[i] is not None and M.stackable(Xt[i], yt[i])])
-        for a in sorted(set(range(len(ids))) - set(test)):
-            met[a] = self._metric(ids[a], th[a])
-        if self.d.task == "binary":
-            def hit(z: np.ndarray, yc: np.ndarray) -> np.ndarray:
-                return np.where(z >= 0, 1.0, -1.0) == yc[:, None]
-            means = _agent_means([Xt[ids[a]] for a in test], [yt[ids[a]] for a in test],
-                                 th[test], hit)
-        else:
-            means = [np.sqrt(m) for m in _agent_means(
-                [Xt[ids[a]] for a in test], [yt[ids[a]] for a in test], th[test],
-                lambda z, yc: (z - yc[:, None]) ** 2)]
-        for a, m in zip(test, means, strict=True):
-            met[a] = m
+        X, y, lam = self.d.X, self.d.y, P.lam
+        lo = _per_peer(ids, th, X, y, lambda z, yc: M.margin_loss(P.loss, yc, z),
+                       lambda a: M.local_obj(P.loss, X[ids[a]], y[ids[a]], float(lam[ids[a]]),
+                                             th[a]),
+                       lambda a, mean: mean + M.ridge(float(lam[ids[a]]), th[a]))
+        met = _per_peer(ids, th, self.d.Xt, self.d.yt, self._terms,
+                        lambda a: self._metric(ids[a], th[a]),
+                        lambda a, mean: self._finish(mean))
         return np.asarray(ids, dtype=np.int64), th, lo, met
 
     def _gather(self, mine: tuple[np.ndarray, ...]) -> list[tuple[np.ndarray, ...]] | None:

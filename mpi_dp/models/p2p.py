@@ -45,7 +45,11 @@ def margin_coef(loss: str, y: np.ndarray, z: np.ndarray) -> np.ndarray:
 
 def example_loss(loss: str, X: np.ndarray, y: np.ndarray, theta: np.ndarray) -> np.ndarray:
     """l(theta_r; x_k, y_k), shape (m, R)."""
-    z = X @ theta.T
+    return margin_loss(loss, y, X @ theta.T)
+
+
+def margin_loss(loss: str, y: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """`example_loss` from the margins z = X @ theta.T (m, R): elementwise per record."""
     if loss == "logistic":
         return np.logaddexp(0.0, -y[:, None] * z)
     return (z - y[:, None]) ** 2
@@ -110,8 +114,12 @@ def local_grads(loss: str, X: Sequence[np.ndarray], y: Sequence[np.ndarray], lam
 def local_obj(loss: str, X: np.ndarray, y: np.ndarray, lam: float, theta: np.ndarray
               ) -> np.ndarray:
     """L_i(theta_r) for theta (R, p): shape (R,)."""
-    return example_loss(loss, X, y, theta).mean(axis=0) + lam * np.einsum("rp,rp->r", theta,
-                                                                          theta)
+    return example_loss(loss, X, y, theta).mean(axis=0) + ridge(lam, theta)
+
+
+def ridge(lam: float, theta: np.ndarray) -> np.ndarray:
+    """lam ||theta_r||^2 for theta (R, p): the regulariser of `local_obj`, shape (R,)."""
+    return lam * np.einsum("rp,rp->r", theta, theta)
 
 
 def smoothness(loss: str, X: np.ndarray, lam: float) -> tuple[float, float]:
