@@ -21,13 +21,16 @@ export PETSC_CONFIGURE_OPTIONS ?= --with-fc=0 --with-debugging=0 --with-x=0
 STAMP := $(VENV)/.installed
 PETSC_STAMP := $(VENV)/.petsc
 
-.PHONY: demo test test-serial test-mpi lint bench venv petsc clean help
+.PHONY: demo test test-serial test-mpi lint bench gpu-check venv petsc clean help
 
 help:
 	@echo "make demo    - set up .venv, run the demo job under mpiexec -n $(NP), print its outputs"
 	@echo "make test    - set up .venv, run the serial tests and the MPI tests on 1, 2 and 4 ranks"
 	@echo "               (WITH_PETSC=1 make test also builds petsc4py and tests the PETSc path)"
 	@echo "               (serial tests on TEST_WORKERS=$(TEST_WORKERS) pytest-xdist workers; 0: one process)"
+	@echo "make gpu-check - on a GPU node: the tests marked gpu (CuPy against NumPy) and"
+	@echo "               benchmarks/gpu.py (GPU against the node's CPU cores), one table each;"
+	@echo "               installs CUPY=$(CUPY) into .venv when CuPy is missing"
 	@echo "make lint    - ruff"
 	@echo "make bench   - benchmarks/replicates.py, async_rate.py (mpiexec -n 3 and -n 9), admm_mnist.py"
 	@echo "               (GEMM efficiency; prepares data/mnist.h5), scaling.py (small grid),"
@@ -80,6 +83,18 @@ test-mpi: venv
 	  timeout 900 $(MPIEXEC) -n $$n $(PY) -m pytest -q -p no:cacheprovider --with-mpi -m mpi tests \
 	    || exit 1; \
 	done
+
+# CuPy wheel for gpu-check (match the node's CUDA: cupy-cuda12x or cupy-cuda13x)
+CUPY ?= cupy-cuda12x
+GPU_BENCH_ARGS ?=
+
+# the GPU tests and benchmark; without a GPU both say why and stop cleanly
+gpu-check: venv
+	@$(PY) -c "import cupy" 2>/dev/null || ! command -v nvidia-smi >/dev/null \
+	  || $(PY) -m pip install --quiet "$(CUPY)" \
+	  || echo "gpu-check: could not install $(CUPY); the gpu tests will say why they skip"
+	$(PY) -m pytest -q -p no:cacheprovider -m gpu -rA tests/test_backend.py
+	$(PY) benchmarks/gpu.py $(GPU_BENCH_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check mpi_dp tests benchmarks

@@ -134,6 +134,11 @@ SHARED: dict[str, Key] = {
               "xi_quantile of the norms on public records at the public optimum"),
     "xi_quantile": Key(_NUM, 0.99, "quantile used by xi = 'auto'"),
     "clip": Key((bool,), True, "clip per-record gradients to L1 norm xi (needed for DP)"),
+    "backend": Key((str,), "numpy", "array backend of the heavy kernels: numpy (the CPU), cupy "
+                   "(one GPU per rank: the records move to the GPU once per configuration; noise, "
+                   "ledgers and MPI stay on the host, so a GPU run uses the CPU run's noise) or "
+                   "array_api_strict (the array API standard's reference namespace on the CPU: a "
+                   "test stand-in for a device)", ("numpy", "cupy", "array_api_strict")),
 }
 SHARED_SECTIONS: dict[str, dict[str, Key]] = {
     "step": {

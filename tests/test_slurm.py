@@ -153,3 +153,41 @@ def test_a_time_limit_stops_at_a_record_requeues_and_resumes_bit_for_bit(tmp_pat
     assert sorted(a) == sorted(b)
     for k in a:
         assert a[k].tobytes() == b[k].tobytes(), k
+
+
+GPU_SCRIPT = SCRIPT.with_name("run_gpu.sbatch")
+
+
+@pytest.mark.parametrize("backend", ["array_api_strict", "cupy"])
+def test_the_gpu_script_sets_the_backend(tmp_path, backend):
+    """slurm/run_gpu.sbatch is run.sbatch with backend = "cupy" (here --gres=none: this node
+    has no GPU): with MPI_DP_BACKEND=array_api_strict (the CPU stand-in) the admm job runs on
+    2 ranks and records its backend; with CuPy asked for where there is none, the job stops
+    before its output exists, naming the key."""
+    from mpi_dp.backend import gpu_available
+    from mpi_dp.data.synth import write_synth
+
+    if backend == "cupy" and gpu_available()[0]:
+        pytest.skip("a GPU is here: the refusal is not what this node shows")
+    data = write_synth(tmp_path / "mc.h5", "multiclass", 4, 150, 5, 0.35, 5, public=200,
+                       classes=3)
+    job = write_job(tmp_path / "gpu.toml", data, algorithm="admm", runs=2, T=8, record_every=4)
+    out = tmp_path / "gpu_result.h5"
+    env = dict(os.environ, MPI_DP_VENV=str(Path(sys.executable).parent.parent),
+               MPI_DP_BACKEND=backend)
+    sub = subprocess.run(["sbatch", "--parsable", "--wait", "--gres=none", "--ntasks=2",
+                          "--export=ALL", f"--chdir={tmp_path}", str(GPU_SCRIPT), str(job),
+                          "--out", str(out)], capture_output=True, text=True, env=env,
+                         timeout=HANG_GUARD_S)
+    jid = sub.stdout.strip().split(";")[0]
+    log = (tmp_path / f"slurm-mpi_dp_gpu-{jid}.out").read_text()
+    assert f'backend = "{backend}"' in log, log
+    if backend == "cupy":
+        assert sub.returncode != 0 and "key 'backend'" in log, log
+        assert not list(tmp_path.glob("gpu_result.h5*"))
+        return
+    assert sub.returncode == 0 and "mpi-dp: done" in log, log
+    with h5py.File(out, "r", locking=False) as f:
+        assert f.attrs["status"] == "complete"
+        assert f["provenance"].attrs["n_ranks"] == 2
+        assert f.attrs["backend"] == "array_api_strict"  # one configuration: the root

@@ -33,6 +33,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..backend import backend, to_numpy
 from ..comm.star import Star
 from ..errors import NumericalError
 from ..models import multinomial
@@ -94,6 +95,7 @@ class Settings:
     noise_multiplier: float = math.nan
     #: per agent: its calibration (privacy.contract.Calibration), () before calibration
     calibration: tuple = ()
+    backend: str = "numpy"  # array backend of the records' kernels (mpi_dp.backend)
 
     @property
     def calibrated(self) -> bool:
@@ -276,9 +278,13 @@ class Stacks:
     """The records of a list of agents laid out for models.multinomial's stacked kernels at up
     to `runs` runs: agents of equal record count n (`multinomial.stackable`, small enough) in
     `batches` of (positions in the list (B,), X (B, n, J), y (B, n), row_l1 (B, n)); the others
-    (`single`: positions) one agent at a time. An agent's results do not depend on its batch."""
+    (`single`: positions) one agent at a time. An agent's results do not depend on its batch.
 
-    def __init__(self, agents: Sequence[Agent], runs: int, K: int) -> None:
+    On a device backend (`backend`, mpi_dp.backend) the records also move to the device, once:
+    `batch(j)` and `alone(i)` give the arrays the kernels read (the host's for NumPy)."""
+
+    def __init__(self, agents: Sequence[Agent], runs: int, K: int,
+                 backend_name: str = "numpy") -> None:
         by_n: dict[int, list[int]] = {}
         self.single: list[int] = []
         for i, a in enumerate(agents):
@@ -296,9 +302,32 @@ class Stacks:
                                      np.stack([agents[i].row_l1 for i in p])))
         self.K = K
         self._labels: dict[tuple[int, int], np.ndarray] = {}
+        bk = backend(backend_name)
+        self.on_host = bk.is_numpy
+        self._dev_batches = [] if bk.is_numpy else [
+            (bk.asarray(X), bk.asarray(y.astype(np.int64)), bk.asarray(l1))
+            for _, X, y, l1 in self.batches]
+        self._dev_single = {} if bk.is_numpy else {
+            i: (bk.asarray(agents[i].X), bk.asarray(agents[i].y), bk.asarray(agents[i].row_l1))
+            for i in self.single}
+        self._agents = agents
 
-    def label_index(self, j: int, R: int) -> np.ndarray:
-        """multinomial.stack_label_index of batch j at R runs (made once, kept)."""
+    def batch(self, j: int) -> tuple:
+        """Batch j's (X, y, row_l1) where the kernels read them (the device's or the host's)."""
+        return self.batches[j][1:] if self.on_host else self._dev_batches[j]
+
+    def alone(self, i: int) -> tuple:
+        """Single agent i's (X, y, row_l1) where the kernels read them."""
+        if self.on_host:
+            a = self._agents[i]
+            return a.X, a.y, a.row_l1
+        return self._dev_single[i]
+
+    def label_index(self, j: int, R: int) -> np.ndarray | None:
+        """multinomial.stack_label_index of batch j at R runs (made once, kept); None on a
+        device backend, whose kernels select the labels through a mask."""
+        if not self.on_host:
+            return None
         idx = self._labels.get((j, R))
         if idx is None:
             idx = self._labels[(j, R)] = multinomial.stack_label_index(self.batches[j][2], R,
@@ -318,7 +347,7 @@ class AgentBlock:
     def __init__(self, agents: Sequence[Agent], s: Settings) -> None:
         self.agents, self.s = list(agents), s
         A, R = len(self.agents), s.runs
-        self.stacks = Stacks(self.agents, R, s.K)
+        self.stacks = Stacks(self.agents, R, s.K, s.backend)
         self.n = np.array([a.n for a in self.agents], dtype=np.int64)
 
         def stack(name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -383,18 +412,20 @@ class AgentBlock:
         self._check_runs(R)
         G = np.empty((A, R, J, K))
         tmax = np.empty((A, R)) if terms else None
-        for j, (pos, X, y, l1) in enumerate(self.stacks.batches):
+        for j, (pos, *_) in enumerate(self.stacks.batches):
+            X, y, l1 = self.stacks.batch(j)
             g, tm = multinomial.stack_grad_sum(X, y, Wr if shared else Wr[pos], l1, terms,
                                                self.stacks.label_index(j, R))
-            G[pos] = g
+            G[pos] = to_numpy(g)
             if terms:
-                tmax[pos] = tm
+                tmax[pos] = to_numpy(tm)
         for i in self.stacks.single:
-            a, Wi = self.agents[i], Wr if shared else Wr[i]
+            (X, y, l1), Wi = self.stacks.alone(i), Wr if shared else Wr[i]
             if terms:
-                G[i], tmax[i] = multinomial.grad_sum_and_terms_max(a.X, a.y, Wi, a.row_l1)
+                g, tm = multinomial.grad_sum_and_terms_max(X, y, Wi, l1)
+                G[i], tmax[i] = to_numpy(g), to_numpy(tm)
             else:
-                G[i] = multinomial.grad_sum(a.X, a.y, Wi)
+                G[i] = to_numpy(multinomial.grad_sum(X, y, Wi))
         return G, tmax
 
     def _evaluate(self, W: np.ndarray, stacked, alone) -> np.ndarray:
@@ -404,10 +435,12 @@ class AgentBlock:
         R = Wr.shape[0]
         self._check_runs(R)
         out = np.empty((len(self), R))
-        for j, (pos, X, y, _) in enumerate(self.stacks.batches):
-            out[pos] = stacked(X, y, Wr, self.stacks.label_index(j, R))
+        for j, (pos, *_) in enumerate(self.stacks.batches):
+            X, y, _ = self.stacks.batch(j)
+            out[pos] = to_numpy(stacked(X, y, Wr, self.stacks.label_index(j, R)))
         for i in self.stacks.single:
-            out[i] = alone(self.agents[i].X, self.agents[i].y, Wr)
+            X, y, _ = self.stacks.alone(i)
+            out[i] = to_numpy(alone(X, y, Wr))
         return out
 
     def _check_runs(self, R: int) -> None:

@@ -28,6 +28,7 @@ from .base import (
     Outcome,
     Resolved,
     RunHooks,
+    available_backend,
     calibration_attrs,
     default_of,
     ledger_delta,
@@ -185,7 +186,7 @@ class Admm(Method[Prepared, _S]):
     variant_help = ("objt (trust region, inf-norm; default) or objp (proximal): objective "
                     "perturbation with Laplace noise; outp: the DP-ADMM baseline (Gaussian output "
                     "perturbation, decreasing variance)")
-    reads = ("comm.aggregate",)
+    reads = ("comm.aggregate", "backend")
     sections = {"admm": AdmmKeys.keys()}
     takes_hooks = True
     legacy_keys = {"admm.method": "variant", "sweep.method": "sweep.variant"}
@@ -302,7 +303,8 @@ class Admm(Method[Prepared, _S]):
             outp_noise_std=k.outp_noise_std, outp_calibration=k.outp_calibration,
             reg_grad=k.reg_grad, w_bound=float(k.w_bound), dp_delta=float(k.dp_delta),
             budget_eps=float(k.budget_eps), seed=g.seed, run_ids=ctx.run_ids,
-            record_every=g.record_every, aggregate=job.section(CommKeys).aggregate)
+            record_every=g.record_every, aggregate=job.section(CommKeys).aggregate,
+            backend=available_backend(job.path, job.values["backend"]))
 
     def plans(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S) -> list[contract.Plan]:
         """T releases per agent (one per iteration), at one delta for every agent (the smallest

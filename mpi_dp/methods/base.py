@@ -34,6 +34,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..algorithms.hooks import RunHooks
+from ..backend import BackendError, backend
 from ..comm.agree import collective
 from ..comm.star import Star
 from ..data import ShardFile
@@ -137,6 +138,16 @@ def ledger_delta(ctx: Context, rc: Resolved) -> float:
     by the largest n_i)."""
     d = ctx.job.section(PrivacyKeys).delta
     return contract.default_delta(max(rc.n)) if d == "auto" else float(d)
+
+
+def available_backend(path: str | Path, name: str) -> str:
+    """The job's `backend` when this rank can provide it (checked on every rank before the
+    output is touched: CuPy installed, a GPU present), else JobError naming the key."""
+    try:
+        backend(name)
+    except BackendError as e:
+        raise JobError(f"job file {path}: key 'backend': {e}") from None
+    return name
 
 
 def owner_plans(ctx: Context, rc: Resolved, n_records: Any, mechanism: str,

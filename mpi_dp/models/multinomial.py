@@ -20,14 +20,24 @@ X is a dense (n, J) array (float32 or float64, features in [0, 1]); y an (n,) in
 0..K-1 (integer-valued floats, the shard format's y, are accepted). The loss clips h_y to [1e-9, 1]
 before the log as the reference code does; the gradient and the sensitivity use the unclipped, stably
 computed softmax (the difference is negligible, spec §6).
+
+Backends (mpi_dp.backend): X and y may also live on a device (CuPy, or array_api_strict as the
+test stand-in). The kernels then take their namespace from X through array-api-compat and run the
+same steps as array-API operations (no `out=`, label entries through a one-hot mask instead of a
+flat index), in row chunks of at most DEVICE_CHUNK_ELEMS numbers, and return arrays of X's
+namespace; the models W may be host or device arrays. Labels on a device are taken as checked
+(`device_labels` checks them once on the host when they move). NumPy inputs take the in-place
+NumPy code, bitwise as before.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from mpi_dp.backend import namespace
 from mpi_dp.errors import NumericalError
 from mpi_dp.models.reference import minimize_smooth
 
@@ -38,6 +48,8 @@ CHUNK_ELEMS = 2**18
 MIN_CHUNK_ROWS = 256
 #: Lower clip of h_y before taking its log (spec §6).
 H_MIN = 1e-9
+#: Most numbers per (R x K x rows) block on a device backend: a GPU wants few large kernels.
+DEVICE_CHUNK_ELEMS = 2**26
 
 
 def as_runs(W: np.ndarray) -> np.ndarray:
@@ -63,9 +75,12 @@ def chunk_rows(runs: int, K: int) -> int:
     return max(int(MIN_CHUNK_ROWS), int(CHUNK_ELEMS) // max(1, int(runs) * int(K)))
 
 
-def _chunks(n: int, runs: int, K: int) -> Iterator[slice]:
-    """ceil(n / chunk_rows) consecutive row slices of nearly equal sizes (no small ragged tail)."""
-    count = -(-n // chunk_rows(runs, K))
+def _chunks(n: int, runs: int, K: int, device: bool = False) -> Iterator[slice]:
+    """ceil(n / chunk_rows) consecutive row slices of nearly equal sizes (no small ragged tail);
+    `device`: chunks of at most DEVICE_CHUNK_ELEMS numbers instead."""
+    rows = (max(1, int(DEVICE_CHUNK_ELEMS) // max(1, int(runs) * int(K))) if device
+            else chunk_rows(runs, K))
+    count = -(-n // rows)
     for i in range(count):
         yield slice(i * n // count, (i + 1) * n // count)
 
@@ -142,6 +157,8 @@ def _input(X: np.ndarray, s: slice) -> np.ndarray:
 
 def softmax_probs(X: np.ndarray, W: np.ndarray) -> np.ndarray:
     """Class probabilities h(w; x_i) of every record for every run, shape (R, n, K) (stable softmax)."""
+    if not on_host(X):
+        return device_pass(X, None, W, "probs")
     A, Wt, _ = _prepare(X, np.zeros(X.shape[0], dtype=np.intp), W, "softmax_probs")
     R, _, K = A.shape
     out = np.empty((R, X.shape[0], K))
@@ -153,6 +170,8 @@ def softmax_probs(X: np.ndarray, W: np.ndarray) -> np.ndarray:
 
 def loss_sum(X: np.ndarray, y: np.ndarray, W: np.ndarray) -> np.ndarray:
     """Sum over records of -log(clip(h_y, 1e-9, 1)) per run, shape (R,)."""
+    if not on_host(X):
+        return device_pass(X, y, W, "loss")
     A, Wt, y = _prepare(X, y, W, "loss_sum")
     R, _, K = A.shape
     total = np.zeros(R)
@@ -189,6 +208,8 @@ def grad_sum(X: np.ndarray, y: np.ndarray, W: np.ndarray) -> np.ndarray:
 
     Per chunk one GEMM (H - Y)^T X_c with H - Y laid out (R*K, rows).
     """
+    if not on_host(X):
+        return device_pass(X, y, W, "grad")
     A, Wt, y = _prepare(X, y, W, "grad_sum")
     R, J, K = A.shape
     total = np.zeros((R * K, J))
@@ -211,6 +232,8 @@ def grad_sum_and_terms_max(
     Per chunk: one GEMM for the scores of all runs, the softmax in place, the label entries read
     and overwritten through one flat index, one GEMM for the gradient (see `_gradient_add`).
     """
+    if not on_host(X):
+        return device_pass(X, y, W, "grad_terms", row_l1)
     A, Wt, y = _prepare(X, y, W, "grad_sum_and_terms_max")
     R, J, K = A.shape
     l1 = np.abs(X).sum(axis=1, dtype=np.float64) if row_l1 is None else np.asarray(row_l1, dtype=np.float64)
@@ -235,6 +258,8 @@ def sensitivity_terms(X: np.ndarray, y: np.ndarray, W: np.ndarray) -> np.ndarray
 
     ||h - y||_1 = 2 (1 - h_y) is computed as 2 sum_{k != y} h_k (no cancellation when h_y ~ 1).
     """
+    if not on_host(X):
+        return device_pass(X, y, W, "terms")
     A, Wt, y = _prepare(X, y, W, "sensitivity_terms")
     R, _, K = A.shape
     out = np.empty((R, X.shape[0]))
@@ -249,6 +274,8 @@ def sensitivity_terms(X: np.ndarray, y: np.ndarray, W: np.ndarray) -> np.ndarray
 
 def errors(X: np.ndarray, y: np.ndarray, W: np.ndarray) -> np.ndarray:
     """Misclassified record counts per run (prediction = argmax of the scores, first on ties), (R,)."""
+    if not on_host(X):
+        return device_pass(X, y, W, "errors")
     A, Wt, y = _prepare(X, y, W, "errors")
     R, _, K = A.shape
     wrong = np.zeros(R, dtype=np.int64)
@@ -365,6 +392,9 @@ def stack_grad_sum(X: np.ndarray, y: np.ndarray, W: np.ndarray, row_l1: np.ndarr
     records' l1 norms) of every agent of the stack: gradients (B, R, J, K) and the per-run
     maximum of the sensitivity terms (B, R) (None without terms). `label_index`: the stack's
     `stack_label_index` at these R, K (computed when not given)."""
+    if not on_host(X):
+        return device_pass(X, y, W, "grad_terms", row_l1) if terms else (
+            device_pass(X, y, W, "grad"), None)
     Wt, R, K = _stack_models(W, "grad_sum")
     B, n, J = X.shape
     D = _stack_scores(X, Wt, R, K)
@@ -386,6 +416,8 @@ def stack_grad_sum(X: np.ndarray, y: np.ndarray, W: np.ndarray, row_l1: np.ndarr
 def stack_loss_sum(X: np.ndarray, y: np.ndarray, W: np.ndarray,
                    label_index: np.ndarray | None = None) -> np.ndarray:
     """`loss_sum` of every agent of the stack, (B, R) (`label_index` as in stack_grad_sum)."""
+    if not on_host(X):
+        return device_pass(X, y, W, "loss")
     Wt, R, K = _stack_models(W, "loss_sum")
     S = _stack_scores(X, Wt, R, K)
     sy = S.reshape(-1)[_label_flat(y, R, K, label_index)]  # (B, R, n) copy
@@ -397,6 +429,116 @@ def stack_loss_sum(X: np.ndarray, y: np.ndarray, W: np.ndarray,
 
 def stack_errors(X: np.ndarray, y: np.ndarray, W: np.ndarray) -> np.ndarray:
     """`errors` of every agent of the stack, (B, R) int64."""
+    if not on_host(X):
+        return device_pass(X, y, W, "errors")
     Wt, R, K = _stack_models(W, "errors")
     pred = _stack_scores(X, Wt, R, K).argmax(axis=2)  # (B, R, n)
     return (pred != np.asarray(y)[:, None, :]).sum(axis=2, dtype=np.int64)
+
+
+# ---------------------------------------------------------------- device backends (issue 30)
+#
+# One array-API pass serves every kernel above on a device backend (mpi_dp.backend): X (*b, n, J)
+# and y (*b, n) in the backend's namespace, with an optional leading batch axis b of stacked
+# agents, models W (*b, R, J, K) on the host or the device. Per row chunk: the scores of every
+# run in one (batched) GEMM, the stable softmax over the class axis, the label entries through a
+# one-hot mask (the standard has no integer-array assignment), and one GEMM for the gradient.
+# Chunks are added in order; the result equals the NumPy kernel's up to rounding.
+
+def on_host(X: object) -> bool:
+    """Whether X takes the NumPy kernels (NumPy arrays; scipy/other host objects alike)."""
+    return isinstance(X, np.ndarray) or type(X).__module__.startswith("scipy")
+
+
+def device_labels(xp: object, y: np.ndarray, K: int) -> object:
+    """Labels checked on the host (`_labels`), then moved to the device as int64."""
+    return xp.asarray(_labels(np.asarray(y), K).astype(np.int64))  # type: ignore[attr-defined]
+
+
+def _device_models(xp, W, batched: bool, where: str):
+    """Host-checked models as the device's transposed flat form (*b, R*K, J) and (R, K)."""
+    from mpi_dp.backend import to_numpy
+
+    A = np.asarray(to_numpy(W), dtype=np.float64)
+    if A.ndim == 2:
+        A = A[None]
+    if A.ndim not in (3, 4) or (A.ndim == 4 and not batched):
+        raise ValueError(f"{where}: models must be (R, J, K) or (J, K)"
+                         f"{' or (B, R, J, K)' if batched else ''}, got {A.shape}")
+    if not np.all(np.isfinite(A)):
+        bad = np.nonzero(~np.isfinite(A.reshape(-1, *A.shape[-3:])))
+        raise NumericalError(f"{where}: model parameters contain NaN or inf (runs "
+                             f"{np.unique(bad[1] if A.ndim == 4 else bad[0]).tolist()})")
+    R, J, K = A.shape[-3:]
+    Wt = np.ascontiguousarray(np.swapaxes(A, -1, -2)).reshape(*A.shape[:-3], R * K, J)
+    return xp.asarray(Wt), R, K
+
+
+def device_pass(X, y, W, want: str, row_l1=None) -> object:
+    """The kernel `want` on a device backend: 'loss' (*b, R) loss sums, 'grad' (*b, R, J, K)
+    gradient sums, 'grad_terms' (gradient sums, per-run maxima of the sensitivity terms
+    (*b, R)), 'terms' (R, n) sensitivity terms, 'errors' (*b, R) int64, 'probs' (R, n, K)."""
+    xp = namespace(X)
+    batched = X.ndim == 3
+    if X.ndim not in (2, 3):
+        raise ValueError(f"{want}: X must be (n, J) or (B, n, J), got {tuple(X.shape)}")
+    Wt, R, K = _device_models(xp, W, batched, want)
+    n, J = X.shape[-2], X.shape[-1]
+    if y is None:  # probs: no labels needed
+        y = xp.zeros(tuple(X.shape[:-1]), dtype=xp.int64)
+    if Wt.shape[-1] != J:
+        raise ValueError(f"{want}: X must be (n, J) with J = {Wt.shape[-1]}, got "
+                         f"{tuple(X.shape)}")
+    if y.shape[-1] != n:
+        raise ValueError(f"{want}: X has {n} rows but y has {y.shape[-1]} labels")
+    lead = tuple(X.shape[:-2])
+    yi = xp.astype(y, xp.int64)
+    classes = xp.reshape(xp.arange(K, dtype=xp.int64), (K, 1))
+    f64 = xp.float64
+    total = xp.zeros((*lead, R * K, J), dtype=f64) if want in ("grad", "grad_terms") else None
+    loss = xp.zeros((*lead, R), dtype=f64)
+    tmax = xp.zeros((*lead, R), dtype=f64)
+    wrong = xp.zeros((*lead, R), dtype=xp.int64)
+    per_record = (xp.empty((R, n, K), dtype=f64) if want == "probs"
+                  else xp.empty((R, n), dtype=f64) if want == "terms" else None)
+    if row_l1 is not None and on_host(row_l1):
+        row_l1 = xp.asarray(np.asarray(row_l1, dtype=np.float64))
+    for s in _chunks(n, R, K, device=True):
+        Xc = xp.astype(X[..., s, :], f64)
+        c = Xc.shape[-2]
+        S = xp.reshape(Wt @ xp.matrix_transpose(Xc), (*lead, R, K, c))
+        S = S - xp.max(S, axis=-2, keepdims=True)
+        M = xp.expand_dims(xp.expand_dims(yi[..., s], axis=-2) == classes, axis=-3)
+        if want == "errors":
+            pred = xp.argmax(S, axis=-2)  # (*b, R, c), first maximum on ties
+            wrong += xp.sum(xp.astype(pred != xp.expand_dims(yi[..., s], axis=-2), xp.int64),
+                            axis=-1)
+            continue
+        E = xp.exp(S)
+        if want == "loss":
+            sy = xp.sum(xp.where(M, S, 0.0), axis=-2)  # one nonzero term: exact
+            log_hy = xp.clip(sy - xp.log(xp.sum(E, axis=-2)), math.log(H_MIN), 0.0)
+            loss -= xp.sum(log_hy, axis=-1)
+            continue
+        H = E / xp.sum(E, axis=-2, keepdims=True)
+        if want == "probs":
+            per_record[:, s, :] = xp.matrix_transpose(H)
+            continue
+        if want in ("terms", "grad_terms"):
+            l1 = (xp.sum(xp.abs(Xc), axis=-1) if row_l1 is None
+                  else xp.astype(row_l1[..., s], f64))
+            t = 2.0 * xp.sum(xp.where(M, 0.0, H), axis=-2) * xp.expand_dims(l1, axis=-2)
+            if want == "terms":
+                per_record[:, s] = t
+                continue
+            tmax = xp.maximum(tmax, xp.max(t, axis=-1))
+        D = H - xp.astype(M, f64)
+        total = total + xp.reshape(D, (*lead, R * K, c)) @ Xc
+    if want == "errors":
+        return wrong
+    if want == "loss":
+        return loss
+    if want in ("probs", "terms"):
+        return per_record
+    G = xp.matrix_transpose(xp.reshape(total, (*lead, R, K, J)))
+    return (G, tmax) if want == "grad_terms" else G
