@@ -16,8 +16,8 @@ within 1e-10 relative).
 from __future__ import annotations
 
 import dataclasses
-import os
 import functools
+import os
 from types import ModuleType
 from typing import Any
 

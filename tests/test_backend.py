@@ -16,7 +16,9 @@ from mpi4py import MPI
 from mpi_dp.backend import BACKENDS, BackendError, backend, gpu_available, to_numpy
 from mpi_dp.data.synth import write_synth
 from mpi_dp.errors import MpiDpError
+from mpi_dp.models import linear
 from mpi_dp.models import multinomial as mn
+from mpi_dp.models import p2p as p2p_model
 from mpi_dp.runner import run_job
 
 pytest.importorskip("array_api_strict")
@@ -98,6 +100,63 @@ def test_stacked_kernels_equal_numpy(name):
     np.testing.assert_array_equal(mn.stack_errors(X, y, Ws), to_numpy(mn.stack_errors(Xd, yd, Ws)))
 
 
+@pytest.mark.parametrize("name", DEVICES)
+@pytest.mark.parametrize("loss", linear.LOSSES)
+@pytest.mark.parametrize("chunk", [None, 700])
+def test_linear_kernels_equal_numpy(name, loss, chunk, monkeypatch):
+    """The star methods' passes: clipped gradient sums and counts (xi finite and inf, every
+    run at one model or not), unclipped sums and loss sums, alone and stacked, on the device
+    equal NumPy's (the squared loss's SquaredStats shortcuts against the device's direct pass)."""
+    if chunk is not None:
+        monkeypatch.setattr(linear, "DEVICE_CHUNK_ELEMS", chunk)
+    rng = np.random.default_rng(32)
+    n, p, R = 2500, 6, 3
+    X = rng.normal(size=(n, p))
+    y = rng.normal(size=n) if loss == "squared" else np.sign(rng.normal(size=n))
+    T = rng.normal(scale=0.5, size=(R, p))
+    bk = backend(name)
+    Xd, yd = bk.asarray(X), bk.asarray(y)
+    stats = linear.squared_stats(X, y) if loss == "squared" else None
+    for models in (T, np.repeat(T[:1], R, axis=0)):
+        for xi in (0.4, math.inf):
+            g, c = linear.clipped_grad_sum(loss, X, y, models, xi, stats)
+            gd, cd = linear.clipped_grad_sum(loss, Xd, yd, models, xi)
+            assert rel(g, to_numpy(gd)) <= RTOL, (xi, models is T)
+            np.testing.assert_array_equal(c, to_numpy(cd))
+            assert xi == math.inf or c.min() > 0  # the clip is exercised
+    assert rel(linear.grad_sum(loss, X, y, T), to_numpy(linear.grad_sum(loss, Xd, yd, T))) <= RTOL
+    assert rel(linear.loss_sum(loss, X, y, T), to_numpy(linear.loss_sum(loss, Xd, yd, T))) <= RTOL
+    G = 4
+    Xs, ys = rng.normal(size=(G, 50, p)), np.sign(rng.normal(size=(G, 50)))
+    l1 = np.abs(Xs).sum(axis=2)
+    g, c = linear.clipped_grad_sum_stack(loss, Xs, ys, T, 0.4, l1)
+    gd, cd = linear.clipped_grad_sum_stack(loss, bk.asarray(Xs), bk.asarray(ys), T, 0.4, l1)
+    assert rel(g, to_numpy(gd)) <= RTOL
+    np.testing.assert_array_equal(c, to_numpy(cd))
+    assert rel(linear.loss_sum_stack(loss, Xs, ys, T),
+               to_numpy(linear.loss_sum_stack(loss, bk.asarray(Xs), bk.asarray(ys), T))) <= RTOL
+
+
+@pytest.mark.parametrize("name", DEVICES)
+@pytest.mark.parametrize("loss", ["logistic", "quadratic"])
+def test_p2p_local_gradient_equals_numpy(name, loss):
+    """A peer's clipped local gradient and clipped share on the device equal NumPy's."""
+    rng = np.random.default_rng(33)
+    m, p, R = 80, 5, 3
+    X = rng.normal(size=(m, p))
+    y = np.sign(rng.normal(size=m)) if loss == "logistic" else rng.normal(size=m)
+    th = rng.normal(size=(R, p))
+    xn = np.abs(X).sum(axis=1)
+    bk = backend(name)
+    for clip in (0.5, math.inf):
+        g, f = p2p_model.local_grad(loss, X, y, 0.1, th, clip, xn)
+        gd, fd = p2p_model.local_grad(loss, bk.asarray(X), bk.asarray(y), 0.1, th, clip,
+                                      bk.asarray(xn))
+        assert isinstance(gd, np.ndarray) and rel(g, gd) <= RTOL
+        np.testing.assert_array_equal(f, fd)
+        assert clip == math.inf or f.min() > 0
+
+
 def test_strict_rejects_numpy_only_code():
     """The stand-in is strict: NumPy's fancy flat assignment, which the NumPy kernels use, fails
     there, so a kernel that fell back on NumPy-only code could not pass the tests above."""
@@ -164,6 +223,16 @@ def test_admm_job_on_a_backend_equals_numpy(tmp_path, mc_shard, name, layout, mo
     monkeypatch.setattr(mn, "device_pass", spy)
     b = run_job(_admm_job(tmp_path, mc_shard, "dev", name), comm=MPI.COMM_SELF, progress=False)
     assert len(passes) >= 4 * 15 and set(passes) == {name}  # every gradient pass on the device
+    assert _compare(a, b) > 20
+    with h5py.File(b) as f:
+        assert f["configs/000"].attrs["backend"] == name
+    with h5py.File(a) as f:
+        assert f["configs/000"].attrs["backend"] == "numpy"
+
+
+def _compare(a, b) -> int:
+    """Every float dataset of result b within RTOL of a's (same non-finite entries), integers
+    equal; returns how many float datasets were compared."""
     da, db = read_datasets(a), read_datasets(b)
     assert set(da) == set(db)
     compared = 0
@@ -177,19 +246,48 @@ def test_admm_job_on_a_backend_equals_numpy(tmp_path, mc_shard, name, layout, mo
             compared += 1
         elif isinstance(v, np.ndarray) and v.dtype.kind in "iub":
             np.testing.assert_array_equal(v, db[k], err_msg=k)
-    assert compared > 20
-    with h5py.File(b) as f:
-        assert f["configs/000"].attrs["backend"] == name
-    with h5py.File(a) as f:
-        assert f["configs/000"].attrs["backend"] == "numpy"
+    return compared
 
 
-def test_backend_is_an_admm_key_with_clear_errors(tmp_path, mc_shard):
-    """Another method refuses the key by name; an unknown value names the choices; a backend
-    this machine lacks stops the job before its output exists."""
-    sync = write_job(tmp_path / "s.toml", mc_shard, backend="array_api_strict")
-    with pytest.raises(MpiDpError, match="backend.*only admm"):
-        run_job(sync, comm=MPI.COMM_SELF, progress=False)
+@pytest.mark.parametrize("name", DEVICES)
+@pytest.mark.parametrize("method", ["sync_star", "async_star", "admm", "dola", "p2p"])
+def test_a_short_job_of_every_method_on_a_backend_equals_numpy(tmp_path, method_shards,
+                                                               method, name, monkeypatch):
+    """One short job of each method (private and not): within 1e-10 of the NumPy job, and its
+    kernels ran on the device (a device array reached them)."""
+    from conftest import METHOD_JOBS
+
+    from mpi_dp.algorithms import dola
+
+    data, keys = METHOD_JOBS[method]
+
+    def job(label: str, be: str):
+        return write_job(tmp_path / f"{label}.toml", method_shards[data], algorithm=method,
+                         backend=be, sweep={"eps": [1.0, math.inf]}, **keys)
+
+    a = run_job(job("np", "numpy"), comm=MPI.COMM_SELF, progress=False)
+    seen: list[str] = []
+
+    def spy(module, attr):
+        real = getattr(module, attr)
+
+        def wrapped(*args, **kw):
+            seen.append(attr)
+            return real(*args, **kw)
+        monkeypatch.setattr(module, attr, wrapped)
+
+    spy(linear, "device_pass")
+    spy(mn, "device_pass")
+    spy(p2p_model, "device_local_grad")
+    spy(dola.Block, "_mix_on_device")
+    b = run_job(job("dev", name), comm=MPI.COMM_SELF, progress=False)
+    assert seen, "no kernel ran on the device"
+    assert _compare(a, b) >= 10
+
+
+def test_backend_is_a_key_with_clear_errors(tmp_path, mc_shard):
+    """An unknown value names the choices; a backend this machine lacks stops the job before
+    its output exists."""
     bad = _admm_job(tmp_path, mc_shard, "bad", "jax")
     with pytest.raises(MpiDpError, match="backend"):
         run_job(bad, comm=MPI.COMM_SELF, progress=False)

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..backend import backend, to_numpy
 from ..models import linear
 from ..models.linear import error_counts
 
@@ -64,9 +65,11 @@ class SizeGroup:
 
 class AgentBlock:
     """The shards of a rank's hosted agents (`common.LocalShard`s, in block order), grouped for
-    array work."""
+    array work. On a device backend (`backend_name`, mpi_dp.backend) the dense records also move
+    to the device, once, and `clipped_grad_sums` runs there (CSR records stay on the host); the
+    evaluation-only passes stay on the host."""
 
-    def __init__(self, shards: list[Shard]) -> None:
+    def __init__(self, shards: list[Shard], backend_name: str = "numpy") -> None:
         self.shards = shards
         self.n = np.array([sh.n for sh in shards], dtype=np.int64)
         by_n: dict[int, list[int]] = {}
@@ -81,6 +84,13 @@ class AgentBlock:
                                  np.stack([np.asarray(shards[j].y, dtype=np.float64)
                                            for j in rows]))
                        for n, rows in sorted(by_n.items())]
+        bk = backend(backend_name)
+        self.device = None if bk.is_numpy else bk
+        self._dev_groups = [] if bk.is_numpy else [
+            (bk.asarray(g.X), bk.asarray(g.y), bk.asarray(g.row_l1)) for g in self.groups]
+        self._dev_singles = {} if bk.is_numpy else {
+            j: (bk.asarray(shards[j].X), bk.asarray(np.asarray(shards[j].y, dtype=np.float64)))
+            for j in self.singles if isinstance(shards[j].X, np.ndarray) and shards[j].n > 0}
 
     def __len__(self) -> int:
         return len(self.shards)
@@ -122,6 +132,9 @@ class AgentBlock:
         out = np.empty((len(self), R, p))
         counts = np.empty((len(self), R), dtype=np.int64)
         stats = with_stats and loss == "squared"
+        if self.device is not None:
+            self._on_device(loss, T, xi, stats, out, counts)
+            return out, counts
         for g in self.groups:
             if linear.stacked_grad_ok(loss, g.n, R, xi, stats):
                 gram, xty = (self._squared_stats(g) if stats and not np.isfinite(xi)
@@ -134,6 +147,29 @@ class AgentBlock:
                 self._one_by_one(g.rows, loss, T, xi, stats, out, counts)
         self._one_by_one(self.singles, loss, T, xi, stats, out, counts)
         return out, counts
+
+    def _on_device(self, loss: str, T: np.ndarray, xi: float, stats: bool, out: np.ndarray,
+                   counts: np.ndarray) -> None:
+        """`clipped_grad_sums` on the device backend: each size group in agent chunks of at most
+        linear.DEVICE_CHUNK_ELEMS (agents x runs x records) numbers, each dense single agent
+        alone; CSR agents on the host."""
+        R = T.shape[0]
+        for g, (X, y, l1) in zip(self.groups, self._dev_groups, strict=True):
+            step = max(1, linear.DEVICE_CHUNK_ELEMS // max(1, R * g.n))
+            for a in range(0, g.rows.size, step):
+                c = slice(a, min(a + step, g.rows.size))
+                s, k = linear.clipped_grad_sum_stack(loss, X[c, ...], y[c, ...], T, xi,
+                                                     l1[c, ...])
+                out[g.rows[c]], counts[g.rows[c]] = to_numpy(s), to_numpy(k)
+        host = []
+        for j in self.singles:
+            if j in self._dev_singles:
+                X, y = self._dev_singles[j]
+                s, k = linear.clipped_grad_sum(loss, X, y, T, xi)
+                out[j], counts[j] = to_numpy(s), to_numpy(k)
+            else:
+                host.append(j)
+        self._one_by_one(host, loss, T, xi, stats, out, counts)
 
     def _one_by_one(self, rows, loss: str, T: np.ndarray, xi: float, stats: bool,
                     out: np.ndarray, counts: np.ndarray) -> None:

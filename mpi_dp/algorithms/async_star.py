@@ -30,6 +30,7 @@ from typing import ClassVar
 import numpy as np
 import scipy.sparse as sp
 
+from ..backend import backend, to_numpy
 from ..comm import stop
 from ..comm.p2p_star import ANSWERED, DECLINED, LAST_ANSWER, OwnerClocks, P2PStar
 from ..comm.schedule import LoggedSchedule, Scheduler
@@ -94,6 +95,7 @@ class Settings:
     #: per participating owner: its noise calibration (privacy.contract.Calibration; rule
     #: 'paper': b_i = 2 xi m_i / (n_i eps_i)); () before calibration
     calibration: tuple = ()
+    backend: str = "numpy"  # array backend of the owners' clipped gradient passes
 
     @property
     def N(self) -> int:
@@ -186,7 +188,13 @@ class DataOwner(Checkpointed, ReleasePath):
         # the event of every answer (the release path's, built once)
         self.event = self.release.event(float(self.sensitivity), float(self.lap_scale))
         X = shard.X
-        self._direct = (s.loss == "squared" and not sp.issparse(X) and math.isfinite(self.xi)
+        bk = backend(s.backend)
+        #: the records on a device backend (dense shards; CSR ones stay on the host)
+        self._dev = (None if bk.is_numpy or sp.issparse(X) or shard.n == 0 else
+                     (bk.asarray(X, dtype=bk.xp.float64),
+                      bk.asarray(shard.y, dtype=bk.xp.float64)))
+        self._direct = (self._dev is None and s.loss == "squared" and not sp.issparse(X)
+                        and math.isfinite(self.xi)
                         and 0 < shard.n <= linear.SMALL_PASS_ELEMS and not self.scalar_noise
                         and math.isfinite(self.lap_scale) and self.lap_scale >= 0)
         if self._direct:
@@ -239,10 +247,14 @@ class DataOwner(Checkpointed, ReleasePath):
         one): clipped mean gradient + Laplace noise into `out`, the ledger charged before any
         noise is drawn; raises NumericalError on a non-finite answer."""
         m, n = runs.size, self.n
-        if not (self._direct and m * n <= linear.SMALL_PASS_ELEMS):
+        if self._dev is not None:
+            grad_sum, clipped = linear.clipped_grad_sum(self.loss, *self._dev, thetas, self.xi)
+            grad_sum, clipped = to_numpy(grad_sum), to_numpy(clipped)
+        elif not (self._direct and m * n <= linear.SMALL_PASS_ELEMS):
             stats = self.shard.squared_stats if self.loss == "squared" else None
             grad_sum, clipped = linear.clipped_grad_sum(self.loss, self.shard.X, self.shard.y,
                                                         thetas, self.xi, stats)
+        if not (self._direct and m * n <= linear.SMALL_PASS_ELEMS):
             out[:], _ = self.release.laplace(grad_sum / n, self.noise_gens.subset(runs),
                                              self.sensitivity, runs, scale=self.lap_scale,
                                              scalar=self.scalar_noise)

@@ -34,6 +34,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import rng
+from ..backend import Backend, backend, to_numpy
 from ..comm import topology as tp
 from ..privacy import Ledger, gaussian_sigma
 from ..privacy.release import BlockRelease, OwnerRelease
@@ -87,6 +88,7 @@ class Settings:
     #: per agent: its noise calibration (privacy.contract.Calibration of a per-record plan;
     #: rule 'paper': eps is per release, the Gaussian from gauss_mode); () before calibration
     calibration: tuple = ()
+    backend: str = "numpy"  # array backend of the round's products and mix (mpi_dp.backend)
 
     @property
     def runs(self) -> int:
@@ -187,10 +189,13 @@ def hinge(margins: np.ndarray) -> np.ndarray:
 # -- the records of a round ---------------------------------------------------------------------
 class Batch:
     """The h records of every agent of the block in one round: dense X (k, h, n) or CSR (k h, n)
-    with row a h + s = record s of agent a; y (k, h) in {-1, +1}."""
+    with row a h + s = record s of agent a; y (k, h) in {-1, +1}. `device`: the dense X on a
+    device backend (mpi_dp.backend), where `dots` and `combine` then run (host in, host out)."""
 
-    def __init__(self, X: np.ndarray | sp.csr_matrix, y: np.ndarray, k: int, h: int) -> None:
+    def __init__(self, X: np.ndarray | sp.csr_matrix, y: np.ndarray, k: int, h: int,
+                 device: tuple[Backend, Any] | None = None) -> None:
         self.X, self.y, self.k, self.h = X, y, k, h
+        self.device = device
         self.sparse = sp.issparse(X)
         if self.sparse:
             rows = np.repeat(np.arange(k * h), np.diff(X.indptr))
@@ -200,6 +205,9 @@ class Batch:
 
     def dots(self, V: np.ndarray) -> np.ndarray:
         """<V[a, r], x_{a, s}> as (k, R, h)."""
+        if self.device is not None:
+            bk, Xd = self.device
+            return to_numpy(bk.asarray(V) @ bk.xp.matrix_transpose(Xd))
         if not self.sparse:
             return np.matmul(V, self.X.transpose(0, 2, 1))
         k, R, _ = V.shape
@@ -218,6 +226,9 @@ class Batch:
 
     def combine(self, C: np.ndarray, n: int) -> np.ndarray:
         """sum_s C[a, r, s] x_{a, s} as (k, R, n)."""
+        if self.device is not None:
+            bk, Xd = self.device
+            return to_numpy(bk.asarray(C) @ Xd)
         if not self.sparse:
             return np.matmul(C, self.X)
         k, R, _ = C.shape
@@ -264,8 +275,11 @@ class Stream:
     (`read_block`)."""
 
     def __init__(self, agents: np.ndarray, h: int, T: int, n_features: int, read: Reader,
-                 chunk_records: int = 4096) -> None:
+                 chunk_records: int = 4096, backend_name: str = "numpy") -> None:
         self.agents, self.h, self.T, self.n = np.asarray(agents), h, T, n_features
+        bk = backend(backend_name)
+        self.bk = None if bk.is_numpy else bk  # dense chunks move to the device once
+        self._dev: Any = None
         self.read = read
         self.C = max(1, min(T, chunk_records // h))  # rounds per chunk
         self.t = 0
@@ -281,6 +295,7 @@ class Stream:
                     + np.arange(h)[None, None, :]).ravel()
             X = X[perm]
         self._buf, self._base = (X, y), self.t
+        self._dev = None if self.bk is None or sp.issparse(X) else self.bk.asarray(X)
 
     def next(self) -> Batch:
         if self.t >= self.T:
@@ -293,7 +308,8 @@ class Stream:
         yb = y[:, j * h:(j + 1) * h]
         if sp.issparse(X):
             return Batch(X[j * k * h:(j + 1) * k * h], yb, k, h)
-        return Batch(X[:, j * h:(j + 1) * h], yb, k, h)
+        dev = None if self._dev is None else (self.bk, self._dev[:, j * h:(j + 1) * h, :])
+        return Batch(X[:, j * h:(j + 1) * h], yb, k, h, dev)
 
     def _rows(self) -> int:
         assert self._buf is not None
@@ -518,6 +534,15 @@ class Block:
         self._mix_indices[self._mix_self] = np.arange(k)
         self._mix_indices[self._mix_nbr] = self.nbr_row
         self._mix_data = np.empty(self._mix_indptr[-1])
+        bk = backend(s.backend)
+        self.device = None if bk.is_numpy else bk
+        # the mix on a device: each agent's neighbours in slots (ascending id, padded with a zero
+        # row), added to a_ii Pub_i one slot after another, the CSR product's order
+        pos = np.arange(len(self.rows.nbr)) - self.rows.indptr[self.rows.owner]
+        width = int(self.deg.max()) if k and len(self.rows.nbr) else 0
+        self._slot = (self.rows.owner, pos)
+        self._slot_rows = np.full((k, width), len(rows_ids), dtype=np.int64)
+        self._slot_rows[self._slot] = self.nbr_row
         self.activation = tp.EdgeActivation(net.tracked, s.activation, s.p_act, s.window, s.seed)
         gkeys = graph.edges[:, 0] * graph.m + graph.edges[:, 1]  # sorted (edges are)
         self._edge_idx = np.searchsorted(gkeys, self.activation.lo * graph.m + self.activation.hi)
@@ -601,12 +626,29 @@ class Block:
         """b_i = a_ii Pub_i + sum_j a_ij Pub_j, neighbours by ascending id: one CSR product whose
         row i is stored [self, neighbours ascending] (scipy sums each row from zero in stored
         order, so the float operations do not depend on the layout)."""
+        if self.device is not None:
+            return self._mix_on_device(a_self, a_nbr)
         self._mix_data[self._mix_self] = a_self
         self._mix_data[self._mix_nbr] = a_nbr
         A = sp.csr_matrix((self._mix_data, self._mix_indices, self._mix_indptr),
                           shape=(self.k, self.Pub.shape[0]))
         rows, item = self.Pub.shape[0], self.W.shape[1] * self.W.shape[2]
         return np.asarray(A @ self.Pub.reshape(rows, item)).reshape(self.W.shape)
+
+    def _mix_on_device(self, a_self: np.ndarray, a_nbr: np.ndarray) -> np.ndarray:
+        """`mix` on the device backend: the same weighted sums, slot by slot (array API)."""
+        bk, (k, width) = self.device, self._slot_rows.shape
+        xp = bk.xp
+        rows = self.Pub.shape[0]
+        Pub = bk.asarray(np.concatenate([self.Pub, np.zeros((1, *self.Pub.shape[1:]))]))
+        w = np.zeros((k, width))
+        w[self._slot] = a_nbr
+        B = bk.asarray(np.asarray(a_self, dtype=np.float64)[:, None, None]) * Pub[:k, ...]
+        wd, idx = bk.asarray(w[:, :, None, None]), bk.asarray(self._slot_rows)
+        for j in range(width):
+            B = B + wd[:, j, ...] * xp.take(Pub, idx[:, j], axis=0)
+        assert rows + 1 == Pub.shape[0]
+        return to_numpy(B)
 
     def _losses(self, E: np.ndarray, batch: Batch) -> np.ndarray:
         """Accumulate f_t^i at the agent's own iterate, at the reference agent's and at w*, and
@@ -831,6 +873,6 @@ def simulate(s: Settings, graph: tp.Graph, read: Callable[[int, int, int], tuple
     """The single-process simulator of all m agents (the reference of the MPI runs)."""
     net = LocalNet(graph)
     block = Block(s, graph, net, Stream(net.agents, s.h, s.T, s.n_features,
-                                        pass_reader(s, read)), w_star)
+                                        pass_reader(s, read), backend_name=s.backend), w_star)
     drive(block, test, on_record)
     return block

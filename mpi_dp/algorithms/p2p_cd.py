@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..backend import backend
 from ..graphs import Graph
 from ..models import p2p as M
 from ..privacy import Ledger, PureEvent
@@ -68,6 +69,7 @@ class Settings:
     #: per agent: its calibration (privacy.contract.Calibration; rule 'paper': Algorithm 3's
     #: budgets at delta_bar); () before calibration
     calibration: tuple = ()
+    backend: str = "numpy"  # array backend of the peers' gradients (mpi_dp.backend)
     #: a private selection (p2p.select): the validation score each agent releases at the end
     #: (0: none), the calibrated releases and the fixed ones its other candidates make
     score_releases: int = 0
@@ -280,6 +282,15 @@ class Block:
         self._stacked = {int(i): M.stackable(problem.X[int(i)], problem.y[int(i)])
                          and int(i) in self.xnorm for i in self.agents}
         self._events: dict[int, tuple[float, Any]] = {}  # per agent: (scale, its last event)
+        # on a device backend: the dense peers' records there, moved once (CSR ones: host)
+        bk = backend(s.backend)
+        self._dev = {} if bk.is_numpy else {
+            i: (bk.asarray(problem.X[i], dtype=bk.xp.float64),
+                bk.asarray(problem.y[i], dtype=bk.xp.float64), bk.asarray(self.xnorm[i]))
+            for i in map(int, self.agents) if isinstance(problem.X[i], np.ndarray)
+            and problem.X[i].shape[0] > 0 and i in self.xnorm}
+        if self._dev:
+            self._stacked = {i: False for i in self._stacked}
 
     def _draw_noise(self, budgets: list[np.ndarray]) -> dict[int, np.ndarray]:
         """Standard Laplace noise (R, n_i, p) of every hosted agent, drawn up front: the agents
@@ -334,8 +345,7 @@ class Block:
         k = self.k[i]
         th = self.theta[i]
         clip = s.clip if (s.mode == "sound" and s.private) else math.inf
-        g, frac = M.local_grad(P.loss, P.X[i], P.y[i], float(P.lam[i]), th, clip,
-                               self.xnorm.get(i))
+        g, frac = self._grad(i, th, clip)
         ev = None
         if s.private:
             sc = self.scales[i][k]
@@ -437,10 +447,14 @@ class Block:
                 P.lam[np.asarray(sel, dtype=np.int64)], [th[pos] for pos in many], clip,
                 [self.xnorm[i] for i in sel])
         for pos in one:
-            i = ids[pos]
-            g[pos], frac[pos] = M.local_grad(P.loss, P.X[i], P.y[i], float(P.lam[i]), th[pos],
-                                             clip, self.xnorm.get(i))
+            g[pos], frac[pos] = self._grad(ids[pos], th[pos], clip)
         return g, frac
+
+    def _grad(self, i: int, th: np.ndarray, clip: float) -> tuple[np.ndarray, np.ndarray]:
+        """Agent i's `local_grad` at th alone: on the device where its records are there."""
+        P = self.P
+        X, y, xn = self._dev.get(i) or (P.X[i], P.y[i], self.xnorm.get(i))
+        return M.local_grad(P.loss, X, y, float(P.lam[i]), th, clip, xn)
 
     def _mix(self, ids: list[int], nbr_models: np.ndarray) -> np.ndarray:
         """sum_j W_ij / D_ii Theta_j (A, R, p) of `ids` from their neighbours' rows, each agent's

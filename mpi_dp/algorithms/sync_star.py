@@ -70,6 +70,7 @@ class Settings:
     #: per owner: its noise calibration (privacy.contract.Calibration; rule 'paper': the paper's
     #: b_i = 2 xi T / (n_i eps_i)); () before calibration
     calibration: tuple = ()
+    backend: str = "numpy"  # array backend of the owners' clipped gradient passes
 
     @property
     def runs(self) -> int:
@@ -161,7 +162,7 @@ class OwnerBlock:
 
     def __init__(self, shards: list[LocalShard], s: Settings) -> None:
         self.agents = np.array([sh.agent for sh in shards], dtype=np.int64)
-        self.data = AgentBlock(shards)
+        self.data = AgentBlock(shards, s.backend)
         self.T, self.loss, self.R = s.T, s.loss, s.runs
         self.xi = s.xi if s.clip else math.inf
         self.n = self.data.n

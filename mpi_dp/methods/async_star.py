@@ -24,6 +24,7 @@ from .base import (
     Outcome,
     Resolved,
     RunHooks,
+    available_backend,
     calibration_attrs,
     default_of,
     ledger_delta,
@@ -151,7 +152,8 @@ def settings_for(job: Job, eps: list[float], n: list[int], n_file: int, xi: floa
         protocol=(a.protocol if mode == "live" else "virtual"),
         clock_unit_s=float(a.clock_unit_s),
         poll_interval_s=float(a.poll_interval_s),
-        noise_shape=a.noise_shape, dp_valid=not paper)
+        noise_shape=a.noise_shape, dp_valid=not paper,
+        backend=available_backend(job.path, job.values["backend"]))
 
 
 class AsyncStar(StarMethod[Prepared, _S]):

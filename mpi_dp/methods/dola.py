@@ -38,6 +38,7 @@ from .base import (
     Outcome,
     Resolved,
     RunHooks,
+    available_backend,
     calibration_attrs,
     ledger_delta,
     owner_plans,
@@ -292,7 +293,7 @@ class Dola(Method[Prepared, DolaSettings]):
     variant_help = ("laplace (Alg. 1, output perturbation; default), gaussian (Alg. 2, noise in "
                     "the step), sparse (Alg. 3, mirror descent with soft-thresholding), "
                     "minibatch (Alg. 4, h records per round)")
-    reads = ("owners", "sweep.owners")
+    reads = ("owners", "sweep.owners", "backend")
     sections = {"dola": DolaKeys.keys()}
     takes_hooks = True
     label_variant = True
@@ -489,7 +490,8 @@ class Dola(Method[Prepared, DolaSettings]):
             reg_point=k.reg_point, activation=k.activation, p_act=float(k.p_act),
             window=k.window, weights=k.weights, ref_agent=k.ref_agent,
             exact_regret=k.regret == "exact" and lam > 0, seed=g.seed,
-            run_ids=ctx.run_ids, record_every=g.record_every, passes=passes)
+            run_ids=ctx.run_ids, record_every=g.record_every, passes=passes,
+            backend=available_backend(j.path, j.values["backend"]))
         if variant == "gaussian" and j.section(PrivacyKeys).calibration == "paper":
             for e in set(rc.eps):  # calibration errors (e.g. classical at eps >= 1) before running
                 dola.gauss_std(algo.gauss_mode, 2 * algo.L_data / h, e, algo.delta, T,
@@ -549,7 +551,8 @@ class Dola(Method[Prepared, DolaSettings]):
         reader = dola.pass_reader(a, PooledReader(ctx.shard, s.groups, prep.sizes,
                                                   prep.records.get((s.groups, s.n_used))))
         block = dola.Block(a, s.graph, net, dola.Stream(net.agents, a.h, a.T, a.n_features,
-                                                        reader), s.w_star)
+                                                        reader, backend_name=a.backend),
+                           s.w_star)
         t0 = time.perf_counter()
         hooks.start(a.T, "round")
         # checkpoints (hooks.checkpoint, in drive): every agent's state keyed by agent id, so

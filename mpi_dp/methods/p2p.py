@@ -53,6 +53,7 @@ from .base import (
     Outcome,
     Resolved,
     RunHooks,
+    available_backend,
     calibration_attrs,
     owner_plans,
     settings_attrs,
@@ -171,6 +172,7 @@ def _lam(spec: Any, m: np.ndarray) -> np.ndarray:
 
 class P2P(Method):
     name = "p2p"
+    reads = ("backend",)
     summary = ("personalised private peer-to-peer coordinate descent (seed 004): every peer "
                "learns its own model, mixing its graph neighbours' broadcast models into a "
                "(noisy) coordinate step on its local loss")
@@ -376,7 +378,8 @@ class P2P(Method):
             clip=float(k.clip), init=init, eps_ws=float(k.eps_ws),
             lam_ws=tuple(float(v) for v in lam_ws),
             mu_ws=mu if mw == "mu" else float(mw), row_norm=d.row_norm,
-            runs=ctx.run_ids, seed=int(j.generic.seed), record_every=int(j.generic.record_every))
+            runs=ctx.run_ids, seed=int(j.generic.seed), record_every=int(j.generic.record_every),
+            backend=available_backend(j.path, j.values["backend"]))
         if rc.variant == "local_dp" and d.task != "binary":
             raise JobError(f"job file {j.path}: variant 'local_dp' perturbs -1/+1 labels by "
                            f"randomised response; {path} is a {d.task} task")

@@ -37,7 +37,7 @@ HINGE_KINK_TOL = 1e-8
 
 #: shared keys both star methods read
 STAR_READS = ("loss", "lam", "theta_max", "theta0", "xi", "xi_quantile", "clip", "step.*",
-              "reference.solver", "reference.isolated")
+              "reference.solver", "reference.isolated", "backend")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,6 +15,7 @@ from .base import (
     Outcome,
     Resolved,
     RunHooks,
+    available_backend,
     calibration_attrs,
     ledger_delta,
     owner_plans,
@@ -93,7 +94,8 @@ class SyncStar(StarMethod[Prepared, sync_star.Settings]):
             avg_kind=avg.kind, eta=float(avg.eta), seed=g.seed,
             run_ids=ctx.run_ids, record_every=g.record_every,
             aggregate=job.section(CommKeys).aggregate, eps=tuple(rc.eps), n=tuple(rc.n),
-            p=ctx.shard.n_features, schedule=job.section(StepKeys).schedule)
+            p=ctx.shard.n_features, schedule=job.section(StepKeys).schedule,
+            backend=available_backend(job.path, job.values["backend"]))
         sync_star.check_settings(s, job.path)
         return s
 

@@ -15,6 +15,7 @@ X is a dense float64 (n, p) array; a scipy.sparse CSR matrix also works (only ``
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -116,6 +117,8 @@ def loss_derivative(loss: str, Z: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def loss_sum(loss: str, X, y: np.ndarray, Theta: np.ndarray) -> np.ndarray:
     """Sum over the records of X, y of the loss at each run's model, shape (R,)."""
+    if not on_host(X):
+        return device_pass(loss, X, y, Theta, "loss")
     check_loss(loss)
     T = as_runs(Theta)
     _check_finite(T, "loss_sum")
@@ -134,6 +137,8 @@ def loss_sum(loss: str, X, y: np.ndarray, Theta: np.ndarray) -> np.ndarray:
 
 def grad_sum(loss: str, X, y: np.ndarray, Theta: np.ndarray) -> np.ndarray:
     """Sum over the records of the unclipped per-record (sub)gradients, shape (R, p)."""
+    if not on_host(X):
+        return device_pass(loss, X, y, Theta, "clipped")[0]
     check_loss(loss)
     T = as_runs(Theta)
     _check_finite(T, "grad_sum")
@@ -205,6 +210,8 @@ def clipped_grad_sum(
     gradient norm in every run is at most that, so it is clipped in none).
     """
     xi, T = _clip_args(loss, xi, Theta)
+    if not on_host(X):  # a device backend: the direct pass (stats are a host shortcut)
+        return device_pass(loss, X, y, T, "clipped", xi)
     y = _check_shapes(X, y, T)
     if T.shape[0] > 1 and not np.any(T != T[0]):  # every run at one model (a first step)
         g, c = clipped_grad_sum(loss, X, y, T[:1], xi, stats)
@@ -267,6 +274,8 @@ def clipped_grad_sum_stack(loss: str, Xs: np.ndarray, ys: np.ndarray, Theta: np.
     (G, R, p) sums and (G, R) clipped counts, agent g's bit for bit `clipped_grad_sum` on its
     own records, for agents where `stacked_grad_ok` holds."""
     xi, T = _clip_args(loss, xi, Theta)
+    if not on_host(Xs):
+        return device_pass(loss, Xs, ys, T, "clipped", xi, row_l1)
     G, n, p = Xs.shape
     if T.shape[1] != p:
         raise ValueError(f"Theta has {T.shape[1]} coordinates but X has {p} columns")
@@ -305,6 +314,8 @@ def _clamp_stack(D: np.ndarray, thr: np.ndarray, counts: np.ndarray) -> np.ndarr
 def loss_sum_stack(loss: str, Xs: np.ndarray, ys: np.ndarray, Theta: np.ndarray) -> np.ndarray:
     """`loss_sum` of G agents at once, (G, R): Xs (G, n, p) dense, ys (G, n); agent g's row is
     bit for bit `loss_sum` on its own records where `n <= chunk_rows(R)` (one chunk)."""
+    if not on_host(Xs):
+        return device_pass(loss, Xs, ys, Theta, "loss")
     check_loss(loss)
     T = as_runs(Theta)
     _check_finite(T, "loss_sum")
@@ -452,3 +463,80 @@ def strong_convexity_constant(loss: str, X_public, lam: float) -> float:
     m = X_public.shape[0]
     lmin = max(float(_gram_eigs(X_public)[0]), 0.0)
     return 2.0 * lmin / m + lam
+
+
+# -- device backends (issue 30) ---------------------------------------------------------------------
+# One array-API pass serves the kernels above on a device backend (mpi_dp.backend): X (*b, n, p)
+# dense and y (*b, n) in the backend's namespace (an optional leading axis b of stacked agents),
+# the models Theta (R, p) on the host. Per row chunk: the margins of every run in one (batched)
+# GEMM, the loss or its derivative per record, the clamp to +-xi/||x||_1 (the L1 clipping of a
+# linear model's per-record gradient), and one GEMM back. The squared loss's SquaredStats paths
+# are exact reformulations of this pass, so the device runs the pass itself. Equal to the NumPy
+# kernels up to rounding.
+
+#: Most numbers per (runs x records) block on a device backend: a GPU wants few large kernels.
+DEVICE_CHUNK_ELEMS = 2**26
+
+
+def on_host(X: object) -> bool:
+    """Whether X takes the NumPy kernels (NumPy arrays and scipy.sparse matrices)."""
+    return isinstance(X, np.ndarray) or sp.issparse(X)
+
+
+def _device_derivative(xp, loss: str, Z, y):
+    if loss == "squared":
+        return 2.0 * (Z - y)
+    if loss == "hinge":
+        return xp.where(y * Z < 1.0, -y * xp.ones_like(Z), 0.0)
+    return -y / (1.0 + xp.exp(y * Z))  # -y expit(-y z), stable at both ends
+
+
+def device_pass(loss: str, X, y, Theta: np.ndarray, want: str, xi: float = math.inf,
+                row_l1=None):
+    """The kernel `want` on a device backend: 'loss' (*b, R) loss sums, 'clipped' ((*b, R, p)
+    sums of the L1-clipped per-record gradients, (*b, R) clipped counts; xi = inf: unclipped,
+    counts 0), as arrays of X's namespace. `row_l1` (*b, n): the records' L1 norms (computed
+    when not given)."""
+    from mpi_dp.backend import namespace, to_numpy
+
+    check_loss(loss)
+    xp = namespace(X)
+    T = as_runs(to_numpy(Theta))
+    _check_finite(T, f"{loss} {want} pass")
+    if X.ndim not in (2, 3) or X.shape[-1] != T.shape[1]:
+        raise ValueError(f"X must be (n, p) or (B, n, p) with p = {T.shape[1]}, got "
+                         f"{tuple(X.shape)}")
+    R, (n, p), lead = T.shape[0], tuple(X.shape[-2:]), tuple(X.shape[:-2])
+    if want == "clipped" and R > 1 and not np.any(T != T[0]):  # every run at one model
+        g, c = device_pass(loss, X, y, T[:1], want, xi, row_l1)
+        return (xp.concat([g] * R, axis=-2), xp.concat([c] * R, axis=-1))
+    f64 = xp.float64
+    Td = xp.asarray(T)
+    yf = xp.astype(y, f64, copy=False)
+    total = xp.zeros((*lead, R, p), dtype=f64)
+    counts = xp.zeros((*lead, R), dtype=xp.int64)
+    losses = xp.zeros((*lead, R), dtype=f64)
+    if row_l1 is not None and on_host(row_l1):
+        row_l1 = xp.asarray(np.asarray(row_l1, dtype=np.float64))
+    rows = max(1, int(DEVICE_CHUNK_ELEMS) // max(1, R))
+    for a in range(0, n, rows):
+        c = slice(a, min(a + rows, n))  # the standard has no out-of-bounds slice stops
+        Xc = xp.astype(X[..., c, :], f64, copy=False)
+        yc = xp.expand_dims(yf[..., c], axis=-2)  # (*b, 1, c)
+        Z = Td @ xp.matrix_transpose(Xc)  # (*b, R, c)
+        if want == "loss":
+            L = ((Z - yc) ** 2 if loss == "squared" else
+                 xp.maximum(0.0, 1.0 - yc * Z) if loss == "hinge" else
+                 xp.logaddexp(xp.zeros_like(Z), -yc * Z))
+            losses += xp.sum(L, axis=-1)
+            continue
+        D = _device_derivative(xp, loss, Z, yc)
+        if math.isfinite(xi):
+            l1 = (xp.sum(xp.abs(Xc), axis=-1) if row_l1 is None
+                  else xp.astype(row_l1[..., c], f64, copy=False))
+            thr = xp.expand_dims(xp.where(l1 > 0.0, xi / xp.where(l1 > 0.0, l1, 1.0), math.inf),
+                                 axis=-2)
+            counts += xp.sum(xp.astype(xp.abs(D) > thr, xp.int64), axis=-1)
+            D = xp.minimum(xp.maximum(D, -thr), thr)
+        total += D @ Xc
+    return losses if want == "loss" else (total, counts)

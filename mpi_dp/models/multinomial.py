@@ -492,7 +492,7 @@ def device_pass(X, y, W, want: str, row_l1=None) -> object:
     if y.shape[-1] != n:
         raise ValueError(f"{want}: X has {n} rows but y has {y.shape[-1]} labels")
     lead = tuple(X.shape[:-2])
-    yi = xp.astype(y, xp.int64)
+    yi = xp.astype(y, xp.int64, copy=False)
     classes = xp.reshape(xp.arange(K, dtype=xp.int64), (K, 1))
     f64 = xp.float64
     total = xp.zeros((*lead, R * K, J), dtype=f64) if want in ("grad", "grad_terms") else None
@@ -504,7 +504,7 @@ def device_pass(X, y, W, want: str, row_l1=None) -> object:
     if row_l1 is not None and on_host(row_l1):
         row_l1 = xp.asarray(np.asarray(row_l1, dtype=np.float64))
     for s in _chunks(n, R, K, device=True):
-        Xc = xp.astype(X[..., s, :], f64)
+        Xc = xp.astype(X[..., s, :], f64, copy=False)
         c = Xc.shape[-2]
         S = xp.reshape(Wt @ xp.matrix_transpose(Xc), (*lead, R, K, c))
         S = S - xp.max(S, axis=-2, keepdims=True)
@@ -526,7 +526,7 @@ def device_pass(X, y, W, want: str, row_l1=None) -> object:
             continue
         if want in ("terms", "grad_terms"):
             l1 = (xp.sum(xp.abs(Xc), axis=-1) if row_l1 is None
-                  else xp.astype(row_l1[..., s], f64))
+                  else xp.astype(row_l1[..., s], f64, copy=False))
             t = 2.0 * xp.sum(xp.where(M, 0.0, H), axis=-2) * xp.expand_dims(l1, axis=-2)
             if want == "terms":
                 per_record[:, s] = t

@@ -67,7 +67,12 @@ def local_grad(loss: str, X: np.ndarray, y: np.ndarray, lam: float, theta: np.nd
                ) -> tuple[np.ndarray, np.ndarray]:
     """grad L_i at theta (R, p): the mean of the per-example gradients, each clipped to norm
     <= clip first (xnorm: the rows' norms in the clipping norm), then + 2 lam theta.
-    Returns (gradient (R, p), fraction of examples clipped per run (R,))."""
+    Returns (gradient (R, p), fraction of examples clipped per run (R,)).
+
+    X, y (and xnorm) on a device backend (mpi_dp.backend): the same steps as array-API
+    operations there, theta on the host, the results brought back to the host."""
+    if not isinstance(X, np.ndarray):
+        return device_local_grad(loss, X, y, lam, theta, clip, xnorm)
     c = example_coef(loss, X, y, theta)
     frac = np.zeros(theta.shape[0])
     if math.isfinite(clip):
@@ -75,6 +80,28 @@ def local_grad(loss: str, X: np.ndarray, y: np.ndarray, lam: float, theta: np.nd
         frac = np.mean(f < 1.0, axis=0)
         c = c * f
     return (c.T @ X) / X.shape[0] + 2.0 * lam * theta, frac
+
+
+def device_local_grad(loss: str, X, y, lam: float, theta: np.ndarray, clip: float = math.inf,
+                      xnorm=None) -> tuple[np.ndarray, np.ndarray]:
+    """`local_grad` with X (m, p), y (m,), xnorm (m,) on a device backend: (R, p) gradient and
+    (R,) clipped fractions on the host, equal to `local_grad`'s up to rounding."""
+    from mpi_dp.backend import namespace, to_numpy
+
+    xp = namespace(X)
+    th = np.asarray(theta, dtype=np.float64)
+    z = X @ xp.asarray(np.ascontiguousarray(th.T))  # (m, R)
+    yc = xp.expand_dims(y, axis=1)
+    c = (-yc * (0.5 * (1.0 - xp.tanh(0.5 * (yc * z)))) if loss == "logistic"
+         else 2.0 * (z - yc))
+    frac = np.zeros(th.shape[0])
+    if math.isfinite(clip):
+        g = xp.abs(c) * xp.expand_dims(xnorm, axis=1)
+        f = xp.where(g > clip, clip / xp.where(g > 0.0, g, 1.0), 1.0)
+        frac = to_numpy(xp.mean(xp.astype(f < 1.0, xp.float64), axis=0))
+        c = c * f
+    S = to_numpy(xp.matrix_transpose(c) @ X)
+    return S / X.shape[0] + 2.0 * lam * th, frac
 
 
 def stackable(X: object, y: object) -> bool:
