@@ -122,9 +122,9 @@ def efficiency(data, K: int, R: int, blocks: int, iters: int, reps: int) -> None
 
     flops = 4 * s.I * s.J * R * s.K  # scores + gradient GEMM of every agent
     # the same GEMMs for agent 0, with np.dot into preallocated buffers
-    X0, n0 = agents[0].X, agents[0].n
+    X0, n0 = agents.agents[0].X, agents.agents[0].n
     flops0 = 4 * n0 * s.J * R * s.K
-    Wt = np.ascontiguousarray(agents[0].z.transpose(0, 2, 1)).reshape(R * s.K, s.J) + 0.01
+    Wt = np.ascontiguousarray(agents.z[0].transpose(0, 2, 1)).reshape(R * s.K, s.J) + 0.01
     St, Gt = np.empty((R * s.K, n0)), np.empty((R * s.K, s.J))
     chunks = list(multinomial._chunks(n0, R, s.K))
     bufs = [np.empty((R * s.K, c.stop - c.start)) for c in chunks]

@@ -79,9 +79,13 @@ def test_a_block_does_not_change_an_agent_s_result():
     assert np.array_equal(alone, among) and np.array_equal(alone, pair)
 
 
-def test_agent_order_sum_adds_one_agent_after_the_other():
+@pytest.mark.parametrize("elems,row_loop", [(1, 2**12), (7, 2**12), (2**20, 2**12), (2**20, 3)])
+def test_agent_order_sum_adds_one_agent_after_the_other(monkeypatch, elems, row_loop):
     """The vectorised sum equals the loop it replaces bit for bit, signed zeros included, also
-    for one column (where numpy's plain sum adds pairwise)."""
+    for one column (where numpy's plain sum adds pairwise), for any chunking (rows added in
+    place one by one; chunks of agents; all agents at once)."""
+    monkeypatch.setattr(common, "ORDER_ELEMS", elems)
+    monkeypatch.setattr(common, "ROW_LOOP_ELEMS", row_loop)
     rng = np.random.default_rng(1)
 
     def loop(rows):
@@ -97,12 +101,13 @@ def test_agent_order_sum_adds_one_agent_after_the_other():
         assert np.array_equal(a, b) and np.array_equal(np.signbit(a), np.signbit(b))
 
 
-@pytest.mark.parametrize("elems", [1, 36, 2**20])
-def test_ordered_total_is_the_learner_s_loop(monkeypatch, elems):
+@pytest.mark.parametrize("elems,row_loop", [(1, 2**12), (36, 2**12), (2**20, 2**12), (2**20, 2)])
+def test_ordered_total_is_the_learner_s_loop(monkeypatch, elems, row_loop):
     """sync_star's learner sum `d = lam theta; d = d + w_i r_i` as array work: the same bits
     (signed zeros included) for any chunking (one agent a chunk; 3 of 12 numbers; all), a lone
     column, one agent and none."""
     monkeypatch.setattr(common, "ORDER_ELEMS", elems)
+    monkeypatch.setattr(common, "ROW_LOOP_ELEMS", row_loop)
     rng = np.random.default_rng(2)
     for n, item in ((0, (2, 3)), (1, (1, 1)), (7, (1, 1)), (10, (2, 5)), (1000, (3, 4))):
         rows = rng.normal(size=(n, *item)) * np.exp(5 * rng.normal(size=(n, *item)))

@@ -37,28 +37,50 @@ def is_classification(loss: str) -> bool:
     return loss in CLASSIFICATION_LOSSES
 
 
+#: numbers per chunk of `agent_order_sum`'s and `ordered_total`'s terms (bounds their
+#: temporaries to a few x 8 MiB)
+ORDER_ELEMS = 2**20
+#: rows of at least this many numbers: `agent_order_sum` adds them in place, one by one (the
+#: loop's overhead is small beside the row, and no partial sums are written)
+ROW_LOOP_ELEMS = 2**12
+
+
 def agent_order_sum(rows: np.ndarray) -> np.ndarray:
     """Sum of per-agent rows added one agent after the other, so the result never depends on
     how agents are laid out over ranks (bitwise rank-invariance)."""
     rows = np.asarray(rows, dtype=np.float64)
-    if rows.shape[0] == 0:
+    A = rows.shape[0]
+    if A == 0:
         return np.zeros(rows.shape[1:])
-    # add.accumulate is sequential along its axis (a plain sum may add pairwise); the loop this
-    # replaces, total = total + row from +0.0, differs from it only in a -0.0 total: + 0.0
-    total = np.add.accumulate(rows, axis=0)[-1]
+    # rows of ROW_LOOP_ELEMS numbers or more are added in place one after the other; many
+    # small rows by add.accumulate, sequential along its axis (a plain sum may add pairwise),
+    # in chunks of agents of at most ORDER_ELEMS numbers (it writes every partial sum): the
+    # same additions. The loop this replaces, total = total + row from +0.0, differs from
+    # both only in a -0.0 total: + 0.0
+    step = max(1, ORDER_ELEMS // max(1, rows[0].size))
+    if step == 1 or rows[0].size >= ROW_LOOP_ELEMS:
+        total = rows[0].copy()
+        for row in rows[1:]:
+            total += row
+    else:
+        total = np.add.accumulate(rows[:step], axis=0)[-1]
+        for lo in range(step, A, step):
+            terms = np.concatenate([total[None], rows[lo:lo + step]])
+            total = np.add.accumulate(terms, axis=0)[-1]
     total += 0.0
     return total
-
-
-#: numbers per chunk of `ordered_total`'s terms (bounds its temporaries to a few x 8 MiB)
-ORDER_ELEMS = 2**20
 
 
 def ordered_total(start: np.ndarray, rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """start + weights[0] rows[0] + weights[1] rows[1] + ..., added left to right: bit for bit
     the loop `d = start; for i: d = d + weights[i] * rows[i]`, as array work (add.accumulate is
-    sequential along its axis), in chunks of agents of at most ORDER_ELEMS numbers."""
+    sequential along its axis), in chunks of agents of at most ORDER_ELEMS numbers; rows of
+    ROW_LOOP_ELEMS numbers or more one after the other, in place."""
     total = np.array(start, dtype=np.float64)
+    if total.size >= ROW_LOOP_ELEMS:
+        for i in range(rows.shape[0]):
+            total += weights[i] * rows[i]
+        return total
     step = max(1, ORDER_ELEMS // max(1, total.size))
     for lo in range(0, rows.shape[0], step):
         w = weights[lo:lo + step].reshape((-1,) + (1,) * (rows.ndim - 1))
