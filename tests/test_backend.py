@@ -157,6 +157,38 @@ def test_p2p_local_gradient_equals_numpy(name, loss):
         assert clip == math.inf or f.min() > 0
 
 
+@pytest.mark.parametrize("name", DEVICES)
+def test_dola_round_products_equal_numpy(name):
+    """DOLA's round products on the device: <V, x> (k, R, h) and sum_s C x (k, R, n), from the
+    stream's device chunk, equal NumPy's (the mix is checked in the jobs below)."""
+    from mpi_dp.algorithms import dola
+
+    rng = np.random.default_rng(34)
+    k, h, n, R = 5, 3, 7, 2
+    X, y = rng.normal(size=(k, h, n)), np.sign(rng.normal(size=(k, h)))
+    V, C = rng.normal(size=(k, R, n)), rng.normal(size=(k, R, h))
+    bk = backend(name)
+    host, dev = dola.Batch(X, y, k, h), dola.Batch(X, y, k, h, (bk, bk.asarray(X)))
+    for got, want in ((dev.dots(V), host.dots(V)), (dev.combine(C, n), host.combine(C, n))):
+        assert isinstance(got, np.ndarray) and rel(want, got) <= RTOL
+
+
+def test_host_records_stay_on_the_host():
+    """A CSR peer (scipy.sparse) takes the host kernel, not the device one: the same numbers as
+    its dense records."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(35)
+    X = rng.normal(size=(40, 6)) * (rng.random((40, 6)) < 0.4)
+    y, th = np.sign(rng.normal(size=40)), rng.normal(size=(2, 6))
+    xn = np.abs(X).sum(axis=1)
+    g, f = p2p_model.local_grad("logistic", X, y, 0.1, th, 0.5, xn)
+    gs, fs = p2p_model.local_grad("logistic", sp.csr_matrix(X), y, 0.1, th, 0.5, xn)
+    assert rel(g, gs) <= 1e-14 and np.array_equal(f, fs)
+    assert linear.on_host(sp.csr_matrix(X)) and mn.on_host(X)
+    assert not linear.on_host(backend("array_api_strict").asarray(X))
+
+
 def test_strict_rejects_numpy_only_code():
     """The stand-in is strict: NumPy's fancy flat assignment, which the NumPy kernels use, fails
     there, so a kernel that fell back on NumPy-only code could not pass the tests above."""

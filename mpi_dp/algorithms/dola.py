@@ -639,7 +639,6 @@ class Block:
         """`mix` on the device backend: the same weighted sums, slot by slot (array API)."""
         bk, (k, width) = self.device, self._slot_rows.shape
         xp = bk.xp
-        rows = self.Pub.shape[0]
         Pub = bk.asarray(np.concatenate([self.Pub, np.zeros((1, *self.Pub.shape[1:]))]))
         w = np.zeros((k, width))
         w[self._slot] = a_nbr
@@ -647,7 +646,6 @@ class Block:
         wd, idx = bk.asarray(w[:, :, None, None]), bk.asarray(self._slot_rows)
         for j in range(width):
             B = B + wd[:, j, ...] * xp.take(Pub, idx[:, j], axis=0)
-        assert rows + 1 == Pub.shape[0]
         return to_numpy(B)
 
     def _losses(self, E: np.ndarray, batch: Batch) -> np.ndarray:

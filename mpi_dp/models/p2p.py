@@ -20,6 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from mpi_dp.graphs import Graph
+from mpi_dp.models.linear import on_host
 
 LOSSES = ("logistic", "quadratic")
 #: (edge, run, coordinate) entries of one block of `smooth_term` (128 MiB of differences)
@@ -71,7 +72,7 @@ def local_grad(loss: str, X: np.ndarray, y: np.ndarray, lam: float, theta: np.nd
 
     X, y (and xnorm) on a device backend (mpi_dp.backend): the same steps as array-API
     operations there, theta on the host, the results brought back to the host."""
-    if not isinstance(X, np.ndarray):
+    if not on_host(X):
         return device_local_grad(loss, X, y, lam, theta, clip, xnorm)
     c = example_coef(loss, X, y, theta)
     frac = np.zeros(theta.shape[0])
