@@ -130,6 +130,12 @@ def backend(name: str = "numpy") -> Backend:
     raise BackendError(f"unknown backend {name!r}; one of {', '.join(BACKENDS)}")
 
 
+def on_host(x: Any) -> bool:
+    """Whether x takes the NumPy kernels: a NumPy array or a host object of scipy (CSR
+    records); anything else is a device backend's array."""
+    return isinstance(x, np.ndarray) or type(x).__module__.startswith("scipy")
+
+
 def namespace(*arrays: Any) -> Any:
     """The array-api-compat namespace of `arrays` (NumPy's wrapper for NumPy arrays)."""
     from array_api_compat import array_namespace

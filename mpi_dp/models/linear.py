@@ -22,6 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.special import expit
 
+from mpi_dp.backend import namespace, on_host, to_numpy
 from mpi_dp.errors import NumericalError
 
 #: Loss names understood by this module.
@@ -478,11 +479,6 @@ def strong_convexity_constant(loss: str, X_public, lam: float) -> float:
 DEVICE_CHUNK_ELEMS = 2**26
 
 
-def on_host(X: object) -> bool:
-    """Whether X takes the NumPy kernels (NumPy arrays and scipy.sparse matrices)."""
-    return isinstance(X, np.ndarray) or sp.issparse(X)
-
-
 def _device_derivative(xp, loss: str, Z, y):
     if loss == "squared":
         return 2.0 * (Z - y)
@@ -497,8 +493,6 @@ def device_pass(loss: str, X, y, Theta: np.ndarray, want: str, xi: float = math.
     sums of the L1-clipped per-record gradients, (*b, R) clipped counts; xi = inf: unclipped,
     counts 0), as arrays of X's namespace. `row_l1` (*b, n): the records' L1 norms (computed
     when not given)."""
-    from mpi_dp.backend import namespace, to_numpy
-
     check_loss(loss)
     xp = namespace(X)
     T = as_runs(to_numpy(Theta))

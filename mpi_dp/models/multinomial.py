@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from mpi_dp.backend import namespace
+from mpi_dp.backend import namespace, on_host, to_numpy
 from mpi_dp.errors import NumericalError
 from mpi_dp.models.reference import minimize_smooth
 
@@ -445,11 +445,6 @@ def stack_errors(X: np.ndarray, y: np.ndarray, W: np.ndarray) -> np.ndarray:
 # one-hot mask (the standard has no integer-array assignment), and one GEMM for the gradient.
 # Chunks are added in order; the result equals the NumPy kernel's up to rounding.
 
-def on_host(X: object) -> bool:
-    """Whether X takes the NumPy kernels (NumPy arrays; scipy/other host objects alike)."""
-    return isinstance(X, np.ndarray) or type(X).__module__.startswith("scipy")
-
-
 def device_labels(xp: object, y: np.ndarray, K: int) -> object:
     """Labels checked on the host (`_labels`), then moved to the device as int64."""
     return xp.asarray(_labels(np.asarray(y), K).astype(np.int64))  # type: ignore[attr-defined]
@@ -457,8 +452,6 @@ def device_labels(xp: object, y: np.ndarray, K: int) -> object:
 
 def _device_models(xp, W, batched: bool, where: str):
     """Host-checked models as the device's transposed flat form (*b, R*K, J) and (R, K)."""
-    from mpi_dp.backend import to_numpy
-
     A = np.asarray(to_numpy(W), dtype=np.float64)
     if A.ndim == 2:
         A = A[None]

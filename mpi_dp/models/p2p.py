@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import numpy as np
 import scipy.sparse as sp
 
+from mpi_dp.backend import namespace, on_host, to_numpy
 from mpi_dp.graphs import Graph
-from mpi_dp.models.linear import on_host
 
 LOSSES = ("logistic", "quadratic")
 #: (edge, run, coordinate) entries of one block of `smooth_term` (128 MiB of differences)
@@ -87,8 +87,6 @@ def device_local_grad(loss: str, X, y, lam: float, theta: np.ndarray, clip: floa
                       xnorm=None) -> tuple[np.ndarray, np.ndarray]:
     """`local_grad` with X (m, p), y (m,), xnorm (m,) on a device backend: (R, p) gradient and
     (R,) clipped fractions on the host, equal to `local_grad`'s up to rounding."""
-    from mpi_dp.backend import namespace, to_numpy
-
     xp = namespace(X)
     th = np.asarray(theta, dtype=np.float64)
     z = X @ xp.asarray(np.ascontiguousarray(th.T))  # (m, R)
