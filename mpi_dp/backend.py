@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 from types import ModuleType
 from typing import Any
@@ -79,6 +80,16 @@ class Backend:
         """A backend array back on the host as NumPy (NumPy: as is)."""
         return to_numpy(a)
 
+    def free_bytes(self) -> float:
+        """Free memory of this rank's device, shared by the node's ranks on the same device
+        (`local_ranks` over the devices it sees, rounded up); inf on the host backends."""
+        if self.name != "cupy":
+            return math.inf
+        import cupy
+
+        free = float(cupy.cuda.runtime.memGetInfo()[0])
+        return free / -(-local_ranks() // max(1, cupy.cuda.runtime.getDeviceCount()))
+
 
 def to_numpy(a: Any) -> np.ndarray:
     """Any backend's array as a host NumPy array (CuPy: copied from the device)."""
@@ -106,6 +117,19 @@ def local_rank() -> int:
         if v.isdigit():
             return int(v)
     return 0
+
+
+#: Environment variables that give the number of ranks on this rank's node, read in order.
+LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE")
+
+
+def local_ranks() -> int:
+    """Ranks on this rank's node, where the launcher says (1 otherwise)."""
+    for var in LOCAL_SIZE_VARS:
+        v = os.environ.get(var, "")
+        if v.isdigit() and int(v) > 0:
+            return int(v)
+    return 1
 
 
 @functools.cache

@@ -98,9 +98,11 @@ def read_datasets(path: Path) -> dict:
     return out
 
 
-def wait_for_progress(partial: Path, key: str, at_least: int, limit: float = HANG_GUARD_S) -> None:
+def wait_for_progress(partial: Path, key: str, at_least: int, limit: float = HANG_GUARD_S,
+                      poll: float = 0.2) -> None:
     """Wait until the heartbeat attribute `key` (progress_config, progress_record) of a result
-    file being written reaches `at_least`; AssertionError after `limit` seconds."""
+    file being written reaches `at_least` (read every `poll` seconds); AssertionError after
+    `limit` seconds."""
     import time
 
     import h5py
@@ -113,7 +115,7 @@ def wait_for_progress(partial: Path, key: str, at_least: int, limit: float = HAN
                     return
         except (OSError, KeyError):
             pass
-        time.sleep(0.2)
+        time.sleep(poll)
     raise AssertionError(f"{partial} never reached {key} >= {at_least}")
 
 

@@ -317,12 +317,25 @@ def test_a_short_job_of_every_method_on_a_backend_equals_numpy(tmp_path, method_
     assert _compare(a, b) >= 10
 
 
-def test_backend_is_a_key_with_clear_errors(tmp_path, mc_shard):
-    """An unknown value names the choices; a backend this machine lacks stops the job before
-    its output exists."""
+def test_backend_is_a_key_with_clear_errors(tmp_path, mc_shard, method_shards):
+    """An unknown value names the choices; a backend this machine lacks, or a device too small
+    for a rank's records (a device with 1 kB free, patched in), stops the job before its output
+    exists."""
     bad = _admm_job(tmp_path, mc_shard, "bad", "jax")
     with pytest.raises(MpiDpError, match="backend"):
         run_job(bad, comm=MPI.COMM_SELF, progress=False)
+    from mpi_dp.backend import Backend
+
+    with pytest.MonkeyPatch.context() as mp:  # a device with 1 kB free: the records do not fit
+        mp.setattr(Backend, "free_bytes", lambda self: 1000.0)
+        for method, data in (("admm", mc_shard), ("sync_star", method_shards["regression"]),
+                             ("async_star", method_shards["regression"])):
+            extra = {"variant": "proof"} if method == "async_star" else {}
+            small = write_job(tmp_path / f"small_{method}.toml", data, algorithm=method,
+                              backend="array_api_strict", T=5, **extra)
+            with pytest.raises(MpiDpError, match=r"records alone take .* GiB on the device"):
+                run_job(small, comm=MPI.COMM_SELF, progress=False)
+            assert not list(tmp_path.glob(f"small_{method}.h5*"))
     if not GPU:
         job = _admm_job(tmp_path, mc_shard, "gpu", "cupy")
         with pytest.raises(MpiDpError, match="key 'backend'"):

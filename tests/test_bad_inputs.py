@@ -311,11 +311,14 @@ def test_sigterm_stops_every_rank_at_a_record_and_resume_finishes_it_bit_for_bit
     job = _fault_job(files, runs=2, T=400000, record_every=50)
     out = tmp_path / "t.h5"
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", MPI_DP_CHECKPOINT_S="1000")
+    # 3 configurations x 2,000 iterations: about 3 s of iterations on a quiet fast machine
+    # (0.4 ms per iteration and configuration), so the signal, sent within 0.15 s of the fifth
+    # record, lands while the job runs however fast the machine is
     proc = subprocess.Popen([MPIEXEC, "-n", "3", sys.executable, "-m", "mpi_dp", "run", str(job),
-                             "--out", str(out), "--set", "T=1000"], cwd=files, env=env,
+                             "--out", str(out), "--set", "T=2000"], cwd=files, env=env,
                             stderr=subprocess.PIPE, text=True)
-    wait_for_progress(Path(f"{out}.partial"), "progress_record", 5)
-    time.sleep(0.5)
+    wait_for_progress(Path(f"{out}.partial"), "progress_record", 5, poll=0.05)
+    time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
@@ -325,11 +328,11 @@ def test_sigterm_stops_every_rank_at_a_record_and_resume_finishes_it_bit_for_bit
         assert f.attrs["status"] == "interrupted" and "SIGTERM" in f.attrs["status_reason"]
         stopped = int(f.attrs["progress_config"])
         assert "checkpoint" in f[f"configs/{stopped:03d}"]  # stopped inside a configuration
-    cp = mpi_run(2, ["run", str(job), "--out", str(out), "--set", "T=1000", "--resume"],
+    cp = mpi_run(2, ["run", str(job), "--out", str(out), "--set", "T=2000", "--resume"],
                  cwd=files)
     assert cp.returncode == 0 and "resumed from its checkpoint" in cp.stderr, cp.stderr
     whole = tmp_path / "whole.h5"
-    cp = mpi_run(3, ["run", str(job), "--out", str(whole), "--set", "T=1000", "--quiet"],
+    cp = mpi_run(3, ["run", str(job), "--out", str(whole), "--set", "T=2000", "--quiet"],
                  cwd=files)
     assert cp.returncode == 0, cp.stderr
     _same_datasets(whole, out)

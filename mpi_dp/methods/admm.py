@@ -28,7 +28,7 @@ from .base import (
     Outcome,
     Resolved,
     RunHooks,
-    available_backend,
+    backend_for,
     calibration_attrs,
     default_of,
     ledger_delta,
@@ -304,7 +304,7 @@ class Admm(Method[Prepared, _S]):
             reg_grad=k.reg_grad, w_bound=float(k.w_bound), dp_delta=float(k.dp_delta),
             budget_eps=float(k.budget_eps), seed=g.seed, run_ids=ctx.run_ids,
             record_every=g.record_every, aggregate=job.section(CommKeys).aggregate,
-            backend=available_backend(job.path, job.values["backend"]))
+            backend=backend_for(ctx, rc.n))
 
     def plans(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S) -> list[contract.Plan]:
         """T releases per agent (one per iteration), at one delta for every agent (the smallest

@@ -24,7 +24,7 @@ from .base import (
     Outcome,
     Resolved,
     RunHooks,
-    available_backend,
+    backend_for,
     calibration_attrs,
     default_of,
     ledger_delta,
@@ -153,7 +153,7 @@ def settings_for(job: Job, eps: list[float], n: list[int], n_file: int, xi: floa
         clock_unit_s=float(a.clock_unit_s),
         poll_interval_s=float(a.poll_interval_s),
         noise_shape=a.noise_shape, dp_valid=not paper,
-        backend=available_backend(job.path, job.values["backend"]))
+        backend=job.values["backend"])
 
 
 class AsyncStar(StarMethod[Prepared, _S]):
@@ -211,6 +211,7 @@ class AsyncStar(StarMethod[Prepared, _S]):
         return Prepared(pc, rho, evalset=evaluation_set(ctx), link=link)
 
     def settings(self, ctx: Context, prep: Prepared, rc: Resolved) -> _S:
+        backend_for(ctx, rc.n)  # the backend this rank can provide, before the output exists
         s = settings_for(ctx.job, rc.eps, rc.n, ctx.shard.n_agents, prep.public.xi, prep.rho,
                          ctx.shard.n_features, ctx.run_ids, variant=rc.variant)
         async_star.check_settings(s, ctx.job.path, ctx.comm.Get_size())

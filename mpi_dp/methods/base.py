@@ -140,14 +140,36 @@ def ledger_delta(ctx: Context, rc: Resolved) -> float:
     return contract.default_delta(max(rc.n)) if d == "auto" else float(d)
 
 
-def available_backend(path: str | Path, name: str) -> str:
+#: Share of a device's free memory the records of its ranks may take (the rest: the passes'
+#: working blocks, models, CuPy's pool).
+DEVICE_MEMORY_SHARE = 0.8
+
+
+def available_backend(path: str | Path, name: str, records_bytes: float = 0.0) -> str:
     """The job's `backend` when this rank can provide it (checked on every rank before the
-    output is touched: CuPy installed, a GPU present), else JobError naming the key."""
+    output is touched: CuPy installed, a GPU present, and the device's free memory, shared by
+    the node's ranks on it, holding the `records_bytes` this rank moves there: a lower bound
+    of what it needs), else JobError naming the key."""
     try:
-        backend(name)
+        bk = backend(name)
     except BackendError as e:
         raise JobError(f"job file {path}: key 'backend': {e}") from None
+    free = bk.free_bytes()
+    if records_bytes > DEVICE_MEMORY_SHARE * free:
+        raise JobError(f"job file {path}: key 'backend': this rank's records alone take "
+                       f"{records_bytes / 2**30:.2f} GiB on the device, which has "
+                       f"{free / 2**30:.2f} GiB free for each of its ranks: use more GPUs "
+                       "(nodes, or fewer ranks per GPU), fewer records (n), or backend = 'numpy'")
     return name
+
+
+def backend_for(ctx: Context, n_records: Any) -> str:
+    """`available_backend` of the job's `backend` for this rank's hosted agents: their records
+    (`n_records`, the configuration's per agent) x features x 8 bytes."""
+    n = np.asarray(n_records, dtype=np.float64)
+    rows = float(sum(n[a] for a in ctx.star.local_agents if a < n.size))
+    return available_backend(ctx.job.path, ctx.job.values["backend"],
+                             rows * ctx.shard.n_features * 8.0)
 
 
 def owner_plans(ctx: Context, rc: Resolved, n_records: Any, mechanism: str,

@@ -15,7 +15,7 @@ from .base import (
     Outcome,
     Resolved,
     RunHooks,
-    available_backend,
+    backend_for,
     calibration_attrs,
     ledger_delta,
     owner_plans,
@@ -95,7 +95,7 @@ class SyncStar(StarMethod[Prepared, sync_star.Settings]):
             run_ids=ctx.run_ids, record_every=g.record_every,
             aggregate=job.section(CommKeys).aggregate, eps=tuple(rc.eps), n=tuple(rc.n),
             p=ctx.shard.n_features, schedule=job.section(StepKeys).schedule,
-            backend=available_backend(job.path, job.values["backend"]))
+            backend=backend_for(ctx, rc.n))
         sync_star.check_settings(s, job.path)
         return s
 
