@@ -76,10 +76,6 @@ class Backend:
             dtype = getattr(self.xp, str(a.dtype))
         return self.xp.asarray(np.ascontiguousarray(a), dtype=dtype)
 
-    def to_numpy(self, a: Any) -> np.ndarray:
-        """A backend array back on the host as NumPy (NumPy: as is)."""
-        return to_numpy(a)
-
     def free_bytes(self) -> float:
         """Free memory of this rank's device, shared by the node's ranks on the same device
         (`local_ranks` over the devices it sees, rounded up); inf on the host backends."""
@@ -111,7 +107,6 @@ def local_rank() -> int:
     """This rank's index on its node (0 when no launcher says): rank i of a node uses GPU
     i mod (GPUs it sees), so one rank per GPU needs no configuration (Slurm's --gres with
     CUDA_VISIBLE_DEVICES per task shows each rank one GPU: index 0)."""
-
     for var in LOCAL_RANK_VARS:
         v = os.environ.get(var, "")
         if v.isdigit():
@@ -166,9 +161,3 @@ def namespace(*arrays: Any) -> Any:
 
     return array_namespace(*arrays)
 
-
-def is_numpy(xp: Any) -> bool:
-    """Whether `xp` is NumPy (or array-api-compat's NumPy wrapper)."""
-    from array_api_compat import is_numpy_namespace
-
-    return is_numpy_namespace(xp)

@@ -26,6 +26,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as the tomli packag
     import tomli as tomllib  # type: ignore[no-redef]
 
 from . import strict_json
+from .backend import BACKENDS
 from .errors import JobError
 
 
@@ -138,7 +139,7 @@ SHARED: dict[str, Key] = {
                    "(one GPU per rank: the records move to the GPU once per configuration; noise, "
                    "ledgers and MPI stay on the host, so a GPU run uses the CPU run's noise) or "
                    "array_api_strict (the array API standard's reference namespace on the CPU: a "
-                   "test stand-in for a device)", ("numpy", "cupy", "array_api_strict")),
+                   "test stand-in for a device)", BACKENDS),
 }
 SHARED_SECTIONS: dict[str, dict[str, Key]] = {
     "step": {
