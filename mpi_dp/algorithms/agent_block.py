@@ -21,12 +21,15 @@ from ..models import linear
 from ..models.linear import error_counts
 
 
-def _agent_chunks(g: SizeGroup, models: int) -> list[tuple[np.ndarray, slice]]:
+def _agent_chunks(g: SizeGroup, models: int, elems: int | None = None
+                  ) -> list[tuple[np.ndarray, slice]]:
     """(block positions, group slice) chunks of a group whose (agents x models x records)
-    intermediates hold about linear.CHUNK_ELEMS numbers (memory bounded, cache-sized)."""
-    step = max(1, linear.CHUNK_ELEMS // max(1, models * g.n))
+    intermediates hold about `elems` numbers (linear.CHUNK_ELEMS: memory bounded,
+    cache-sized); the slices stop inside the group (the array API has no out-of-bounds
+    stops)."""
+    step = max(1, (linear.CHUNK_ELEMS if elems is None else elems) // max(1, models * g.n))
     G = g.rows.size
-    return [(g.rows[a : a + step], slice(a, a + step)) for a in range(0, G, step)]
+    return [(g.rows[a : a + step], slice(a, min(a + step, G))) for a in range(0, G, step)]
 
 
 class Shard(Protocol):
@@ -153,14 +156,11 @@ class AgentBlock:
         """`clipped_grad_sums` on the device backend: each size group in agent chunks of at most
         linear.DEVICE_CHUNK_ELEMS (agents x runs x records) numbers, each dense single agent
         alone; CSR agents on the host."""
-        R = T.shape[0]
         for g, (X, y, l1) in zip(self.groups, self._dev_groups, strict=True):
-            step = max(1, linear.DEVICE_CHUNK_ELEMS // max(1, R * g.n))
-            for a in range(0, g.rows.size, step):
-                c = slice(a, min(a + step, g.rows.size))
+            for rows, c in _agent_chunks(g, T.shape[0], linear.DEVICE_CHUNK_ELEMS):
                 s, k = linear.clipped_grad_sum_stack(loss, X[c, ...], y[c, ...], T, xi,
                                                      l1[c, ...])
-                out[g.rows[c]], counts[g.rows[c]] = to_numpy(s), to_numpy(k)
+                out[rows], counts[rows] = to_numpy(s), to_numpy(k)
         host = []
         for j in self.singles:
             if j in self._dev_singles:

@@ -536,13 +536,14 @@ class Block:
         self._mix_data = np.empty(self._mix_indptr[-1])
         bk = backend(s.backend)
         self.device = None if bk.is_numpy else bk
-        # the mix on a device: each agent's neighbours in slots (ascending id, padded with a zero
-        # row), added to a_ii Pub_i one slot after another, the CSR product's order
-        pos = np.arange(len(self.rows.nbr)) - self.rows.indptr[self.rows.owner]
-        width = int(self.deg.max()) if k and len(self.rows.nbr) else 0
-        self._slot = (self.rows.owner, pos)
-        self._slot_rows = np.full((k, width), len(rows_ids), dtype=np.int64)
-        self._slot_rows[self._slot] = self.nbr_row
+        if self.device is not None:
+            # the mix on a device: each agent's neighbours in slots (ascending id, padded with
+            # a zero row), added to a_ii Pub_i one slot after another, the CSR product's order
+            pos = np.arange(len(self.rows.nbr)) - self.rows.indptr[self.rows.owner]
+            width = int(self.deg.max()) if k and len(self.rows.nbr) else 0
+            self._slot = (self.rows.owner, pos)
+            self._slot_rows = np.full((k, width), len(rows_ids), dtype=np.int64)
+            self._slot_rows[self._slot] = self.nbr_row
         self.activation = tp.EdgeActivation(net.tracked, s.activation, s.p_act, s.window, s.seed)
         gkeys = graph.edges[:, 0] * graph.m + graph.edges[:, 1]  # sorted (edges are)
         self._edge_idx = np.searchsorted(gkeys, self.activation.lo * graph.m + self.activation.hi)

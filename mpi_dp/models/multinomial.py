@@ -451,19 +451,12 @@ def device_labels(xp: object, y: np.ndarray, K: int) -> object:
 
 
 def _device_models(xp, W, batched: bool, where: str):
-    """Host-checked models as the device's transposed flat form (*b, R*K, J) and (R, K)."""
+    """`_stack_models` checked on the host, its transposed flat form (*b, R*K, J) moved to the
+    device; per-agent models (B, R, J, K) only for a stack of agents."""
     A = np.asarray(to_numpy(W), dtype=np.float64)
-    if A.ndim == 2:
-        A = A[None]
-    if A.ndim not in (3, 4) or (A.ndim == 4 and not batched):
-        raise ValueError(f"{where}: models must be (R, J, K) or (J, K)"
-                         f"{' or (B, R, J, K)' if batched else ''}, got {A.shape}")
-    if not np.all(np.isfinite(A)):
-        bad = np.nonzero(~np.isfinite(A.reshape(-1, *A.shape[-3:])))
-        raise NumericalError(f"{where}: model parameters contain NaN or inf (runs "
-                             f"{np.unique(bad[1] if A.ndim == 4 else bad[0]).tolist()})")
-    R, J, K = A.shape[-3:]
-    Wt = np.ascontiguousarray(np.swapaxes(A, -1, -2)).reshape(*A.shape[:-3], R * K, J)
+    if A.ndim == 4 and not batched:
+        raise ValueError(f"{where}: models must be (R, J, K) or (J, K), got {A.shape}")
+    Wt, R, K = _stack_models(A, where)
     return xp.asarray(Wt), R, K
 
 
