@@ -51,7 +51,7 @@ $(PETSC_STAMP): $(STAMP)
 	  else echo "WITH_PETSC=1 needs libopenblas-dev and liblapack-dev (apt-get install them as root)"; exit 1; fi; fi
 	@echo "building PETSc + petsc4py from source (first time about 20-30 minutes; pip caches it)"
 	$(PY) -m pip install --quiet petsc petsc4py
-	$(PY) -c "import petsc4py; petsc4py.init(); from petsc4py import PETSc; print('petsc4py', petsc4py.__version__)"
+	$(PY) -c "from mpi_dp.models.petsc_backend import load_petsc; print('PETSc', load_petsc().Sys.getVersion())"
 	touch $@
 
 petsc:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import scipy.optimize
@@ -155,6 +159,18 @@ def test_solver_argument_validation():
     with pytest.raises(ValueError):
         reference.minimize_smooth(lambda t: (0.0, t), P, 1.0, solver="nope")
     assert isinstance(reference.petsc_available(), bool)
+
+
+@pytest.mark.petsc
+@pytest.mark.skipif(importlib.util.find_spec("petsc4py") is None, reason="petsc4py is not installed")
+def test_an_installed_petsc4py_loads_in_a_fresh_process():
+    """pip's cached petsc/petsc4py wheels keep the RUNPATH of the venv they were built in, so in a
+    venv at another path libmpi.so.12 is found only once mpi4py has loaded it: an installed
+    petsc4py must load from a process that has not imported MPI yet (it silently skipped every
+    PETSc test before)."""
+    code = "from mpi_dp.models.reference import petsc_available; print(petsc_available())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True", out.stderr
 
 
 @pytest.mark.petsc

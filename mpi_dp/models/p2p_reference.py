@@ -217,7 +217,7 @@ def _cg_scipy(H: sp.csr_matrix, b: np.ndarray, diag: np.ndarray, tol: float) -> 
 def _petsc_mod():
     from mpi_dp.models import petsc_backend
 
-    return petsc_backend._petsc()
+    return petsc_backend.load_petsc()
 
 
 def _ksp_cg(comm: Any, H: sp.csr_matrix, b: np.ndarray, N: int, tol: float) -> np.ndarray:

@@ -15,14 +15,17 @@ import numpy as np
 from mpi_dp.errors import NumericalError
 
 
-def _petsc():
+def load_petsc():
     """PETSc, initialised on MPI.COMM_SELF: PetscInitialize is collective over PETSC_COMM_WORLD,
-    and only the learner solves, while the owners wait in the callback's broadcasts."""
+    and only the learner solves, while the owners wait in the callback's broadcasts.
+
+    mpi4py's MPI comes first: a petsc4py wheel taken from pip's cache keeps the RUNPATH of the
+    venv it was built in, and finds the mpich wheel's libmpi.so.12 only as an already loaded
+    library (without it, a venv at another path fails with "libmpi.so.12: cannot open")."""
     import petsc4py
+    from mpi4py import MPI
 
     if "petsc4py.PETSc" not in sys.modules:
-        from mpi4py import MPI
-
         petsc4py.init(comm=MPI.COMM_SELF)
     from petsc4py import PETSc
 
@@ -46,7 +49,7 @@ def minimize_tao(
     converged to rounding. A line-search failure near the optimum is normal at such tolerances:
     the solve is restarted from its own answer (fresh quasi-Newton memory) a few times.
     """
-    PETSc = _petsc()
+    PETSc = load_petsc()
     comm = PETSc.COMM_SELF
 
     def objgrad(tao, x, g) -> float:

@@ -35,10 +35,9 @@ SOLVERS = ("auto", "closed", "scipy", "petsc")
 def petsc_available() -> bool:
     """True if petsc4py imports and initialises (checked once)."""
     try:
-        import petsc4py
+        from mpi_dp.models.petsc_backend import load_petsc
 
-        petsc4py.init()
-        from petsc4py import PETSc  # noqa: F401
+        load_petsc()
     except Exception:  # ImportError, or a broken build failing at init
         return False
     return True
