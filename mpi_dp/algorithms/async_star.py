@@ -247,14 +247,14 @@ class DataOwner(Checkpointed, ReleasePath):
         one): clipped mean gradient + Laplace noise into `out`, the ledger charged before any
         noise is drawn; raises NumericalError on a non-finite answer."""
         m, n = runs.size, self.n
-        if self._dev is not None:
-            grad_sum, clipped = linear.clipped_grad_sum(self.loss, *self._dev, thetas, self.xi)
-            grad_sum, clipped = to_numpy(grad_sum), to_numpy(clipped)
-        elif not (self._direct and m * n <= linear.SMALL_PASS_ELEMS):
-            stats = self.shard.squared_stats if self.loss == "squared" else None
-            grad_sum, clipped = linear.clipped_grad_sum(self.loss, self.shard.X, self.shard.y,
-                                                        thetas, self.xi, stats)
         if not (self._direct and m * n <= linear.SMALL_PASS_ELEMS):
+            if self._dev is not None:  # the device pass (no SquaredStats shortcut there)
+                (X, y), stats = self._dev, None
+            else:
+                X, y = self.shard.X, self.shard.y
+                stats = self.shard.squared_stats if self.loss == "squared" else None
+            grad_sum, clipped = linear.clipped_grad_sum(self.loss, X, y, thetas, self.xi, stats)
+            grad_sum, clipped = to_numpy(grad_sum), to_numpy(clipped)
             out[:], _ = self.release.laplace(grad_sum / n, self.noise_gens.subset(runs),
                                              self.sensitivity, runs, scale=self.lap_scale,
                                              scalar=self.scalar_noise)
