@@ -21,7 +21,7 @@ export PETSC_CONFIGURE_OPTIONS ?= --with-fc=0 --with-debugging=0 --with-x=0
 STAMP := $(VENV)/.installed
 PETSC_STAMP := $(VENV)/.petsc
 
-.PHONY: demo test test-serial test-mpi lint bench gpu-check venv petsc clean help
+.PHONY: demo test test-serial test-mpi lint bench bench-quick gpu-check venv petsc clean help
 
 help:
 	@echo "make demo    - set up .venv, run the demo job under mpiexec -n $(NP), print its outputs"
@@ -31,10 +31,12 @@ help:
 	@echo "make gpu-check - on a GPU node: the tests marked gpu (CuPy against NumPy) and"
 	@echo "               benchmarks/gpu.py (GPU against the node's CPU cores), one table each;"
 	@echo "               installs CUPY=$(CUPY) into .venv when CuPy is missing"
-	@echo "make lint    - ruff"
+	@echo "make lint    - ruff (style) and mypy (types of mpi_dp/, configured in pyproject.toml)"
 	@echo "make bench   - benchmarks/replicates.py, async_rate.py (mpiexec -n 3 and -n 9), admm_mnist.py"
 	@echo "               (GEMM efficiency; prepares data/mnist.h5), scaling.py (small grid),"
 	@echo "               dola_rounds.py (-n 2), p2p_wakeups.py (-n 2, 4, 8; needs data/movielens.h5)"
+	@echo "make bench-quick - every benchmarks/*.py in its --quick mode (tests/test_benchmarks.py;"
+	@echo "               make test runs it too): seconds each, no timing judged"
 
 venv: $(STAMP) $(if $(filter 1,$(WITH_PETSC)),$(PETSC_STAMP))
 
@@ -98,6 +100,7 @@ gpu-check: venv
 
 lint: venv
 	$(VENV)/bin/ruff check mpi_dp tests benchmarks
+	$(VENV)/bin/mypy
 
 bench: venv
 	$(PY) benchmarks/replicates.py
@@ -111,6 +114,10 @@ bench: venv
 	@if [ -f data/movielens.h5 ]; then for n in 2 4 8; do \
 	  $(MPIEXEC) -n $$n $(PY) benchmarks/p2p_wakeups.py || exit 1; done; \
 	else echo "benchmarks/p2p_wakeups.py skipped: no data/movielens.h5 (mpi-dp data prepare movielens)"; fi
+
+# every benchmark in its --quick mode (tiny synthetic data, no file needed; no timing judged)
+bench-quick: venv
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_benchmarks.py
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

@@ -32,6 +32,11 @@ Times are printed, never asserted.
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/admm_mnist.py --data /tmp/mnist.h5 [--runs 20]
     (data: mpi-dp data prepare mnist --source ../shared/data --out /tmp/mnist.h5)
+    python benchmarks/admm_mnist.py --quick    # smoke test on synthetic data, no file (seconds)
+
+--quick (tests/test_benchmarks.py runs it) needs no file: MNIST-like synthetic records made in
+memory (mpi_dp.data.synth.synth_multiclass: features in [0, 1], QUICK_DATA's shapes), R = 4, two
+blocks of one iteration, T = 2, both parts; --data given explicitly reads that file instead.
 """
 
 from __future__ import annotations
@@ -50,6 +55,15 @@ from mpi_dp.algorithms import admm  # noqa: E402
 from mpi_dp.comm.star import Star  # noqa: E402
 from mpi_dp.data import ShardFile  # noqa: E402
 from mpi_dp.models import multinomial  # noqa: E402
+from mpi_dp.privacy import rules  # noqa: E402
+from mpi_dp.privacy.contract import Contract  # noqa: E402
+
+#: the per-iteration eps_bar of the benchmark (the paper's rule)
+EPS_BAR = 0.1
+#: --quick: the smallest meaningful case (options given explicitly win)
+QUICK = {"runs": 4, "blocks": 2, "iters": 1, "reps": 1, "T": 2}
+#: --quick's synthetic records: agents, records per agent, features J, classes K, noise, seed
+QUICK_DATA = {"n_agents": 3, "records": 200, "dim": 64, "classes": 10, "noise": 0.35, "seed": 2}
 
 
 def load(path: str) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
@@ -59,18 +73,36 @@ def load(path: str) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
     return [(np.asarray(X, dtype=np.float64), y) for X, y in agents], K
 
 
+def synthetic() -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
+    """QUICK_DATA's MNIST-like records (in memory, no file): (agents' (X, y), K)."""
+    from mpi_dp.data.synth import synth_multiclass
+
+    q = QUICK_DATA
+    made = synth_multiclass(q["n_agents"], q["records"], q["dim"], q["noise"], q["seed"],
+                            classes=q["classes"], test=0)
+    return [(np.ascontiguousarray(X), y) for X, y in made["agents"]], q["classes"]
+
+
 def settings(data, K: int, run_ids: tuple[int, ...], T: int) -> admm.Settings:
     J = data[0][0].shape[1]
-    return admm.Settings(method="objt", T=T, eps_bar=0.1, n=tuple(len(y) for _, y in data), J=J,
+    return admm.Settings(method="objt", T=T, n=tuple(len(y) for _, y in data), J=J,
                          K=K, run_ids=run_ids, record_every=T)
+
+
+def contract(s: admm.Settings) -> Contract:
+    """The paper's rule at eps_bar = EPS_BAR per iteration, T releases per agent."""
+    return Contract.planned(rules.PerIteration(), "laplace", s.T, [EPS_BAR] * s.P,
+                            seed=s.seed, run_ids=s.run_ids)
 
 
 def timed_run(data, K: int, run_ids: tuple[int, ...], T: int) -> tuple[float, np.ndarray]:
     """Seconds per iteration of one run_config call (agents built outside the timing)."""
     s = settings(data, K, run_ids, T)
-    agents = [admm.Agent(i, X, y, s) for i, (X, y) in enumerate(data)]
+    con = contract(s)
+    agents = [admm.Agent(i, X, y, s, con) for i, (X, y) in enumerate(data)]
     t0 = time.perf_counter()
-    out = admm.run_config(Star(MPI.COMM_SELF, len(data)), agents, s, None, None, progress=False)
+    out = admm.run_config(Star(MPI.COMM_SELF, len(data)), agents, s, con, None, None,
+                          progress=False)
     return (time.perf_counter() - t0) / T, out["models/final"]
 
 
@@ -89,7 +121,11 @@ class GemmClock:
             t0 = time.perf_counter()
             out = orig(a, b, *args, **kwargs)
             self.seconds += time.perf_counter() - t0
-            self.flops += 2 * a.shape[0] * a.shape[1] * b.shape[1]
+            # (..., m, k) @ (..., k, n): 2 m k n per matrix of the broadcast stack (the agents
+            # of equal record count are one stacked matmul since issue 29)
+            sa, sb = np.shape(a), np.shape(b)
+            stack = int(np.prod(np.broadcast_shapes(sa[:-2], sb[:-2])))
+            self.flops += 2 * stack * sa[-2] * sa[-1] * sb[-1]
             return out
 
         np.matmul = timed
@@ -111,13 +147,15 @@ def best(f, reps: int) -> float:
 def efficiency(data, K: int, R: int, blocks: int, iters: int, reps: int) -> None:
     s = settings(data, K, tuple(range(R)), 10**6)
     # the hosted agents as one block, kept across iterations (as the runner does)
-    agents = admm.AgentBlock([admm.Agent(i, X, y, s) for i, (X, y) in enumerate(data)], s)
+    con = contract(s)
+    agents = admm.AgentBlock([admm.Agent(i, X, y, s, con) for i, (X, y) in enumerate(data)], s,
+                             con)
     star = Star(MPI.COMM_SELF, len(agents))
     state = {"w": np.zeros((R, s.J, s.K)), "t": 0}
 
     def step() -> None:
         t = state["t"]
-        state["w"] = admm.iterate(star, agents, s, state["w"], t, s.rho(t))
+        state["w"] = admm.iterate(star, agents, s, state["w"], t, agents.rho(t))
         state["t"] = t + 1
 
     flops = 4 * s.I * s.J * R * s.K  # scores + gradient GEMM of every agent
@@ -201,10 +239,23 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="DGEMM repetitions per block and shape")
     ap.add_argument("--T", type=int, default=5, help="iterations per call (vectorised vs loop)")
     ap.add_argument("--no-loop", action="store_true", help="skip the vectorised-vs-loop part")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke test on synthetic data, no file (tests/test_benchmarks.py): "
+                    + ", ".join(f"--{k} {v}" for k, v in QUICK.items())
+                    + f", records {QUICK_DATA} (options given explicitly win)")
     args = ap.parse_args()
-    data, K = load(args.data)
-    print(f"{len(data)} agents x {len(data[0][1])} records, J = {data[0][0].shape[1]}, K = {K}; "
-          f"ObjT, eps_bar = 0.1; OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}")
+    synth = False
+    if args.quick:  # the smoke-test sizes, where not given explicitly
+        for k, v in QUICK.items():
+            if getattr(args, k) == ap.get_default(k):
+                setattr(args, k, v)
+        synth = args.data == ap.get_default("data")
+    data, K = synthetic() if synth else load(args.data)
+    what = ("quick, synthetic MNIST-like records (synth_multiclass)" if synth
+            else f"quick, {args.data}" if args.quick else args.data)
+    print(f"{len(data)} agents x {len(data[0][1])} records, J = {data[0][0].shape[1]}, K = {K} "
+          f"({what}); ObjT, eps_bar = 0.1; "
+          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}")
     efficiency(data, K, args.runs, args.blocks, args.iters, args.reps)
     if not args.no_loop:
         vectorised_vs_loop(data, K, args.runs, args.T)

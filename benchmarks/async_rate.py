@@ -6,6 +6,7 @@ at most one extra round trip). Run under MPI (rank 0 = learner, owners in blocks
 
     mpiexec -n 3 python benchmarks/async_rate.py [--owners 8] [--dim 10] [--records 100] [--T 2000]
     mpiexec -n 9 python benchmarks/async_rate.py          # one owner per host (oversubscribed)
+    mpiexec -n 2 python benchmarks/async_rate.py --quick  # smoke test (tests/test_benchmarks.py)
 
 The two measurements are interleaved in `--blocks` blocks (default 5), each a ping-pong burst
 followed at once by a live run, so that both see the same machine load; the ratio is taken per
@@ -36,6 +37,7 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+import dataclasses  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -46,10 +48,16 @@ from mpi_dp.algorithms.common import LocalShard, Oracle, reference_quantities  #
 from mpi_dp.comm.p2p_star import P2PStar  # noqa: E402
 from mpi_dp.comm.star import Star  # noqa: E402
 from mpi_dp.data.synth import synth_regression  # noqa: E402
+from mpi_dp.privacy import rules  # noqa: E402
+from mpi_dp.privacy.contract import Contract  # noqa: E402
 
 PING, PONG, DONE = 91, 92, 93
 #: how long a host not in turn naps between probes during the ping-pong
 IDLE_NAP_S = 1e-3
+#: timed calls of each computation in the one-process profile
+PROFILE_REPS = 3000
+#: --quick: the smallest meaningful case (2 blocks; runs on 2 ranks, one owner host)
+QUICK = {"owners": 4, "records": 50, "T": 200, "pings": 200, "blocks": 2, "profile_reps": 200}
 
 
 def ping_pong(comm: MPI.Comm, hosts: list[int], n_send: int, n_back: int, pings: int) -> float:
@@ -88,6 +96,16 @@ def ping_pong(comm: MPI.Comm, hosts: list[int], n_send: int, n_back: int, pings:
     return 0.0
 
 
+def settings(N: int, p: int, records: int, T: int, protocol: str) -> async_star.Settings:
+    """The live run's settings: N owners of `records` records, each capped at T answers, a clock
+    so fast that every owner always has a request queued."""
+    return async_star.Settings(
+        T=T, loss="squared", lam=1e-5, theta_max=10.0, theta0=0.0, init="const", xi=1.0,
+        clip=True, rho=0.5, central_step="proof", eps=tuple([10.0] * N), n=tuple([records] * N),
+        caps=tuple([T] * N), p=p, seed=1, run_ids=(0,), record_every=T, mode="live",
+        protocol=protocol, clock_unit_s=1e-6, poll_interval_s=1e-5)
+
+
 def _timed(f, reps: int) -> float:
     f()
     t0 = time.perf_counter()
@@ -96,10 +114,23 @@ def _timed(f, reps: int) -> float:
     return (time.perf_counter() - t0) / reps
 
 
-def compute_cost(s: async_star.Settings, data: dict, reps: int = 3000) -> tuple[float, float]:
+def _contract(s: async_star.Settings) -> Contract:
+    """The owners' contract: the paper's basic split of eps over their caps."""
+    return Contract.planned(rules.BasicSplit(), "laplace", list(s.caps), s.eps, seed=s.seed,
+                            run_ids=s.run_ids)
+
+
+def compute_cost(s: async_star.Settings, data: dict, reps: int = PROFILE_REPS
+                 ) -> tuple[float, float]:
     """Seconds per update of the computing alone, timed in one process: (owner 0's answer, the
     learner's query point + update), through the calls the live path makes."""
-    owner = async_star.DataOwner(LocalShard(0, *data["agents"][0]), s.eps[0], 10**9, s)
+    # owner 0 answers reps + 1 times (_timed's warm-up; + 1 more on the general path): its plan
+    # covers reps + 2 releases. The live run's caps (T) allow fewer: 3,000 timed answers on a plan
+    # of 2,000 made its ledger refuse release 2,001 (BudgetExceededError). Only the noise scale
+    # differs from the live run's owners.
+    sc = dataclasses.replace(s, caps=tuple([reps + 2] * s.N))
+    owner = async_star.DataOwner(LocalShard(0, *data["agents"][0]),
+                                 async_star.owner_release(_contract(sc), 0, sc), sc.caps[0], sc)
     learner = async_star.Learner(s, np.zeros((1, s.p)))
     runs, own = np.arange(s.runs), np.zeros(s.runs, dtype=np.int64)
     tb = learner.query_points(runs, own)
@@ -147,7 +178,18 @@ def main() -> None:
     ap.add_argument("--protocol", default="owner_request",
                     choices=("owner_request", "learner_broadcast"))
     ap.add_argument("--json", help="also write the per-block figures to this JSON file")
+    ap.add_argument("--profile-reps", type=int, default=PROFILE_REPS,
+                    help="timed calls of the owner's answer and of the learner's step in the "
+                    "one-process profile")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke test (seconds; tests/test_benchmarks.py runs it under mpiexec -n "
+                    "2): " + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items())
+                    + " (options given explicitly win)")
     args = ap.parse_args()
+    if args.quick:  # the smoke-test sizes, where not given explicitly
+        for k, v in QUICK.items():
+            if getattr(args, k) == ap.get_default(k):
+                setattr(args, k, v)
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     if size < 2:
@@ -157,12 +199,7 @@ def main() -> None:
     link = P2PStar(comm, star.layout, p)
     data = synth_regression(N, args.records, p, 0.25, seed=1, public=0)
     shards = [LocalShard(i, *data["agents"][i]) for i in star.local_agents]
-    n = tuple([args.records] * N)
-    s = async_star.Settings(
-        T=args.T, loss="squared", lam=1e-5, theta_max=10.0, theta0=0.0, init="const", xi=1.0,
-        clip=True, rho=0.5, central_step="proof", eps=tuple([10.0] * N), n=n,
-        caps=tuple([args.T] * N), p=p, seed=1, run_ids=(0,), record_every=args.T, mode="live",
-        protocol=args.protocol, clock_unit_s=1e-6, poll_interval_s=1e-5)
+    s = settings(N, p, args.records, args.T, args.protocol)
     oracle = Oracle(star, shards, s.loss, s.lam, s.n_total, p)
     ref = reference_quantities(oracle, s.theta_max, "closed")
 
@@ -173,7 +210,8 @@ def main() -> None:
         pp = ping_pong(comm, link.hosts, 2 + (2 + p), 2 + (3 + p), args.pings)
         comm.Barrier()
         t0 = time.perf_counter()
-        out = async_star.run_config(star, link, shards, s, ref, None, progress=False)
+        out = async_star.run_config(star, link, shards, s, _contract(s), ref, None,
+                                    progress=False)
         wall = time.perf_counter() - t0
         if rank == 0:
             tr = out["trace"]
@@ -189,9 +227,9 @@ def main() -> None:
     live = np.array([b[1] for b in blocks])
     ratio = live / pp
     rtt = np.array([b[3] for b in blocks])
-    print(f"ranks {size} ({len(link.hosts)} owner hosts), {N} owners, d = {p}, {args.records} "
-          f"records per owner, protocol {args.protocol}, {args.blocks} blocks of {args.pings} "
-          f"pings per host + T = {args.T} live updates")
+    print(f"{'quick: ' if args.quick else ''}ranks {size} ({len(link.hosts)} owner hosts), "
+          f"{N} owners, d = {p}, {args.records} records per owner, protocol {args.protocol}, "
+          f"{args.blocks} blocks of {args.pings} pings per host + T = {args.T} live updates")
     print("block  ping-pong/s  (us each)   updates/s  (us each)  ratio  mean rtt us  wall updates/s")
     for b, (ppb, lb, wb, rb, _) in enumerate(blocks):
         print(f"{b:5d}  {ppb:11.0f}  ({1e6 / ppb:7.1f})  {lb:10.0f}  ({1e6 / lb:7.1f})  "
@@ -210,7 +248,7 @@ def main() -> None:
         med = float(np.median(ratio))
         print(f"VERDICT: ratio median {med:.3f} (blocks {ratio.min():.3f} .. {ratio.max():.3f}); "
               f"goal >= 0.5 {'met' if med >= 0.5 else 'NOT met'}.")
-    owner_s, learner_s = compute_cost(s, data)
+    owner_s, learner_s = compute_cost(s, data, args.profile_reps)
     per = 1.0 / float(np.median(live))
     mrtt = float(np.median(rtt))
     print("profile per update (medians over the blocks, us):")

@@ -3,10 +3,12 @@ vectorised, tap, statistics) against a plain NumPy loop that makes the same rele
 time (per run: its own generator, the owner's clipped mean gradient at theta_0, Laplace noise).
 
     python benchmarks/audit_rate.py [--runs 100000] [--blocks 3]      (one rank; or mpiexec)
+    python benchmarks/audit_rate.py --quick     # smoke test: R = 200, 2 blocks (seconds)
 
 Seed 001 shapes: the demo's regression shards (3 owners x 4000 records, d = 10), Alg. 2 at
 eps = 1, T = 1, worst-case canary on owner 0. Interleaved blocks; prints the median and spread
-of releases/s of each and their ratio (goal >= 50x).
+of releases/s of each and their ratio (goal >= 50x). The shards are made in a temporary folder
+(removed at the end); --quick (tests/test_benchmarks.py runs it) only shrinks R and the blocks.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import pathlib
+import shutil
 import tempfile
 import time
 
@@ -40,6 +43,8 @@ theta_max = 1e5
 xi = {xi}
 record_every = 1
 """
+#: --quick: the smallest meaningful case (options given explicitly win)
+QUICK = {"runs": 200, "blocks": 2}
 
 
 def plain_loop(world: pathlib.Path, runs: int, xi: float, eps: float) -> np.ndarray:
@@ -61,7 +66,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=100_000)
     ap.add_argument("--blocks", type=int, default=3)
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke test (tests/test_benchmarks.py): "
+                    + ", ".join(f"--{k} {v}" for k, v in QUICK.items())
+                    + " (options given explicitly win)")
     a = ap.parse_args()
+    if a.quick:  # the smoke-test sizes, where not given explicitly
+        for k, v in QUICK.items():
+            if getattr(a, k) == ap.get_default(k):
+                setattr(a, k, v)
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     tmp = pathlib.Path(comm.bcast(tempfile.mkdtemp(prefix="audit_rate.") if rank == 0 else None))
@@ -75,6 +88,9 @@ def main() -> None:
     if rank == 0:
         job.write_text(JOB.format(data=data, xi=xi))
     comm.Barrier()
+    if rank == 0:
+        print(f"audit_rate{' (quick)' if a.quick else ''}: 3 owners x 4,000 records, d = 10, "
+              f"R = {a.runs} runs, {a.blocks} blocks, {comm.Get_size()} rank(s)", flush=True)
     rows = []
     for blk in range(a.blocks):
         t0 = time.perf_counter()
@@ -98,7 +114,11 @@ def main() -> None:
                   f"{v.max() / v.min():.2f}x")
         ratio = r[:, 0] / r[:, 1]
         print(f"  ratio (goal >= 50)  median {np.median(ratio):.3g}  spread "
-              f"{ratio.max() / ratio.min():.2f}x  ({comm.Get_size()} rank(s), R = {a.runs})")
+              f"{ratio.max() / ratio.min():.2f}x  ({comm.Get_size()} rank(s), R = {a.runs}"
+              f"{', quick' if a.quick else ''})")
+    comm.Barrier()
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

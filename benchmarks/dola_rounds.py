@@ -4,8 +4,8 @@ exchange against a raw Neighbor_allgatherv of the same bytes.
 Seed 003's DOLA (mpi_dp/algorithms/dola.py) advances a `Block` of agents one synchronous round at
 a time; the block talks to the other agents only through a `net`. Two nets exist: `LocalNet`
 (all m agents in one process, no communication: the simulator, `dola.simulate`) and
-`comm.graph.GraphNet` (each rank hosts a contiguous block of agents, neighbours exchange released
-vectors over an MPI dist-graph communicator: what `mpi-dp run` uses). Run under MPI:
+`comm.graph_exchange.GraphNet` (each rank hosts a contiguous block of agents, neighbours exchange
+released vectors over an MPI dist-graph communicator: what `mpi-dp run` uses). Run under MPI:
 
     mpiexec -n P python benchmarks/dola_rounds.py [--agents 64,512] [--kinds dense,csr]
 
@@ -67,8 +67,10 @@ import scipy.sparse as sp  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from mpi_dp.algorithms import dola  # noqa: E402
-from mpi_dp.comm import graph as cg  # noqa: E402
+from mpi_dp.comm import graph_exchange  # noqa: E402
 from mpi_dp.comm import topology as tp  # noqa: E402
+from mpi_dp.privacy import rules  # noqa: E402
+from mpi_dp.privacy.contract import Contract  # noqa: E402
 
 GRAPH = "medium"
 KINDS = ("dense", "csr")
@@ -88,8 +90,9 @@ def parse_args(comm: MPI.Comm, argv: list[str] | None = None) -> argparse.Namesp
         "GraphNet.exchange (allgather / alltoallv / rma) vs a raw Neighbor_allgatherv, interleaved "
         "in blocks, medians with min-max spread.",
         epilog="Examples: mpiexec -n 4 python benchmarks/dola_rounds.py (~3 min on a 2-core VM); "
-        "mpiexec -n 1 python benchmarks/dola_rounds.py --kinds dense (the 1.5x goal); mpiexec -n 8 "
-        "python benchmarks/dola_rounds.py --quick (smoke test, seconds). Set-up (graph, data, "
+        "mpiexec -n 1 python benchmarks/dola_rounds.py --kinds dense (the 1.5x goal); mpiexec -n 2 "
+        "python benchmarks/dola_rounds.py --quick (smoke test, seconds; tests/test_benchmarks.py "
+        "runs it; any rank count up to 16). Set-up (graph, data, "
         "GraphNet, Block) is never timed. OPENBLAS_NUM_THREADS=1 unless already set. Output: per "
         "m and data kind the medians [min-max] over the blocks, the ratios with a verdict (met in "
         "every block / not met in any / INCONCLUSIVE when the spread straddles the goal, plus "
@@ -118,9 +121,9 @@ def parse_args(comm: MPI.Comm, argv: list[str] | None = None) -> argparse.Namesp
     ap.add_argument("--blocks", type=int, default=5,
                     help="interleaved timing blocks (one simulator and one MPI run each; one "
                     "batch per exchange mode and one raw batch each)")
-    ap.add_argument("--modes", default=",".join(cg.MODES),
+    ap.add_argument("--modes", default=",".join(graph_exchange.MODES),
                     help="exchange modes timed in part 2 (comma-separated)")
-    ap.add_argument("--round-mode", default="allgather", choices=cg.MODES,
+    ap.add_argument("--round-mode", default="allgather", choices=graph_exchange.MODES,
                     help="exchange mode of the GraphNet in part 1 (a job's default: allgather)")
     ap.add_argument("--regret", default="exact", choices=("exact", "own"),
                     help="exact: Bcast the reference agent's iterate every round (a job's "
@@ -129,12 +132,12 @@ def parse_args(comm: MPI.Comm, argv: list[str] | None = None) -> argparse.Namesp
                     help="rounds between records (each an Allreduce + Gatherv; a job's default 1)")
     ap.add_argument("--seed", type=int, default=1, help="graph, data and noise seed")
     ap.add_argument("--quick", action="store_true",
-                    help="smoke test: m = 16,64, d = 20, csr d = 1,000 (density 0.02), T = 10, "
-                    "3 blocks, synthetic data (options given explicitly win)")
+                    help="smoke test: m = 16, d = 20, csr d = 1,000 (density 0.02), T = 10, "
+                    "2 blocks, synthetic data (options given explicitly win)")
     a = ap.parse_args(argv)
     if a.quick:  # the smoke-test sizes, where not given explicitly
-        quick = {"agents": "16,64", "dim": 20, "csr_dim": 1000, "density": 0.02, "rounds": "10",
-                 "blocks": 3, "shard": "none"}
+        quick = {"agents": "16", "dim": 20, "csr_dim": 1000, "density": 0.02, "rounds": "10",
+                 "blocks": 2, "shard": "none"}
         for k, v in quick.items():
             if getattr(a, k) == ap.get_default(k):
                 setattr(a, k, v)
@@ -151,8 +154,8 @@ def parse_args(comm: MPI.Comm, argv: list[str] | None = None) -> argparse.Namesp
     if not a.kinds or any(k not in KINDS for k in a.kinds):
         ap.error(f"--kinds must be a comma-separated subset of {KINDS}, not {a.kinds}")
     a.modes = [x.strip() for x in a.modes.split(",") if x.strip()]
-    if any(x not in cg.MODES for x in a.modes):
-        ap.error(f"--modes must be a comma-separated subset of {cg.MODES}, not {a.modes}")
+    if any(x not in graph_exchange.MODES for x in a.modes):
+        ap.error(f"--modes must be a comma-separated subset of {graph_exchange.MODES}, not {a.modes}")
     if a.rounds != "auto":
         try:
             a.rounds = int(a.rounds)
@@ -288,25 +291,34 @@ def rank0_print(comm: MPI.Comm, *args: Any) -> None:
 def settings(m: int, d: int, T: int, a: argparse.Namespace) -> dola.Settings:
     """A default job's Settings (methods/dola.py: laplace, lam 0.1, radius auto, step auto)."""
     lam = 0.1
-    return dola.Settings(variant="laplace", T=T, h=1, n_features=d, m=m, eps=(1.0,) * m, lam=lam,
+    return dola.Settings(variant="laplace", T=T, h=1, n_features=d, m=m, lam=lam,
                          radius=1.0 / math.sqrt(lam), step="strong", seed=a.seed, run_ids=(0,),
                          record_every=min(a.record_every, T), exact_regret=a.regret == "exact")
+
+
+def contract(s: dola.Settings) -> Contract:
+    """Every agent's release path: eps 1 per release (the paper's rule, seed 003), one release
+    per record (a single pass)."""
+    return Contract.planned(rules.PerRelease(), s.mechanism, s.passes, [1.0] * s.m, seed=s.seed,
+                            run_ids=s.run_ids, scope="record")
 
 
 def sim_run(s: dola.Settings, graph: tp.Graph, read: Data, w_star: np.ndarray
             ) -> tuple[float, dola.Block]:
     net = dola.LocalNet(graph)
-    block = dola.Block(s, graph, net, dola.Stream(net.agents, s.h, s.T, s.n_features, read), w_star)
+    block = dola.Block(s, contract(s), graph, net,
+                       dola.Stream(net.agents, s.h, s.T, s.n_features, read), w_star)
     t0 = time.perf_counter()
     dola.drive(block, None)
     return time.perf_counter() - t0, block
 
 
-def mpi_run(comm: MPI.Comm, s: dola.Settings, graph: tp.Graph, net: cg.GraphNet, read: Data,
+def mpi_run(comm: MPI.Comm, s: dola.Settings, graph: tp.Graph, net: graph_exchange.GraphNet, read: Data,
             w_star: np.ndarray) -> tuple[float, float, dola.Block]:
     """Wall seconds of dola.drive on all ranks (barrier to barrier, rank 0's clock) and the
     slowest rank's exchange seconds."""
-    block = dola.Block(s, graph, net, dola.Stream(net.agents, s.h, s.T, s.n_features, read), w_star)
+    block = dola.Block(s, contract(s), graph, net,
+                       dola.Stream(net.agents, s.h, s.T, s.n_features, read), w_star)
     ex0 = net.exchange_seconds
     comm.Barrier()
     t0 = time.perf_counter()
@@ -321,7 +333,7 @@ def bench_rounds(comm: MPI.Comm, a: argparse.Namespace, kind: str, m: int, d: in
                  graph: tp.Graph, shard_rows: Any) -> dict[str, Any]:
     rank = comm.Get_rank()
     t_set = time.perf_counter()
-    net = cg.GraphNet(comm, graph, a.round_mode, (1, d), two_hop=False)
+    net = graph_exchange.GraphNet(comm, graph, a.round_mode, (1, d), two_hop=False)
     t_net = comm.allreduce(time.perf_counter() - t_set, op=MPI.MAX)
     agents = np.arange(m) if rank == 0 else net.agents
     data = Data(kind, d, T, agents, a, shard_rows)
@@ -388,7 +400,7 @@ def bench_exchange(comm: MPI.Comm, a: argparse.Namespace, m: int, d: int, graph:
                    ) -> dict[str, Any] | None:
     if comm.Get_size() == 1:
         return None
-    nets = {mode: cg.GraphNet(comm, graph, mode, (1, d)) for mode in a.modes}
+    nets = {mode: graph_exchange.GraphNet(comm, graph, mode, (1, d)) for mode in a.modes}
     net0 = next(iter(nets.values()))
     g = gen(a.seed, 3, comm.Get_rank())
     pub = g.standard_normal((len(net0.agents) + len(net0.ghosts), 1, d))
@@ -551,9 +563,9 @@ def main(argv: list[str] | None = None) -> int:
     src = (f"real rows of {a.shard} ({shard_rows[0].shape[0]:,} records, "
            f"{shard_rows[0].nnz / shard_rows[0].shape[0]:.1f} nonzeros per row)" if shard_rows
            else f"synthetic, density {a.density:.4f}")
-    rank0_print(comm, f"dola_rounds: {size} rank(s) on {os.cpu_count()} cores, MPI "
-                f"{MPI.Get_library_version().splitlines()[0].strip()}, numpy {np.__version__}, "
-                f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}")
+    rank0_print(comm, f"dola_rounds{' (quick)' if a.quick else ''}: {size} rank(s) on "
+                f"{os.cpu_count()} cores, MPI {MPI.Get_library_version().splitlines()[0].strip()}, "
+                f"numpy {np.__version__}, OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}")
     rank0_print(comm, f"load average at the start: {os.getloadavg()[0]:.1f} (1 min)")
     rank0_print(comm, f"graph {GRAPH} (mean degree 10), laplace, eps 1, R = 1, h = 1, record "
                 f"every {a.record_every}, regret {a.regret}; dense d = {a.dim}; csr d = "

@@ -52,7 +52,14 @@ runs the device code path on the CPU (a dry run: its times say nothing about a d
     python benchmarks/gpu.py --job-ranks 1                    # the job on one rank (no mpiexec)
     python benchmarks/gpu.py --job-cpu --cpu-threads 16       # also the CPU job, extrapolated
     python benchmarks/gpu.py --backend array_api_strict --quick   # smoke test on any machine
+    python benchmarks/gpu.py --quick      # CuPy where it is usable, else array_api_strict
     (data: mpi-dp data prepare mnist --source ../shared/data --out data/mnist.h5, or done here)
+
+--quick (tests/test_benchmarks.py runs it): QUICK's small shapes for all three parts; without
+--backend it takes CuPy when a GPU is usable and array_api_strict (the dry run) otherwise, and
+without --data-dir its job reads a synthetic MNIST-like shard of the same small shapes
+(mpi_dp.data.synth, multiclass, features in [0, 1]) written to a temporary folder, so it needs
+no file. Options given explicitly win.
 """
 
 from __future__ import annotations
@@ -104,8 +111,11 @@ JOB_GOAL_S = 120.0
 RATIO_GOAL = 20.0
 SEED = 20261127
 #: --quick: a small smoke configuration (explicit flags still win)
-QUICK = {"agents": 2, "records": 500, "blocks": 2, "reps": 2, "job_T": 10, "job_cpu_T": 10,
-         "job_set": ["admm.reference_iters=0"]}
+QUICK = {"agents": 2, "records": 200, "features": 64, "runs_list": "1,4", "replicates": 4,
+         "blocks": 2, "reps": 1, "job_T": 4, "job_runs": 2, "job_record_every": 2, "job_cpu_T": 4,
+         "job_ranks": 2, "job_set": ["admm.reference_iters=0"]}
+#: --quick's synthetic job shard: noise and seed of mpi_dp.data.synth.synth_multiclass
+QUICK_SHARD_NOISE, QUICK_SHARD_SEED = 0.35, 3
 
 Agents = list[tuple[Any, Any, Any]]  # per agent (X, y, row_l1), host or device
 
@@ -114,8 +124,9 @@ Agents = list[tuple[Any, Any, Any]]  # per agent (X, y, row_l1), host or device
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--backend", default="cupy", choices=[b for b in BACKENDS if b != "numpy"],
-                    help="device backend (array_api_strict: the device code path on the CPU)")
+    ap.add_argument("--backend", default=None, choices=[b for b in BACKENDS if b != "numpy"],
+                    help="device backend (array_api_strict: the device code path on the CPU); "
+                    "default cupy (--quick: cupy where a GPU is usable, else array_api_strict)")
     ap.add_argument("--cpu-threads", type=int, default=CPU_THREADS,
                     help="BLAS threads of the CPU baseline (default: os.cpu_count())")
     ap.add_argument("--agents", type=int, default=10)
@@ -141,7 +152,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--job-cpu-T", type=int, default=200)
     ap.add_argument("--job-set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra `mpi-dp run --set` override of the job (repeatable)")
-    ap.add_argument("--data-dir", default="data", help="where the MNIST shard is (prepared)")
+    ap.add_argument("--data-dir", default=None,
+                    help="where the MNIST shard is (prepared); default data (--quick: a "
+                    "synthetic shard in a temporary folder)")
     ap.add_argument("--mnist-source", default=str(REPO.parent / "shared" / "data"),
                     help="MNIST originals for `mpi-dp data prepare mnist --source`")
     ap.add_argument("--out-dir", help="job results here (default: a temporary folder)")
@@ -151,6 +164,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.quick:
         ap.set_defaults(**QUICK)
         args = ap.parse_args(argv)
+    args.synthetic_job = args.quick and args.data_dir is None
+    if args.data_dir is None:
+        args.data_dir = "data"
+    args.backend_note = ""
+    if args.backend is None:
+        args.backend = "cupy"
+        if args.quick:
+            ok, reason = gpu_available()
+            if not ok:
+                args.backend = "array_api_strict"
+                args.backend_note = f" (--quick without a usable GPU: {reason})"
     args.runs_list = [int(r) for r in str(args.runs_list).split(",") if r.strip()]
     if args.job_ranks < 1:
         ap.error("--job-ranks must be >= 1")
@@ -362,6 +386,19 @@ def mpi_dp(*cli: str) -> list[str]:
     return [sys.executable, "-m", "mpi_dp", *cli]
 
 
+def synthetic_shard(args: argparse.Namespace, folder: Path) -> Path:
+    """--quick's job shard: MNIST-like synthetic records of the quick shapes (--agents x
+    --records, --features in [0, 1], --classes) in `folder`."""
+    from mpi_dp.data.synth import write_synth
+
+    path = folder / "mnist_like_quick.h5"
+    print(f"  job data: synthetic MNIST-like shard ({args.agents} agents x {args.records} records, "
+          f"J = {args.features}, K = {args.classes}; mpi_dp.data.synth, multiclass)", flush=True)
+    return write_synth(path, "multiclass", args.agents, args.records, args.features,
+                       QUICK_SHARD_NOISE, QUICK_SHARD_SEED, public=args.records,
+                       classes=args.classes)
+
+
 def ensure_shard(args: argparse.Namespace) -> Path | None:
     """The MNIST shard in --data-dir, prepared from --mnist-source if missing (None: failed)."""
     path = Path(args.data_dir).resolve() / "mnist.h5"
@@ -499,11 +536,11 @@ def job_part(args: argparse.Namespace, kernel_ms: float) -> tuple[list[Row], boo
     if lau.oversubscribed:
         print(f"  note: {n} ranks on {os.cpu_count()} CPUs (os.cpu_count()): the job's times "
               "then measure the oversubscription, not the code", flush=True)
-    shard = ensure_shard(args)
-    if shard is None:
-        print(f"  job skipped: no MNIST shard in {args.data_dir} and preparing it failed")
-        return [], False
     with tempfile.TemporaryDirectory(prefix="gpu_bench_") as tmp:
+        shard = synthetic_shard(args, Path(tmp)) if args.synthetic_job else ensure_shard(args)
+        if shard is None:
+            print(f"  job skipped: no MNIST shard in {args.data_dir} and preparing it failed")
+            return [], False
         folder = Path(args.out_dir) if args.out_dir else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         dev = run_job(args.backend, args.job_T, args, shard, folder, lau)
@@ -603,7 +640,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     threads = ", ".join(f"{v}={os.environ.get(v)}" for v in THREAD_VARS)
     print(f"device: {describe_device(args.backend)}; CPU baseline: NumPy {np.__version__}, "
           f"BLAS threads: {CPU_THREADS} ({threads}; os.cpu_count() = {os.cpu_count()})"
-          f"{'; --quick' if args.quick else ''}", flush=True)
+          f"{'; --quick' if args.quick else ''}{args.backend_note}", flush=True)
     Xs, ys, K = from_shard(args) if args.data else synthetic(args)
     host = host_agents(Xs, ys)
     dev = device_agents(bk, host, K)

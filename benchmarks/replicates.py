@@ -17,6 +17,7 @@ The paper uses T = 1000; the default here is T = 20 (scaled down: both timings a
 so the ratio is unaffected apart from the one-off set-up cost). Times are printed, never asserted.
 
 Run:  OPENBLAS_NUM_THREADS=1 python benchmarks/replicates.py [--runs 100] [--T 20] [--n 250000]
+      python benchmarks/replicates.py --quick      # smoke test (tests/test_benchmarks.py), seconds
 """
 
 from __future__ import annotations
@@ -43,11 +44,15 @@ from mpi_dp.algorithms.common import LocalShard, Oracle, reference_quantities  #
 from mpi_dp.comm.star import Star  # noqa: E402
 from mpi_dp.data.synth import synth_regression  # noqa: E402
 from mpi_dp.models import linear, reference  # noqa: E402
+from mpi_dp.privacy import rules  # noqa: E402
+from mpi_dp.privacy.contract import Contract  # noqa: E402
 
 PAPER_T = 1000
 N_OWNERS = 3
 LOSS, LAM, THETA_MAX, EPS, XI_QUANTILE, ALPHA = "squared", 1e-5, 1e5, 1.0, 0.99, 1.0
 DEFAULT_CHUNK_ROWS = linear.chunk_rows
+#: --quick: the smallest meaningful case (both paths, two blocks, the same table)
+QUICK = {"runs": 4, "T": 3, "n": 2000, "blocks": 2}
 
 
 def chunk_rows(mode, runs: int) -> int:
@@ -84,7 +89,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "(record_every = 0)")
     ap.add_argument("--profile", action="store_true",
                     help="also profile the vectorised call with cProfile and print the top entries")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke test (seconds; tests/test_benchmarks.py runs it): "
+                    + ", ".join(f"--{k} {v}" for k, v in QUICK.items())
+                    + " (options given explicitly win)")
     a = ap.parse_args(argv)
+    if a.quick:  # the smoke-test sizes, where not given explicitly
+        for k, v in QUICK.items():
+            if getattr(a, k) == ap.get_default(k):
+                setattr(a, k, v)
     if a.chunk != "default":
         try:
             a.chunk = int(a.chunk)
@@ -112,8 +125,8 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     R, T, n, d = a.runs, a.T, a.n, a.dim
     scaled = "" if T == PAPER_T else f" (scaled down from the paper's T = {PAPER_T})"
-    print(f"replicates benchmark: N = {N_OWNERS} owners x n_i = {n:,} records, d = {d}, "
-          f"R = {R} runs, T = {T}{scaled}")
+    print(f"replicates benchmark{' (quick)' if a.quick else ''}: N = {N_OWNERS} owners x "
+          f"n_i = {n:,} records, d = {d}, R = {R} runs, T = {T}{scaled}")
     print(f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}, numpy {np.__version__}, "
           f"chunk rows: vectorised {chunk_rows(a.chunk, R)}, loop {chunk_rows(a.chunk, 1)} "
           f"(--chunk {a.chunk})")
@@ -138,7 +151,9 @@ def main(argv=None) -> int:
         rows = chunk_rows(a.chunk, len(run_ids))
         linear.chunk_rows = lambda runs: rows
         st = dataclasses.replace(settings(T, d, n, xi, L, run_ids), record_every=record_every)
-        out = sync_star.run_config(star, shards, st, ref, recorder=None, progress=False)
+        con = Contract.planned(rules.BasicSplit(), "laplace", st.T, st.eps, seed=st.seed,
+                               run_ids=st.run_ids)
+        out = sync_star.run_config(star, shards, st, con, ref, recorder=None, progress=False)
         return out["models/final"]
 
     one((0,))  # warm-up (imports, first-touch of the shards)

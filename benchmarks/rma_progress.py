@@ -4,7 +4,8 @@ Question (spec §6, "Progress"): passive-target RMA may stall when the target ma
 Which idle hook (`Mailboxes(progress=...)`) keeps live ranks fastest? Run under MPI:
 
     mpiexec -n 8 python benchmarks/rma_progress.py      # oversubscribed on a 2-core machine
-    mpiexec -n 2 python benchmarks/rma_progress.py [--blocks 3] [--wakeups 1500] [--no-async]
+    mpiexec -n 2 python benchmarks/rma_progress.py [--blocks 3] [--wakeups 1500] [--launch throttle]
+    mpiexec -n 2 python benchmarks/rma_progress.py --quick    # smoke test (seconds)
 
 Workload: every rank hosts a block of --agents agents of a random graph with mean degree --degree
 (ring + random chords, public seed); each rank runs --wakeups wake-ups, agents in a seeded random
@@ -24,6 +25,10 @@ strategy, so a slow phase of the machine hits all of them. Printed per strategy:
 wake-ups/s (all wake-ups / slowest rank's loop time) and Put calls/s, median and [min, max] over
 blocks; the longest `post` and `read` call of any rank (a stalled exclusive lock shows here) and
 the 99th percentile of post. It never asserts a time.
+
+--quick (tests/test_benchmarks.py runs it on 2 ranks, the fewest with a remote target): QUICK's
+sizes, every strategy busy (idle 0) and one relaunch (throttle; async is the slow one); options
+given explicitly win.
 """
 
 from __future__ import annotations
@@ -44,6 +49,10 @@ import scipy.sparse as sp  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from mpi_dp.comm import rma  # noqa: E402
+
+#: --quick: the smallest meaningful case (options given explicitly win)
+QUICK = {"agents": 8, "wakeups": 50, "idle_us": "0", "blocks": 2, "raw_puts": 500,
+         "launch": "throttle"}
 
 
 def random_graph(n: int, degree: float, seed: int) -> sp.csr_matrix:
@@ -186,11 +195,12 @@ def _med(xs: list[float]) -> str:
     return f"{np.median(xs):.0f} [{min(xs):.0f}, {max(xs):.0f}]"
 
 
-def report(results: list[dict]) -> None:
+def report(results: list[dict], quick: bool = False) -> None:
     m = results[0]["meta"]
-    print(f"ranks {m['ranks']}, agents {m['agents']} ({m['agents'] // m['ranks']} per rank), "
-          f"edges {m['edges']}, item {m['item']}, work {m['reps']} matvecs (~50 us)/wake-up, "
-          f"{m['wakeups']} wake-ups per rank per block, {len(results[0]['raw'])} blocks")
+    print(f"{'quick: ' if quick else ''}ranks {m['ranks']}, agents {m['agents']} "
+          f"({m['agents'] // m['ranks']} per rank), edges {m['edges']}, item {m['item']}, "
+          f"work {m['reps']} matvecs (~50 us)/wake-up, {m['wakeups']} wake-ups per rank per block, "
+          f"{len(results[0]['raw'])} blocks")
     head = (f"{'idle us':>7s}  {'strategy':16s} {'wake-ups/s median [min, max]':>29s} "
             f"{'puts/s':>7s} {'raw Put+Flush/s median [min, max]':>34s} {'post max':>8s} "
             f"{'p99':>6s} {'read max':>8s}  (ms)")
@@ -232,7 +242,15 @@ def main() -> None:
     ap.add_argument("--launch-timeout", type=float, default=900.0)
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke test (tests/test_benchmarks.py): "
+                    + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items())
+                    + " (options given explicitly win)")
     args = ap.parse_args()
+    if args.quick:  # the smoke-test sizes, where not given explicitly
+        for k, v in QUICK.items():
+            if getattr(args, k) == ap.get_default(k):
+                setattr(args, k, v)
     comm = MPI.COMM_WORLD
     res = run(args)
     if args.child:
@@ -249,7 +267,7 @@ def main() -> None:
                 print(f"{name} launch failed: {e}", flush=True)
         rma.polite_barrier(comm, nap=1e-2)  # the others sleep while the child runs
     if comm.rank == 0:
-        report(results)
+        report(results, args.quick)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,11 @@ fewer cores are free (the load average is printed).
     python benchmarks/scaling.py --same-records --methods sync_star --repeat 1 --T 4 \
         --same-agents 1,100,1000                                                # smoke test
     python benchmarks/scaling.py --grid --methods dola --agents 10000 --ranks 8 --T 4
+    python benchmarks/scaling.py --quick     # both tables, smallest case (tests/test_benchmarks.py)
+
+--quick: both tables at the smallest meaningful case, QUICK below (sync_star, the same records as
+1 and 4 agents, the grid at 4 agents on 1 rank, T = 2, one run, one block), without the untimed
+warm-up runs; options given explicitly win.
 """
 
 from __future__ import annotations
@@ -104,6 +109,9 @@ P2P_DEGREE = 10.0
 STEADY_RECORDS = {"dola": (1, 2)}
 #: the issue's goals
 GOAL_RATIO, GOAL_STARTUP_S, GOAL_EFFICIENCY, GOAL_RANKS = 3.0, 2.0, 0.8, 16
+#: --quick: the smallest meaningful case of both tables (options given explicitly win)
+QUICK = {"methods": "sync_star", "same_agents": "1,4", "agents": "4", "ranks": "1", "T": 2,
+         "runs": 1, "repeat": 1}
 
 
 # -- jobs and data -----------------------------------------------------------------------------
@@ -296,7 +304,7 @@ def regroup(source: str, dest: str, agents: int, graph_degree: float | None = No
         attrs["regrouped"] = json.dumps({"from_agents": n, "agents": agents})
         if graph_degree is not None:
             from mpi_dp.comm.topology import geometric
-            from mpi_dp.data.graphs import graph_arrays
+            from mpi_dp.data.shard_graph import graph_arrays
 
             g = geometric(agents, graph_degree, 1)
             e = np.asarray(g.edges)
@@ -411,7 +419,9 @@ def warm_up(cases: list[tuple[str, int, int]], data: dict[Any, Path | None], tre
             a: argparse.Namespace, same: bool) -> None:
     """Byte-compile every tree, then run each (method, agents, ranks) of `cases` once per tree
     on data[method, agents, tree label], untimed, so that no timed case compiles (bytecode,
-    numba's cache) or reads cold files."""
+    numba's cache) or reads cold files. --quick: none."""
+    if a.quick:
+        return
     for tree in trees:
         try:
             run_under(tree, ["-m", "compileall", "-q", str(tree.path / "mpi_dp")], a.data_dir,
@@ -618,7 +628,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per case")
     ap.add_argument("--data-dir", type=Path, default=Path("/tmp/mpi_dp_scaling"),
                     help="where shard files are cached and jobs run")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke test (tests/test_benchmarks.py): "
+                    + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items())
+                    + ", no warm-up runs (options given explicitly win)")
     a = ap.parse_args(argv)
+    if a.quick:  # the smoke-test sizes, where not given explicitly
+        for k, v in QUICK.items():
+            if getattr(a, k) == ap.get_default(k):
+                setattr(a, k, v)
     if a.worker:
         worker(*a.worker)
         return 0
@@ -645,7 +663,8 @@ def main(argv: list[str] | None = None) -> int:
     a.data_dir.mkdir(parents=True, exist_ok=True)
     trees = [snapshot(label, path, a.data_dir) for label, path in named]
     both = not (a.same_records or a.grid)
-    print(f"scaling: {os.cpu_count()} core(s), load average "
+    print(f"scaling{' (quick: no warm-up runs)' if a.quick else ''}: {os.cpu_count()} core(s), "
+          "load average "
           f"{' / '.join(f'{v:.1f}' for v in os.getloadavg())} (1 / 5 / 15 min)", flush=True)
     t = time.perf_counter()
     if a.same_records or both:

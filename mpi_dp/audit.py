@@ -51,7 +51,7 @@ def _prepare(job_path: str, overrides: Sequence[str], out: str | None, runs: int
                        f"has {len(job.configs())} (pick one with --set, e.g. --set 'sweep.eps=[1]' "
                        "or write an audit job without [sweep])")
     cfg = job.configs()[0]
-    if any(k.endswith("shard") for k in cfg.params):
+    if any(k.endswith("shard") for k, _ in cfg.params):
         raise JobError("an audit replaces the job's data file; sweep.shard is not supported")
     eps = cfg.eps
     if isinstance(eps, list | tuple):
@@ -187,6 +187,7 @@ def run_audit(job_path: str, overrides: Sequence[str] = (), out: str | None = No
                         str(result), comm=comm, progress=False)
             parts = comm.gather((tap.values, tap.events), root=0)
             if rank == 0:
+                assert parts is not None  # gather's result on the root
                 vals, evs = max(parts, key=lambda p: len(p[0]))
                 views.append(_final_models(result, runs) if release == "final" else vals)
                 events.append(evs)

@@ -14,9 +14,15 @@ import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 from . import __version__  # noqa: E402
 from .errors import MpiDpError  # noqa: E402
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .analysis.export import ReleaseReport
 
 DESCRIPTION = """\
 mpi_dp: differentially private learning across many data owners on MPI, results in HDF5.
@@ -290,13 +296,16 @@ def _cmd_export(args: argparse.Namespace) -> int:
         if args.format:
             raise export.ExportError("--format names the tables' format; --release writes an "
                                      "HDF5 file (drop --format)")
-        path, removed = export.export_release(args.result, args.out, overwrite=args.overwrite,
-                                              force=args.force)
-        print(f"release: {path}  (removed {len(removed['datasets'])} evaluation-only "
-              f"dataset(s) and {len(removed['attrs'])} attribute(s); see its release_note)")
+        path, report = export.export_release(args.result, args.out, overwrite=args.overwrite,
+                                             force=args.force,
+                                             include_nonprivate=args.include_nonprivate)
+        print(f"release: {path}  (removed {len(report.evaluation_only)} evaluation-only "
+              f"dataset(s) and {len(report.attrs)} attribute(s); see its release_note)")
+        _print_nonprivate(path, report)
         return 0
-    if args.force:
-        raise export.ExportError("--force applies to --release only")
+    if args.force or args.include_nonprivate:
+        flag = "--force" if args.force else "--include-nonprivate"
+        raise export.ExportError(f"{flag} applies to --release only")
     from .analysis import load
 
     with load.open_result(args.result) as res:
@@ -306,6 +315,25 @@ def _cmd_export(args: argparse.Namespace) -> int:
     print(f"metrics: {metrics}")
     print(f"ledger:  {ledger}")
     return 0
+
+
+def _print_nonprivate(path: Path, report: ReleaseReport) -> None:
+    """Which configurations a release left out for want of a finite, certified DP guarantee
+    (stdout), or with --include-nonprivate the warning that it holds them (stderr)."""
+    if not report.nonprivate:
+        return
+    n = len(report.nonprivate)
+    lines = [f"  {c.line}" for c in report.nonprivate]
+    if report.included:
+        print(f"mpi-dp: WARNING: {path} contains the models of {n} configuration(s) without a "
+              "finite, certified DP guarantee (--include-nonprivate): it is not a DP release "
+              "of them; its root attribute release_warning says so:", *lines, sep="\n",
+              file=sys.stderr, flush=True)
+        return
+    left = sum(len(c.left_out) for c in report.nonprivate)
+    print(f"left out: {n} configuration(s) without a finite, certified DP guarantee: their "
+          f"models and values ({left} dataset(s)); their attributes and ledger stay "
+          "(release_nonprivate; --include-nonprivate keeps them):", *lines, sep="\n")
 
 
 def _completeness_note(res) -> str | None:
@@ -378,7 +406,7 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose epilog may be computed when help is shown (`epilog_fn`), so that
     listing every method's job keys (which imports the methods, and MPI) costs nothing otherwise."""
 
-    epilog_fn = None
+    epilog_fn: Callable[[], str] | None = None
 
     def format_help(self) -> str:
         if self.epilog_fn is not None:
@@ -436,13 +464,21 @@ Release (--release): RESULT.release.h5, the part of the result the privacy guara
   dimension scales stay attached. Its root says release = true, release_note (what was
   removed and why) and release_removed (the removed names). A result whose status is not
   complete is refused unless --force.
+  A configuration without a finite, certified DP guarantee (trained without noise: eps = inf;
+  uncertified noise or noise calibrated from private data; no privacy ledger) is left out: of
+  it the release keeps only its attributes and what states its guarantee (privacy/ledger,
+  ledger/*, eps, agent), never its models (models/final, models/theta ...) or any other value.
+  The command lists those configurations and why; the root attribute release_nonprivate (JSON)
+  does too. --include-nonprivate keeps them as they are: the command prints a warning and the
+  file's root attribute release_warning says that it holds models without a DP guarantee.
 """
 
 EXPORT_EPILOG = """\
 Examples:
   mpi-dp export results/demo.h5                  # results/demo.csv, results/demo.ledger.csv
   mpi-dp export results/demo.h5 --format parquet --out tables/demo.parquet
-  mpi-dp export results/demo.h5 --release       # results/demo.release.h5
+  mpi-dp export results/demo.h5 --release       # results/demo.release.h5 (no eps = inf models)
+  mpi-dp export results/demo.h5 --release --include-nonprivate --out demo.all.h5  # with them
 
 In pandas:
   import pandas as pd
@@ -618,7 +654,9 @@ def build_parser() -> argparse.ArgumentParser:
         "  eps, delta  the owners' guarantee from the privacy ledger: the largest total over\n"
         "              owners of what each owner's guarantee composes, by the PLD accountant, at\n"
         "              the owner's delta; scope: configuration, record (dola: the per-record\n"
-        "              total) or selection (p2p.select); inf = no noise; ! = uncertified noise\n"
+        "              total) or selection (p2p.select); inf = no noise (not private, also\n"
+        "              where a ledger records 0 for releases without noise); ! = no finite,\n"
+        "              certified guarantee otherwise (uncertified noise ...: a note says why)\n"
         "  runs        runs with a finite final value\n"
         "  test_error  (classification) or rmse (regression): the final model's median over\n"
         "              runs, then min..max over runs; on: measured on the test set or, where the\n"
@@ -703,6 +741,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="replace existing output files (never the result itself)")
     ex.add_argument("--force", action="store_true",
                     help="with --release: release a result whose status is not complete")
+    ex.add_argument("--include-nonprivate", action="store_true",
+                    help="with --release: keep the models and values of configurations without "
+                    "a finite, certified DP guarantee (eps = inf, uncertified, no ledger), which "
+                    "a release leaves out; the file then carries the root attribute "
+                    "release_warning and the command warns")
     ex.set_defaults(func=_cmd_export)
 
     info = sub.add_parser("info", help="versions of mpi_dp, MPI, numpy, h5py, scipy, petsc4py")

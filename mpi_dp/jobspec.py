@@ -18,12 +18,13 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar, cast
 
 try:  # Python >= 3.11
-    import tomllib
+    # ignore: mypy checks for Python 3.10 (pyproject), which has no tomllib; tomli below
+    import tomllib  # type: ignore[import-not-found]
 except ModuleNotFoundError:  # Python 3.10: the same parser, as the tomli package
-    import tomli as tomllib  # type: ignore[no-redef]
+    import tomli as tomllib
 
 from . import strict_json
 from .backend import BACKENDS
@@ -59,7 +60,7 @@ class Section:
     the loader validates and `--help` prints; `of(job)` the validated values as attributes
     (`s.gamma`, not `job["admm.gamma"]`). NAME is the TOML table ('' for top-level keys)."""
 
-    NAME = ""
+    NAME: ClassVar[str] = ""
 
     @classmethod
     def keys(cls) -> dict[str, Key]:
@@ -73,97 +74,143 @@ class Section:
     @classmethod
     def of(cls, job: Job) -> Any:
         """The section's values in `job` (every key was validated by the loader)."""
-        return cls(**{f.name: job.values[cls.key_name(f.name)]  # type: ignore[call-arg]
+        return cls(**{f.name: job.values[cls.key_name(f.name)]
                       for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
 
-#: Keys every job has, whatever its method.
-GENERIC: dict[str, Key] = {
-    "name": Key((str,), None, "job name (defaults to the file's stem)"),
-    "algorithm": Key((str,), None, "method to run (see the methods below)"),
-    "variant": Key((str,), None, "the method's variant (each method lists its own; default: the "
-                   "method's first)"),
-    "data": Key((str,), None, "HDF5 shard file (mpi-dp data synth / prepare), relative to the "
-                "working directory"),
-    "output": Key((str,), None, "result HDF5 file (default results/<name>.h5)"),
-    "seed": Key((int,), 0, "base seed of every random stream"),
-    "runs": Key((int,), 1, "Monte-Carlo runs, vectorised along a leading axis"),
-    "first_run": Key((int,), 0, "index of the first run (run r of an R-run job equals the "
-                     "1-run job with first_run = r)"),
-    "T": Key((int,), None, "horizon (iterations; each method says what it counts)"),
-    "eps": Key(_NUM + (list,), math.inf, "each owner's total privacy budget: the eps of the "
-               "(eps, delta)-DP guarantee every owner (peer) gets for its records over a whole "
-               "configuration, composed over every release that depends on them (replace-one "
-               "neighbouring datasets; scalar or one per owner; inf: no noise)"),
-    "n": Key((int, str, list), "all", "records each owner uses: 'all', a number or one per owner "
-             "(its first n records)"),
-    "n_beyond_shard": Key((str,), "error", "when n asks for more records than an owner holds: "
-                          "'error', or 'cap' (use all it holds; recorded as n, with n_requested; "
-                          "for small real shards, e.g. the 2,433-row lending sample)",
-                          ("error", "cap")),
-    "record_every": Key((int,), 1, "record metrics every k iterations (and always at T); "
-                        "sync_star: 0 records nothing (no evaluation-only passes, final models "
-                        "only)"),
-}
-GENERIC_SECTIONS: dict[str, dict[str, Key]] = {
-    "sweep": {
-        "eps": Key((list,), None, "eps values (each a scalar or a per-owner list); "
-                   "configurations are the product variant x owners x n x eps"),
-        "n": Key((list,), None, "n values (each a scalar or a per-owner list)"),
-        "variant": Key((list,), None, "variants of the method side by side"),
-    },
-    "privacy": {
-        "delta": Key(_NUM + (str,), "auto", "each owner's total delta, beside eps ('auto': the "
-                     "largest power of ten <= 1/(10 n_i) for an owner of n_i records; a delta "
-                     ">= 1/n_i is refused)"),
-        "calibration": Key((str,), "pld", "how the per-release noise meets (eps, delta): pld "
+@dataclasses.dataclass(frozen=True)
+class GenericKeys(Section):
+    """The keys every job has, whatever its method (`job.generic.T`, `.runs`, `.seed` ...)."""
+
+    NAME: ClassVar[str] = ""
+    name: str = key((str,), None, "job name (defaults to the file's stem)")
+    algorithm: str = key((str,), None, "method to run (see the methods below)")
+    variant: str = key((str,), None, "the method's variant (each method lists its own; default: "
+                       "the method's first)")
+    data: str = key((str,), None, "HDF5 shard file (mpi-dp data synth / prepare), relative to "
+                    "the working directory")
+    output: str = key((str,), None, "result HDF5 file (default results/<name>.h5)")
+    seed: int = key((int,), 0, "base seed of every random stream")
+    runs: int = key((int,), 1, "Monte-Carlo runs, vectorised along a leading axis")
+    first_run: int = key((int,), 0, "index of the first run (run r of an R-run job equals the "
+                         "1-run job with first_run = r)")
+    T: int = key((int,), None, "horizon (iterations; each method says what it counts)")
+    eps: float | list = key(
+        _NUM + (list,), math.inf, "each owner's total privacy budget: the eps of the "
+        "(eps, delta)-DP guarantee every owner (peer) gets for its records over a whole "
+        "configuration, composed over every release that depends on them (replace-one "
+        "neighbouring datasets; scalar or one per owner; inf: no noise)")
+    n: int | str | list = key((int, str, list), "all", "records each owner uses: 'all', a number "
+                              "or one per owner (its first n records)")
+    n_beyond_shard: str = key((str,), "error", "when n asks for more records than an owner "
+                              "holds: 'error', or 'cap' (use all it holds; recorded as n, with "
+                              "n_requested; for small real shards, e.g. the 2,433-row lending "
+                              "sample)", ("error", "cap"))
+    record_every: int = key((int,), 1, "record metrics every k iterations (and always at T); "
+                            "sync_star: 0 records nothing (no evaluation-only passes, final "
+                            "models only)")
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepKeys(Section):
+    """The generic axes of [sweep] (a method adds its own: shared owners, method keys)."""
+
+    NAME: ClassVar[str] = "sweep"
+    eps: list | None = key((list,), None, "eps values (each a scalar or a per-owner list); "
+                           "configurations are the product variant x owners x n x eps")
+    n: list | None = key((list,), None, "n values (each a scalar or a per-owner list)")
+    variant: list | None = key((list,), None, "variants of the method side by side")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacyKeys(Section):
+    """The [privacy] section: each owner's delta and how the noise meets (eps, delta)."""
+
+    NAME: ClassVar[str] = "privacy"
+    delta: float | str = key(_NUM + (str,), "auto", "each owner's total delta, beside eps "
+                             "('auto': the largest power of ten <= 1/(10 n_i) for an owner of n_i "
+                             "records; a delta >= 1/n_i is refused)")
+    calibration: str = key((str,), "pld", "how the per-release noise meets (eps, delta): pld "
                            "(tight: privacy loss distributions, dp-accounting), basic (even "
                            "split eps/k of basic composition) or paper (each method's paper "
                            "rule, bit for bit: see the method's 'paper rule' below)",
-                           ("pld", "basic", "paper")),
-    },
-}
+                           ("pld", "basic", "paper"))
 
-#: Keys several methods share; a method lists the ones it reads (`Method.reads`).
-SHARED: dict[str, Key] = {
-    "loss": Key((str,), "squared", "per-record loss", ("squared", "hinge", "logistic")),
-    "lam": Key(_NUM, 1e-5, "L2 regularisation lambda of g(theta) = lam/2 ||theta||^2"),
-    "theta_max": Key(_NUM, 1e5, "box Theta = {||theta||_inf <= theta_max} (inf: no box)"),
-    "theta0": Key(_NUM, 0.0, "initial model, every coordinate"),
-    "owners": Key((int, str), "all", "owners taking part: 'all' or a number N (the first N owners "
-                  "of the shard file; psi is scored on the participants' records)"),
-    "xi": Key(_NUM + (str,), "auto", "L1 clipping bound Xi of a per-record gradient; 'auto': "
-              "xi_quantile of the norms on public records at the public optimum"),
-    "xi_quantile": Key(_NUM, 0.99, "quantile used by xi = 'auto'"),
-    "clip": Key((bool,), True, "clip per-record gradients to L1 norm xi (needed for DP)"),
-    "backend": Key((str,), "numpy", "array backend of the heavy kernels: numpy (the CPU), cupy "
-                   "(one GPU per rank: the records move to the GPU once per configuration; noise, "
-                   "ledgers and MPI stay on the host, so a GPU run uses the CPU run's noise) or "
-                   "array_api_strict (the array API standard's reference namespace on the CPU: a "
-                   "test stand-in for a device)", BACKENDS),
-}
-SHARED_SECTIONS: dict[str, dict[str, Key]] = {
-    "step": {
-        "alpha": Key(_NUM, 1.0, "step constant c = alpha / L (alg2: mu_k = c/sqrt(k); "
-                     "alg1: mu_k = c/k)"),
-        "L": Key(_NUM + (str,), "public", "smoothness constant: 'public' (largest eigenvalue of "
-                 "the Hessian on public records) or a number"),
-        "schedule": Key((str,), "decreasing", "step decay: 'decreasing' (the spec's 1/k or "
-                        "1/sqrt(k)) or 'constant' (eps = inf only)", ("decreasing", "constant")),
-        "rho": Key(_NUM + (str,), "auto", "the paper's rho: alg1 mu_k = rho/(k T^2), alg2 "
-                   "mu_k = rho/(T sqrt(k)), async_star a_own = N rho/(T^2 lam); 'auto' derives it "
-                   "from alpha (sync) or async.gamma (async) and L"),
-    },
-    "reference": {
-        "solver": Key((str,), "auto", "theta* solver", ("auto", "closed", "scipy", "petsc")),
-        "isolated": Key((int,), 256, "owners 0..k-1 get their isolated optimum and its psi "
+
+@dataclasses.dataclass(frozen=True)
+class SharedKeys(Section):
+    """The shared top-level keys a method reads: `job.section(SharedKeys).loss`; only those the
+    job's method lists in `reads` are in a job (the others read as None)."""
+
+    NAME: ClassVar[str] = ""
+    loss: str = key((str,), "squared", "per-record loss", ("squared", "hinge", "logistic"))
+    lam: float = key(_NUM, 1e-5, "L2 regularisation lambda of g(theta) = lam/2 ||theta||^2")
+    theta_max: float = key(_NUM, 1e5, "box Theta = {||theta||_inf <= theta_max} (inf: no box)")
+    theta0: float = key(_NUM, 0.0, "initial model, every coordinate")
+    owners: int | str = key((int, str), "all", "owners taking part: 'all' or a number N (the "
+                            "first N owners of the shard file; psi is scored on the "
+                            "participants' records)")
+    xi: float | str = key(_NUM + (str,), "auto", "L1 clipping bound Xi of a per-record "
+                          "gradient; 'auto': xi_quantile of the norms on public records at the "
+                          "public optimum")
+    xi_quantile: float = key(_NUM, 0.99, "quantile used by xi = 'auto'")
+    clip: bool = key((bool,), True, "clip per-record gradients to L1 norm xi (needed for DP)")
+    backend: str = key((str,), "numpy", "array backend of the heavy kernels: numpy (the CPU), "
+                       "cupy (one GPU per rank: the records move to the GPU once per "
+                       "configuration; noise, ledgers and MPI stay on the host, so a GPU run "
+                       "uses the CPU run's noise) or array_api_strict (the array API standard's "
+                       "reference namespace on the CPU: a test stand-in for a device)", BACKENDS)
+
+    @classmethod
+    def of(cls, job: Job) -> SharedKeys:
+        values: dict[str, Any] = {k: job.values.get(k) for k in cls.keys()}
+        return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepKeys(Section):
+    """The shared [step] section: the step size of the star methods."""
+
+    NAME: ClassVar[str] = "step"
+    alpha: float = key(_NUM, 1.0, "step constant c = alpha / L (alg2: mu_k = c/sqrt(k); "
+                       "alg1: mu_k = c/k)")
+    L: float | str = key(_NUM + (str,), "public", "smoothness constant: 'public' (largest "
+                         "eigenvalue of the Hessian on public records) or a number")
+    schedule: str = key((str,), "decreasing", "step decay: 'decreasing' (the spec's 1/k or "
+                        "1/sqrt(k)) or 'constant' (eps = inf only)", ("decreasing", "constant"))
+    rho: float | str = key(_NUM + (str,), "auto", "the paper's rho: alg1 mu_k = rho/(k T^2), "
+                           "alg2 mu_k = rho/(T sqrt(k)), async_star a_own = N rho/(T^2 lam); "
+                           "'auto' derives it from alpha (sync) or async.gamma (async) and L")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceKeys(Section):
+    """The shared [reference] section: the evaluation-only optimum theta*."""
+
+    NAME: ClassVar[str] = "reference"
+    solver: str = key((str,), "auto", "theta* solver", ("auto", "closed", "scipy", "petsc"))
+    isolated: int = key((int,), 256, "owners 0..k-1 get their isolated optimum and its psi "
                         "(reference/psi_isolated; NaN beyond k): each costs one evaluation over "
-                        "every record, so all 10,000 owners would cost O(N^2)"),
-    },
-    "comm": {
-        "aggregate": Key((str,), "gather", "how answers reach the learner: gather (each answer "
+                        "every record, so all 10,000 owners would cost O(N^2)")
+
+
+@dataclasses.dataclass(frozen=True)
+class CommKeys(Section):
+    """The shared [comm] section: how answers reach the learner."""
+
+    NAME: ClassVar[str] = "comm"
+    aggregate: str = key((str,), "gather", "how answers reach the learner: gather (each answer "
                          "individually, fixed order: bitwise reproducible) or reduce",
-                         ("gather", "reduce")),
-    },
+                         ("gather", "reduce"))
+
+
+#: Keys every job has, whatever its method, and its generic sections.
+GENERIC: dict[str, Key] = GenericKeys.keys()
+GENERIC_SECTIONS: dict[str, dict[str, Key]] = {"sweep": SweepKeys.keys(),
+                                               "privacy": PrivacyKeys.keys()}
+#: Keys several methods share; a method lists the ones it reads (`Method.reads`).
+SHARED: dict[str, Key] = SharedKeys.keys()
+SHARED_SECTIONS: dict[str, dict[str, Key]] = {
+    "step": StepKeys.keys(), "reference": ReferenceKeys.keys(), "comm": CommKeys.keys(),
     "sweep": {
         "owners": Key((list,), None, "numbers of participating owners N (configurations are the "
                       "product variant x owners x n x eps)"),
@@ -181,7 +228,7 @@ class MethodSpec(Protocol):
     reads: tuple[str, ...]
     sections: Mapping[str, Mapping[str, Key]]
     legacy_keys: Mapping[str, str]
-    variant_aliases: Mapping[str, str]
+    variant_aliases: Mapping[str, str | None]
     label_variant: bool
     key_help: Mapping[str, str]
     sweeps: tuple[str, ...]
@@ -417,8 +464,8 @@ def _catalogue(methods: Mapping[str, MethodSpec]) -> dict[str, tuple[Key, str | 
     for k, spec in SHARED.items():
         out[k] = (spec, None)
     for m in methods.values():
-        for sec, keys in m.sections.items():
-            for k, spec in keys.items():
+        for sec, own in m.sections.items():
+            for k, spec in own.items():
                 out[f"{sec}.{k}"] = (spec, m.name)
     return out
 
@@ -437,8 +484,8 @@ def method_keys(m: MethodSpec) -> dict[str, Key]:
             keys.update({f"{sec}.{k}": s for k, s in SHARED_SECTIONS[sec].items()})
         else:
             keys[name] = shared[name]
-    for sec, table in m.sections.items():
-        keys.update({f"{sec}.{k}": s for k, s in table.items()})
+    for sec, own in m.sections.items():
+        keys.update({f"{sec}.{k}": s for k, s in own.items()})
     for key in m.sweeps:
         keys[sweep_key(key)] = Key((list,), None, f"values of {key} (one "
                                                   "configuration each)")
@@ -708,8 +755,8 @@ def describe_keys(methods: Mapping[str, MethodSpec]) -> str:
         for k, h in m.key_help.items():
             lines.append(f"  {k}: {h}")
         own: dict[str, Key] = {}
-        for sec, table in m.sections.items():
-            own.update({f"{sec}.{k}": s for k, s in table.items()})
+        for sec, m_table in m.sections.items():
+            own.update({f"{sec}.{k}": s for k, s in m_table.items()})
         lines += _key_lines(own, "  ")
     return "\n".join(lines)
 
@@ -722,35 +769,7 @@ def section_class(name: str, table: str, keys: Mapping[str, Key]) -> type[Sectio
     are declared as tables; their typed views are made from them: fields typed Any)."""
     fields = [(k, Any, dataclasses.field(
         default=None, metadata={"key": v})) for k, v in keys.items()]
-    cls = dataclasses.make_dataclass(name, fields, bases=(Section,), frozen=True)
+    cls = cast(type[Section],
+               dataclasses.make_dataclass(name, fields, bases=(Section,), frozen=True))
     cls.NAME = table
     return cls
-
-
-#: typed views of the generic keys and of the shared sections (`job.generic`,
-#: `job.section(StepKeys)`)
-GenericKeys = section_class("GenericKeys", "", GENERIC)
-StepKeys = section_class("StepKeys", "step", SHARED_SECTIONS["step"])
-ReferenceKeys = section_class("ReferenceKeys", "reference", SHARED_SECTIONS["reference"])
-CommKeys = section_class("CommKeys", "comm", SHARED_SECTIONS["comm"])
-PrivacyKeys = section_class("PrivacyKeys", "privacy", GENERIC_SECTIONS["privacy"])
-
-
-class SharedKeys(Section):
-    """The shared top-level keys (SHARED) a method reads: `job.section(SharedKeys).loss`; only
-    those the job's method lists in `reads` are in a job (the others read as None)."""
-
-    NAME = ""
-
-    @classmethod
-    def keys(cls) -> dict[str, Key]:
-        return dict(SHARED)
-
-    @classmethod
-    def of(cls, job: Job) -> Any:
-        return _SharedView(**{k: job.values.get(k) for k in SHARED})
-
-
-_SharedView = dataclasses.make_dataclass(
-    "SharedKeys", [(k, Any, dataclasses.field(default=None, metadata={"key": v}))
-                   for k, v in SHARED.items()], frozen=True)

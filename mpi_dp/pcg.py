@@ -17,6 +17,8 @@ each other and positions computable.
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import numpy as np
 from scipy.special import ndtri
 
@@ -168,6 +170,20 @@ def generator_normal(g: np.random.Generator, size: int) -> np.ndarray:
     return normal_from_raw(g.bit_generator.random_raw(size))
 
 
+class _PCG64Internal(TypedDict):
+    state: int
+    inc: int
+
+
+class PCG64State(TypedDict):
+    """numpy's PCG64 `state` dict (`RunStreams.state`; what `PCG64.state` reads and takes)."""
+
+    bit_generator: str
+    state: _PCG64Internal
+    has_uint32: int
+    uinteger: int
+
+
 _PCG64: list[np.random.PCG64] = []
 
 
@@ -295,10 +311,11 @@ class RunStreams:
         rows = self._rows(rows)
         size = int(size)
         u = self.random(size, rows)
-        zero = np.argwhere(u == 0.0) if not u.all() else ()
-        if len(zero):  # exact numpy semantics: redraw in place, later positions shift by one
-            for i in np.unique(zero[:, 0]):
-                u[i] = self._redraw_row(int(rows[i]), size)
+        if not u.all():
+            zero = np.argwhere(u == 0.0)
+            if len(zero):  # exact numpy semantics: redraw in place, later positions shift by one
+                for i in np.unique(zero[:, 0]):
+                    u[i] = self._redraw_row(int(rows[i]), size)
         return laplace_from_uniform(u)
 
     def _redraw_row(self, row: int, size: int) -> np.ndarray:
@@ -334,7 +351,7 @@ class RunStreams:
     def seek(self, position: tuple[np.ndarray, np.ndarray]) -> None:
         self.h[:], self.lo[:] = position
 
-    def state(self, row: int) -> dict:
+    def state(self, row: int) -> PCG64State:
         """numpy's PCG64 `state` dict of one row (to continue it as a numpy Generator)."""
         return {"bit_generator": "PCG64",
                 "state": {"state": (int(self.h[row]) << 64) | int(self.lo[row]),

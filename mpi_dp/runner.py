@@ -9,14 +9,13 @@ computation are handled by the CLI, which aborts the whole MPI job.
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -29,10 +28,12 @@ from .comm.star import Star
 from .data import ShardFile
 from .errors import DiskFullError, JobError
 from .job import load_job
-from .jobspec import Job, PrivacyKeys, resolve_per_owner, sweep_key
+from .jobspec import Job, resolve_per_owner, sweep_key
 from .methods import REGISTRY, Context, Method, Outcome, Resolved
-from .methods.base import RunHooks, ledger_delta, shard_sizes
-from .privacy import accountants, contract, noise_signal
+from .methods.base import Configured, RunHooks, ledger_delta, rule_for, shard_sizes
+from .privacy import accountants, noise_signal
+from .privacy.contract import Contract
+from .privacy.rules import Rule
 from .results import footprint, provenance
 from .results.output import (
     OutputLock,
@@ -115,7 +116,10 @@ def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = N
         if task_file and (configs is None or configs.task is None):
             raise JobError("--task-file names the part of --config-block I/N; give the block")
         block = configs.resolve(len(job.configs())) if configs is not None else None
-        return block, task_path(job.output, configs.task[0]) if task_file else job.output
+        if not task_file:
+            return block, job.output
+        assert configs is not None and configs.task is not None  # checked above
+        return block, task_path(job.output, configs.task[0])
 
     block, final = collective(comm, select)
     lock = OutputLock(final) if rank == 0 else None
@@ -132,10 +136,10 @@ def run_job(path: str | Path, overrides: Sequence[str] = (), out: str | None = N
             lock.release()
             raise
 
-    resume = comm.bcast(collective(comm, claim), root=0)
+    resumed: bool = comm.bcast(collective(comm, claim), root=0)
     try:
         task = configs.task if configs is not None else None
-        return _run_locked(job, comm, progress, resume, final, block, task, force)
+        return _run_locked(job, comm, progress, resumed, final, block, task, force)
     finally:
         if lock is not None:
             lock.release()
@@ -159,36 +163,37 @@ def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool, final: P
     run_ids = tuple(range(g.first_run, g.first_run + g.runs))
     ctx = Context(job, shard, star, run_ids, progress, sizes)
     prepared = method.prepare(ctx)
-    # every configuration's settings and noise calibration, agreed and checked before the
-    # output exists
-    settings = [ctx.agree(lambda rc=rc: method.settings(ctx, prepared, rc)) for rc in configs]
+    # every configuration configured once (settings, release plans, attributes, footprint),
+    # agreed and checked before the output exists
+    configured = [ctx.agree(lambda rc=rc: method.configure(ctx, prepared, rc))
+                  for rc in configs]
     # what the job will cost (result size, memory, time), checked before the noise calibration
     # (a T of 1e12 would compose privacy losses for hours) and before the output is touched
     hosts = comm.allgather(socket.gethostname())
     lo, hi = block if block is not None else (0, len(configs))
-    fp = footprint.job_footprint(comm, [ctx.agree(
-        lambda rc=rc, s=s: method.footprint(ctx, prepared, rc, s))
-        for rc, s in zip(configs, settings, strict=True) if lo <= rc.index < hi])
+    fp = footprint.job_footprint(comm, [c.footprint for c in configured
+                                        if lo <= c.resolved.index < hi])
     reserve = SpaceReserve(final) if rank == 0 else None
 
     def check_and_reserve() -> None:
         if rank == 0:
             footprint.check(fp, final, max(hosts.count(h) for h in hosts), force, progress)
+            assert reserve is not None  # rank 0's
             reserve.hold()
     collective(comm, check_and_reserve)
     try:
-        settings, cals = calibrate(ctx, method, prepared, configs, settings)
-        signal = noise_to_signal(ctx, method, prepared, configs, settings, cals)
-        return _write(job, comm, method, ctx, prepared, configs, settings, signal, hosts, resume,
-                      final, block, task, reserve, progress)
+        contracts = make_contracts(ctx, configured)
+        signal = noise_to_signal(ctx, configured, contracts)
+        return _write(job, comm, method, ctx, prepared, configured, contracts, signal, hosts,
+                      resume, final, block, task, reserve, progress)
     finally:
         if reserve is not None:
             reserve.release()
 
 
 def _write(job: Job, comm: MPI.Comm, method: Method, ctx: Context, prepared: Any,
-           configs: list[Resolved], settings: list[Any], signal: dict, hosts: list[str] | None,
-           resume: bool, final: Path, block: tuple[int, int] | None,
+           configured: list[Configured], contracts: list[Contract], signal: dict,
+           hosts: list[str] | None, resume: bool, final: Path, block: tuple[int, int] | None,
            task: tuple[int, int] | None, reserve: SpaceReserve | None, progress: bool) -> Path:
     """The result file: open (or reopen), run the configurations, close with the status."""
     rank, shard, run_ids = comm.Get_rank(), ctx.shard, ctx.run_ids
@@ -196,10 +201,12 @@ def _write(job: Job, comm: MPI.Comm, method: Method, ctx: Context, prepared: Any
         quiet_full_disk_deallocs()
     owners = collective(comm, lambda: {**owner_values(shard), **shard_digest(shard)}
                         if rank == 0 else {})
-    result = collective_open(job if rank == 0 else None, len(configs), comm, hosts, resume,
+    result = collective_open(job if rank == 0 else None, len(configured), comm, hosts, resume,
                              final, block, task, owners)
-    done = set(comm.bcast(result.completed if result is not None and resume else [], root=0))
-    lo, hi = block if block is not None else (0, len(configs))
+    # completed: set by ResultFile.reopen (resume)
+    done = set(comm.bcast(cast(Any, result).completed if result is not None and resume else [],
+                          root=0))
+    lo, hi = block if block is not None else (0, len(configured))
     full, kept = False, 0
     if rank == 0 and progress and resume:
         prog.info(f"resuming {partial_path(final)}: {len(done)} of {hi - lo} "
@@ -208,19 +215,20 @@ def _write(job: Job, comm: MPI.Comm, method: Method, ctx: Context, prepared: Any
         for note in job.notes:
             prog.info(f"note: job file {job.path}: {note}")
         detail = method.header(ctx, prepared)
-        prog.info(f"job '{job.name}' ({job.algorithm}/{_variants(job)}): {len(configs)} "
+        prog.info(f"job '{job.name}' ({job.algorithm}/{_variants(job)}): {len(configured)} "
                   f"configuration(s) x {len(run_ids)} runs x T={job['T']} on {comm.Get_size()} "
                   f"rank(s), {shard.n_agents} owners{'; ' + detail if detail else ''}\n"
-                  f"{_block_text(lo, hi, len(configs), task) if block is not None else ''}"
+                  f"{_block_text(lo, hi, len(configured), task) if block is not None else ''}"
                   f"  writing {partial_path(final)} (renamed to {final.name} when complete)")
     t_start = time.perf_counter()
     status, why = "failed", None
     try:
-        for rc, s in zip(configs, settings, strict=True):
-            if lo <= rc.index < hi and rc.index not in done:
+        for c, con in zip(configured, contracts, strict=True):
+            i = c.resolved.index
+            if lo <= i < hi and i not in done:
                 stop.check(comm)  # a stop asked during set-up or the last configuration
-                _run_one(method, ctx, prepared, rc, s, len(configs), result,
-                         signal.get(rc.index, {}))
+                _run_one(method, ctx, prepared, c, con, len(configured), result,
+                         signal.get(i, {}))
         status = "complete"
     except (stop.Interrupted, KeyboardInterrupt) as e:
         status, why = "interrupted", str(e) or "interrupted"
@@ -229,9 +237,9 @@ def _write(job: Job, comm: MPI.Comm, method: Method, ctx: Context, prepared: Any
         full = result is not None and no_space(e)
         if full and reserve is not None:
             reserve.release()  # room for HDF5 to close the file with what was complete
-        why = (f"no space left on device writing {result.path}" if full
+        why = (f"no space left on device writing {result.path}" if full and result is not None
                else f"{type(e).__name__}: {e}"[:2000])
-        kept = len(result.complete_indices()) if full else 0
+        kept = len(result.complete_indices()) if full and result is not None else 0
         if not full:
             raise
     finally:
@@ -239,6 +247,7 @@ def _write(job: Job, comm: MPI.Comm, method: Method, ctx: Context, prepared: Any
             ends = {"wall_seconds": round(time.perf_counter() - t_start, 3),
                     "end_time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             if full:
+                assert why is not None  # set with full
                 result.close_on_full_disk(why, **ends)
             else:
                 result.close(status, reason=why, **ends)
@@ -256,62 +265,67 @@ def _write(job: Job, comm: MPI.Comm, method: Method, ctx: Context, prepared: Any
     return final
 
 
-def calibrate(ctx: Context, method: Method, prepared: Any, configs: list[Resolved],
-              settings: list[Any]) -> tuple[list[Any], list[list | None]]:
-    """Collective: every configuration's settings with its owners' noise calibrations, and the
-    calibrations themselves (per configuration, in plan order; None: nothing private).
+def make_contracts(ctx: Context, configured: list[Configured]) -> list[Contract]:
+    """Collective: every configuration's privacy contract (privacy.contract.Contract): its
+    owners' plans under the job's privacy.calibration (the method's paper rule for 'paper').
+    Each distinct plan of an accounted rule (pld, basic) is searched once, on rank 0, and
+    broadcast (a search composes privacy loss distributions ~10 times: seconds, not per owner
+    and never per rank); a paper rule's formulas are computed where they are used."""
+    job, comm, g = ctx.job, ctx.comm, ctx.job.generic
+    rules = [ctx.agree(lambda c=c: rule_for(job, c)) for c in configured]
+    distinct = list(dict.fromkeys((r.name, p) for r, c in zip(rules, configured, strict=True)
+                                  if not r.paper for p in c.plans or () if p is not None))
+    by_name = {r.name: r for r in rules}
 
-    The owners' release plans (Method.plans) are calibrated under privacy.calibration: each
-    distinct plan is searched once, on rank 0, and broadcast (a search composes privacy loss
-    distributions ~10 times: seconds, not per owner and never per rank). The paper rule records
-    the plans; its method computes the noise its paper's way."""
-    job, comm = ctx.job, ctx.comm
-    rule = job.section(PrivacyKeys).calibration
-    plans = [ctx.agree(lambda rc=rc, s=s: method.plans(ctx, prepared, rc, s))
-             for rc, s in zip(configs, settings, strict=True)]
-    distinct = list(dict.fromkeys(p for ps in plans if ps for p in ps if p is not None))
-    if rule == "paper":
-        found = {p: contract.paper(p, method.paper_rule_name, math.nan) for p in distinct}
-    else:
-        def search() -> dict | None:
-            if comm.Get_rank() != 0:
-                return None
-            t0 = time.perf_counter()
-            try:
-                out = {p: contract.calibrate(p, rule) for p in distinct}
-            except ValueError as e:
-                raise JobError(f"job file {job.path}: {e}") from None
-            if ctx.progress and distinct:
-                _print_calibrations(out, rule, time.perf_counter() - t0)
-            return out
-        found = comm.bcast(ctx.agree(search), root=0)
-    cals = [None if ps is None else [None if p is None else found[p] for p in ps]
-            for ps in plans]
-    return [s if cs is None else ctx.agree(
-        lambda rc=rc, s=s, cs=cs: method.calibrated(ctx, prepared, rc, s, cs))
-        for rc, s, cs in zip(configs, settings, cals, strict=True)], cals
+    def search() -> dict | None:
+        if comm.Get_rank() != 0:
+            return None
+        t0 = time.perf_counter()
+        try:
+            out = {key: by_name[key[0]].calibrate(key[1]) for key in distinct}
+        except ValueError as e:
+            raise JobError(f"job file {job.path}: {e}") from None
+        if ctx.progress and distinct:
+            _print_calibrations(out, ", ".join(dict.fromkeys(k[0] for k in out)),
+                                time.perf_counter() - t0)
+        return out
+
+    found = comm.bcast(ctx.agree(search), root=0) if distinct else {}
+
+    def contract_of(rule: Rule, c: Configured) -> Contract:
+        try:
+            return Contract.of(rule, c.plans, seed=g.seed, run_ids=ctx.run_ids,
+                               found={p: cal for (name, p), cal in found.items()
+                                      if name == rule.name})
+        except ValueError as e:
+            raise JobError(f"job file {job.path}: {e}") from None
+
+    return [ctx.agree(lambda r=r, c=c: contract_of(r, c))
+            for r, c in zip(rules, configured, strict=True)]
 
 
-def noise_to_signal(ctx: Context, method: Method, prepared: Any, configs: list[Resolved],
-                    settings: list[Any], cals: list[list | None]) -> dict[int, dict[str, Any]]:
+def noise_to_signal(ctx: Context, configured: list[Configured], contracts: list[Contract]
+                    ) -> dict[int, dict[str, Any]]:
     """Each configuration's noise-to-signal ratios (privacy.noise_signal) as group attributes,
     printed before the first iteration with a warning where the noise wins for every owner.
     Only calibrated rules (a paper rule sets its noise its own way) and private configurations."""
     out: dict[int, dict[str, Any]] = {}
     lines: list[str] = []
-    for rc, s, cs in zip(configs, settings, cals, strict=True):
-        if not cs or any(c is None or c.rule == "paper" for c in cs):
+    for c, con in zip(configured, contracts, strict=True):
+        cs = con.calibrations
+        rc = c.resolved
+        if not cs or con.rule.paper or any(x is None for x in cs):
             continue
-        if all(c.noise_multiplier == 0 for c in cs):
+        if all(x.noise_multiplier == 0 for x in cs if x is not None):
             continue
-        shape = ctx.agree(lambda rc=rc, s=s: method.release_signal(ctx, prepared, rc, s))
-        if shape is None:
+        sig = c.signal
+        if sig is None:
             continue
-        rel, d = shape[:2]
-        per = noise_signal.ratios([c.noise_multiplier for c in cs], rel,
-                                  [c.plan.mechanism for c in cs], d)
-        run = noise_signal.run_ratio(per, shape[2] if len(shape) > 2
-                                     else [c.plan.releases for c in cs])
+        live = [x for x in cs if x is not None]
+        per = noise_signal.ratios([x.noise_multiplier for x in live], list(sig.sens_over_signal),
+                                  [x.plan.mechanism for x in live], sig.dim)
+        run = noise_signal.run_ratio(per, list(sig.releases) if sig.releases is not None
+                                     else [x.plan.releases for x in live])
         out[rc.index] = {"noise_to_signal": per, "noise_to_signal_run": run,
                          "noise_to_signal_what": noise_signal.WHAT}
         line = f"  #{rc.index} {rc.label}: {noise_signal.summary(per, run)}"
@@ -351,32 +365,28 @@ def _block_text(lo: int, hi: int, n: int, task: tuple[int, int] | None) -> str:
     return f"  {which}{held}; mpi-dp merge combines the parts\n"
 
 
-def _run_one(method: Method, ctx: Context, prepared: Any, rc: Resolved, s: Any, n_configs: int,
-             result: ResultFile | None, extra: dict[str, Any]) -> None:
-    """One configuration with its agreed settings `s`: the group and its attributes, the run
-    (a method that `takes_hooks` gets the configuration's RunHooks: its recorder, label,
-    progress and checkpoints), the outputs."""
+def _run_one(method: Method, ctx: Context, prepared: Any, c: Configured, con: Contract,
+             n_configs: int, result: ResultFile | None, extra: dict[str, Any]) -> None:
+    """One configuration: the group and its attributes, the run (with the configuration's
+    contract and RunHooks: its recorder, label, progress and checkpoints), the outputs."""
+    rc = c.resolved
     rec = None
     if result is not None:
         attrs = {"label": rc.label, "variant": rc.variant, "eps": np.array(rc.eps),
-                 "n": np.array(rc.n, dtype="i8"), **method.record_attrs(ctx, prepared, rc, s),
-                 **extra}
+                 "n": np.array(rc.n, dtype="i8"), **c.group_attrs(), **con.attrs(), **extra}
         if rc.n_requested is not None:
             attrs["n_requested"] = np.array(rc.n_requested, dtype="i8")
         if ctx.job.is_sweep:
             attrs["sweep_values"] = sweep_values(ctx.job, rc.config)
-        rec = result.config(rc.index, ctx.runs, expected_records=method.expected_records(ctx, s),
-                            **attrs)
+        rec = result.config(rc.index, ctx.runs, expected_records=c.records, **attrs)
     label = f"{rc.index + 1}/{n_configs} {rc.label}"
-    if method.takes_hooks:  # recording, progress and checkpoints in one object
-        hooks = RunHooks(rec, label, ctx.comm, ctx.progress)
-        outcome = method.run_config(ctx, prepared, rc, s, rec, label, hooks=hooks)
-    else:
-        outcome = method.run_config(ctx, prepared, rc, s, rec, label)
+    hooks = RunHooks(rec, label, ctx.comm, ctx.progress)
+    outcome = method.run(ctx, prepared, c, con, hooks)
     if rec is not None:
         if outcome is None:
             raise RuntimeError(f"method {method.name!r} returned no outcome on rank 0")
         write_outcome(rec, outcome, ledger_delta(ctx, rc))
+        assert result is not None  # rec is its recorder
         result.config_done(rc.index)
 
 

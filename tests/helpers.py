@@ -165,3 +165,55 @@ def start_when_requeued(job_id: str, limit: float = 120.0) -> None:
         if not q.stdout.strip():
             return
         time.sleep(0.5)
+
+
+def admm_paper_contract(s, eps_bar: float):
+    """The contract of an admm run outside a job (`s`: admm.Settings): the paper's rule with the
+    settings' knobs (rules.PerIteration: eps_bar per iteration, OutP's Gaussian calibration and
+    dp_delta, the basic cap budget_eps), T releases per agent: what the bare algorithm ran
+    before it took a contract."""
+    from mpi_dp.privacy import rules
+    from mpi_dp.privacy.contract import Contract
+
+    rule = rules.PerIteration(gaussian_calibration=s.outp_calibration, dp_delta=s.dp_delta,
+                              budget_eps=s.budget_eps)
+    return Contract.planned(rule, "gaussian" if s.method == "outp" else "laplace", s.T,
+                            [eps_bar] * s.P, seed=s.seed, run_ids=s.run_ids)
+
+
+def admm_outp_sigma(rho: float, inv_eta: float, eps_bar: float, dp_delta: float = 1e-6,
+                    calibration: str = "auto") -> float:
+    """OutP's sigma under the paper's rule (rules.PerIteration at (eps_bar, dp_delta), Gaussian
+    `calibration`) for its release's L2 sensitivity 2 / (rho + 1/eta)."""
+    from mpi_dp.algorithms import admm_steps
+    from mpi_dp.privacy import rules
+    from mpi_dp.privacy.calibration import Plan
+
+    noise = rules.PerIteration(gaussian_calibration=calibration, dp_delta=dp_delta).calibrate(
+        Plan("gaussian", 1, eps_bar, 1e-5))
+    return noise.scale(admm_steps.outp_l2_sensitivity(rho, inv_eta))
+
+
+def p2p_contract(s, n: int, rule=None):
+    """The contract of a p2p Settings' n peers (what a bare run of the algorithm used: the
+    paper's Theorem 1 at s.delta with s.allocation; `rule`: another rule, e.g. rules.TIGHT)."""
+    import math
+
+    from mpi_dp.privacy import rules
+    from mpi_dp.privacy.contract import Contract
+
+    rule = rule or rules.Theorem1(delta_bar=s.delta, allocation=s.allocation)
+    counts = [int(s.T_agent[i]) if s.T_agent is not None and math.isfinite(s.eps) else 0
+              for i in range(n)]
+    return Contract.planned(rule, "laplace", counts, [s.eps] * n, 1e-5, seed=s.seed,
+                            run_ids=s.runs)
+
+
+def local_dp(X, y, eps, B, seed, agent, run=0, eps_split=0.5):
+    """(X', y', events) of the local-DP baseline for one agent and run (its stream and events)."""
+    from mpi_dp.p2p import baselines
+    from mpi_dp.rng import stream
+
+    Xp, yp = baselines.local_dp_data(X, y, eps, B, stream(seed, "local_dp", agent, run),
+                                     eps_split)
+    return Xp, yp, baselines.local_dp_events(eps, B, X.shape[1], eps_split)

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 import pytest
-from helpers import assert_rank_invariant, write_job
+from helpers import admm_paper_contract, assert_rank_invariant, write_job
 from mpi4py import MPI
 
 from mpi_dp.algorithms import admm
@@ -27,16 +27,18 @@ def problem(I: int, J: int, K: int, P: int, seed: int):
 
 
 def run(method, agents_data, test, K, eps, T, runs=1, **kw):
-    """The paper's algorithm at eps_bar per iteration (no contract calibration); sens_mode
+    """The paper's algorithm at eps_bar per iteration (the paper rule's contract); sens_mode
     local_max (the authors' code) unless given."""
     kw.setdefault("sens_mode", "local_max")
     J = agents_data[0][0].shape[1]
-    s = admm.Settings(method=method, T=T, eps_bar=eps, n=tuple(len(y) for _, y in agents_data),
+    s = admm.Settings(method=method, T=T, n=tuple(len(y) for _, y in agents_data),
                       J=J, K=K,
                       run_ids=tuple(range(runs)), record_every=T, **kw)
     star = Star(MPI.COMM_SELF, s.P)
-    agents = [admm.Agent(i, X, y, s) for i, (X, y) in enumerate(agents_data)]
-    out = admm.run_config(star, agents, s, (test[0], test[1].astype(int)), None, progress=False)
+    con = admm_paper_contract(s, eps)
+    agents = [admm.Agent(i, X, y, s, con) for i, (X, y) in enumerate(agents_data)]
+    out = admm.run_config(star, agents, s, con, (test[0], test[1].astype(int)), None,
+                          progress=False)
     return out, agents, s
 
 
@@ -123,10 +125,11 @@ def test_run_r_equals_single_run_and_gather_equals_reduce(small):
     agents_data, test = small
     many, _, _ = run("objt", agents_data, test, 3, 0.5, 30, runs=3)
     J = agents_data[0][0].shape[1]
-    s1 = admm.Settings(method="objt", T=30, eps_bar=0.5, n=tuple(len(y) for _, y in agents_data),
+    s1 = admm.Settings(method="objt", T=30, n=tuple(len(y) for _, y in agents_data),
                        J=J, K=3, run_ids=(2,), record_every=30, sens_mode="local_max")
-    agents = [admm.Agent(i, X, y, s1) for i, (X, y) in enumerate(agents_data)]
-    one = admm.run_config(Star(MPI.COMM_SELF, 4), agents, s1, None, None, progress=False)
+    con = admm_paper_contract(s1, 0.5)
+    agents = [admm.Agent(i, X, y, s1, con) for i, (X, y) in enumerate(agents_data)]
+    one = admm.run_config(Star(MPI.COMM_SELF, 4), agents, s1, con, None, None, progress=False)
     np.testing.assert_allclose(one["models/final"][0], many["models/final"][2], rtol=1e-10,
                                atol=1e-12)
     red, _, _ = run("objt", agents_data, test, 3, 0.5, 30, runs=3, aggregate="reduce")
@@ -154,3 +157,44 @@ def test_strict_sensitivity_reads_no_private_data(small):
         np.testing.assert_array_equal(a.scale, 4 * s.J / s.I / 0.5)
     _, local, _ = run("objt", agents_data, test, 3, 0.5, 7, runs=2)
     assert len({float(a.scale[0]) for a in local}) == len(local)  # local_max: data-dependent
+
+
+@pytest.mark.parametrize("calibration", ["paper", "pld"])
+def test_the_noise_is_the_contracts_by_its_formula(tmp_path, calibration):
+    """A job's per-iteration eps_bar and noise are the contract's, bit for bit by their explicit
+    formulas: under the paper rule eps_bar = eps (ObjT: b = 4 J / (I eps) of the global
+    sensitivity); under pld eps_bar = 1 / nm (ObjT, b = 4 J / I / eps_bar) and
+    sqrt(2 ln(1.25 / dp_delta)) / nm (OutP), nm the noise multiplier of each agent's plan of T
+    releases at (eps, delta)."""
+    import h5py
+
+    from mpi_dp.privacy.calibration import Plan, calibrate
+    from mpi_dp.runner import run_job
+
+    J, T, eps, delta, dp_delta = 5, 4, 2.0, 1e-5, 1e-6
+    data = write_synth(tmp_path / "mc.h5", "multiclass", 2, [60, 90], J, 0.35, 3, public=50,
+                       classes=3)
+    job = write_job(tmp_path / "e.toml", data, algorithm="admm", runs=2, T=T, eps=eps,
+                    record_every=1, sweep={"variant": ["objt", "outp"]},
+                    admm={"sens_mode": "global", "reference_iters": 0},
+                    privacy={"calibration": calibration, "delta": delta})
+    out = run_job(job, comm=MPI.COMM_SELF, progress=False)
+    sens = 4.0 * J / 150
+    with h5py.File(out, "r") as f:
+        objt, outp = f["configs/000"], f["configs/001"]
+        if calibration == "paper":
+            eps_objt = eps_outp = eps
+            assert math.isnan(objt.attrs["noise_multiplier"])
+        else:
+            nm = {m: calibrate(Plan(m, T, eps, delta), "pld").noise_multiplier
+                  for m in ("laplace", "gaussian")}
+            eps_objt = 1.0 / nm["laplace"]
+            eps_outp = math.sqrt(2 * math.log(1.25 / dp_delta)) / nm["gaussian"]
+            assert objt.attrs["noise_multiplier"] == nm["laplace"]
+            assert outp.attrs["noise_multiplier"] == nm["gaussian"]
+        assert objt.attrs["eps_bar"] == eps_objt and outp.attrs["eps_bar"] == eps_outp
+        b = objt["metrics/lap_scale"][()]  # the agents' mean b (2 equal values): b itself
+        assert np.all(b[0] == 0) and np.all(b[1:] == sens / eps_objt)
+        ledger = objt["privacy/ledger"][()]
+        assert np.all(ledger["releases"] == T)
+        np.testing.assert_allclose(ledger["eps_per_release"], eps_objt, rtol=1e-12)

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 import pytest
-from helpers import assert_rank_invariant, write_job
+from helpers import admm_paper_contract, assert_rank_invariant, write_job
 from mpi4py import MPI
 
 from mpi_dp.algorithms import admm
@@ -21,6 +21,7 @@ from mpi_dp.algorithms.common import agent_order_sum
 from mpi_dp.comm.star import Star
 from mpi_dp.data.shard_writer import write_shards
 from mpi_dp.models import multinomial
+from mpi_dp.privacy import gaussian_sigma
 from mpi_dp.rng import run_streams
 
 J, K = 4, 3
@@ -39,16 +40,28 @@ def agents_data(sizes=SIZES, seed=0, k=K) -> list[tuple[np.ndarray, np.ndarray]]
 
 
 def settings(method: str, data, runs=2, k=K, **kw) -> admm.Settings:
-    return admm.Settings(method=method, T=kw.pop("T", 4), eps_bar=kw.pop("eps_bar", 0.7),
-                         n=tuple(len(y) for _, y in data), J=J, K=k, record_every=1,
-                         run_ids=tuple(range(runs)), seed=11, **kw)
+    kw.pop("eps_bar", None)  # the contract's (`setup`)
+    return admm.Settings(method=method, T=kw.pop("T", 4), n=tuple(len(y) for _, y in data), J=J,
+                         K=k, record_every=1, run_ids=tuple(range(runs)), seed=11, **kw)
+
+
+def setup(method: str, data, **kw):
+    """(settings, the paper rule's contract at eps_bar (default 0.7) per iteration, eps_bar)."""
+    eps_bar = kw.get("eps_bar", 0.7)
+    s = settings(method, data, **kw)
+    return s, admm_paper_contract(s, eps_bar), eps_bar
+
+
+def agents_of(data, s, con) -> list:
+    return [admm.Agent(i, X, y, s, con) for i, (X, y) in enumerate(data)]
 
 
 # -- the reference: the agent loop admm ran before issue 29 -------------------------------------
-def reference_run(data, s: admm.Settings) -> tuple[np.ndarray, list]:
+def reference_run(data, s: admm.Settings, con, eps_bar: float) -> tuple[np.ndarray, list]:
     """One agent at a time, exactly as admm.Agent stepped before the block (its own streams, its
-    own ledger charge per release); the server sums in agent order. Returns (w, agents)."""
-    agents = [admm.Agent(i, X, y, s) for i, (X, y) in enumerate(data)]
+    own ledger charge per release), the paper's noise at eps_bar per iteration; the server sums
+    in agent order. Returns (w, agents)."""
+    agents = agents_of(data, s, con)
     gens = [run_streams(s.seed, "noise", i, s.run_ids) for i in range(len(agents))]
     w = np.zeros((s.runs, J, s.K))
 
@@ -58,17 +71,17 @@ def reference_run(data, s: admm.Settings) -> tuple[np.ndarray, list]:
         return steps.server_average(agent_order_sum(parts).reshape(w.shape), s.P, rho, s.box)
 
     for t in range(s.T):
-        rho = s.rho(t)
+        rho = s.rho(t, eps_bar)
         if s.method == "outp":
             for a, g in zip(agents, gens, strict=True):
-                _old_step_outp(a, g, w, t, rho)
+                _old_step_outp(a, g, w, t, rho, eps_bar)
             w = server(rho)
             for a in agents:
                 a.lam = steps.dual_update(a.lam, rho, w, a.z)
         else:
             w = server(rho)
             for a, g in zip(agents, gens, strict=True):
-                _old_step_objective(a, g, w, t, rho)
+                _old_step_objective(a, g, w, t, rho, eps_bar)
     for a, g in zip(agents, gens, strict=True):
         a.gens = g
     return w, agents
@@ -82,13 +95,13 @@ def _old_finish(a, z_new, noise, scale) -> None:
     a.z = z_new
 
 
-def _old_step_objective(a, gens, w, t, rho) -> None:
+def _old_step_objective(a, gens, w, t, rho, eps_bar) -> None:
     s = a.s
     G, terms_max = multinomial.grad_sum_and_terms_max(a.X, a.y, a.z, a.row_l1)
     g = steps.agent_gradient(G, s.I, s.gamma, s.P, a.z, w, s.reg_grad)
     sens = np.broadcast_to(np.asarray(steps.sensitivity(terms_max, s.I, s.sens_mode, s.J,
                                                         s.row_bound)), (s.runs,))
-    b = np.broadcast_to(np.asarray(steps.laplace_scale(sens, s.eps_bar)), (s.runs,))
+    b = np.broadcast_to(np.asarray(steps.laplace_scale(sens, eps_bar)), (s.runs,))
     xi, _ = a.release.laplace_noise(gens, s.J * s.K, sens, scale=b)
     xi = xi.reshape(a.z.shape)
     if s.method == "objt":
@@ -101,14 +114,26 @@ def _old_step_objective(a, gens, w, t, rho) -> None:
     a.lam = steps.dual_update(a.lam, rho, w, a.z)
 
 
-def _old_step_outp(a, gens, w, t, rho) -> None:
+def _paper_sigma(sens: float, eps_bar: float, s: admm.Settings) -> float:
+    """OutP's sigma of the paper rule at (eps_bar, dp_delta): the Gaussian of
+    outp_calibration ('paper': the classical formula at every eps)."""
+    if math.isinf(eps_bar):
+        return 0.0
+    paper = s.outp_calibration == "paper"
+    return gaussian_sigma(sens, eps_bar, s.dp_delta,
+                          calibration="classical" if paper else s.outp_calibration,
+                          allow_large_eps=paper)
+
+
+def _old_step_outp(a, gens, w, t, rho, eps_bar) -> None:
     s = a.s
     G = multinomial.grad_sum(a.X, a.y, a.z)
     g = steps.outp_gradient(G, a.n, s.gamma, w)
-    inv_eta, ev = a._outp_noise(t, rho)
+    inv_eta = steps.outp_inv_eta(t, s.prox_scale, a.n, eps_bar, s.dp_delta)
+    sens = steps.outp_l2_sensitivity(rho, inv_eta)
+    std = steps.outp_noise_std(_paper_sigma(sens, eps_bar, s), s.outp_noise_std)
     z_new = steps.outp_update(w, a.lam, g, a.z, rho, inv_eta)
-    noise, ev = a.release.gaussian_noise(gens, s.J * s.K, ev.l2_sensitivity, sigma=ev.sigma,
-                                         delta=ev.delta)
+    noise, ev = a.release.gaussian_noise(gens, s.J * s.K, sens, sigma=std, delta=s.dp_delta)
     noise = noise.reshape(a.z.shape)
     _old_finish(a, z_new + noise, noise, np.full(s.runs, ev.sigma))
 
@@ -158,8 +183,8 @@ def test_what_cannot_stack_takes_the_per_agent_path():
     assert not multinomial.stackable(1, 2, 3) and multinomial.stackable(2, 2, 3)
     assert not multinomial.stackable(multinomial.chunk_rows(2, 3) + 1, 2, 3)
     data = agents_data()
-    s = settings("objt", data)
-    block = admm.AgentBlock([admm.Agent(i, X, y, s) for i, (X, y) in enumerate(data)], s)
+    s, con, _ = setup("objt", data)
+    block = admm.AgentBlock(agents_of(data, s, con), s, con)
     single = [len(data[i][1]) for i in block.stacks.single]
     assert sorted(single) == [1, SIZES[8]]
     stacked = sorted(i for p, *_ in block.stacks.batches for i in p.tolist())
@@ -183,10 +208,10 @@ def test_a_block_run_equals_the_agent_loop_bit_for_bit(method, kw):
     bitwise the final models, every agent's state and logs (noise_mag too, whichever layout an
     agent's own draw has), noise position and ledger of the agent loop admm ran before."""
     data = agents_data(k=kw.get("k", K))
-    s = settings(method, data, **kw)
-    w_ref, ref = reference_run(data, s)
-    agents = [admm.Agent(i, X, y, s) for i, (X, y) in enumerate(data)]
-    out = admm.run_config(Star(MPI.COMM_SELF, len(agents)), agents, s, None, None,
+    s, con, eps_bar = setup(method, data, **kw)
+    w_ref, ref = reference_run(data, s, con, eps_bar)
+    agents = agents_of(data, s, con)
+    out = admm.run_config(Star(MPI.COMM_SELF, len(agents)), agents, s, con, None, None,
                           progress=False)
     assert out.final.tobytes() == w_ref.tobytes()
     assert_same_agents(agents, ref)
@@ -196,18 +221,16 @@ def test_an_agents_results_do_not_depend_on_its_block_mates():
     """Stepping agents alone (Agent.step_objective: a block of one) or in any sub-block gives the
     same bits as the whole block: nothing of one agent's arithmetic reads another's."""
     data = agents_data()
-    s = settings("objt", data, sens_mode="local_max")
+    s, con, eps_bar = setup("objt", data, sens_mode="local_max")
     w = np.random.default_rng(3).normal(size=(s.runs, J, K)) * 0.1
-    whole = [admm.Agent(i, X, y, s) for i, (X, y) in enumerate(data)]
-    alone = [admm.Agent(i, X, y, s) for i, (X, y) in enumerate(data)]
-    halves = [admm.Agent(i, X, y, s) for i, (X, y) in enumerate(data)]
-    blocks = [admm.AgentBlock(whole, s), admm.AgentBlock(halves[::2], s),
-              admm.AgentBlock(halves[1::2], s)]
+    whole, alone, halves = (agents_of(data, s, con) for _ in range(3))
+    blocks = [admm.AgentBlock(whole, s, con), admm.AgentBlock(halves[::2], s, con),
+              admm.AgentBlock(halves[1::2], s, con)]
     for t in range(3):
         for b in blocks:
-            b.step_objective(w, t, s.rho(t))
+            b.step_objective(w, t, s.rho(t, eps_bar))
         for a in alone:
-            a.step_objective(w, t, s.rho(t))
+            a.step_objective(w, t, s.rho(t, eps_bar))
     for b in blocks:
         b.write_back()
     for a, b, c in zip(whole, alone, halves, strict=True):
@@ -221,15 +244,15 @@ def test_a_block_checkpoint_continues_bit_for_bit():
     """The block's members save each agent's state (models, logs, ledger, noise position) in
     Agent.state's form; restoring them into a fresh block continues the run bit for bit."""
     data = agents_data()
-    s = settings("objp", data, sens_mode="local_max", T=5)
+    s, con, _ = setup("objp", data, sens_mode="local_max", T=5)
     star = Star(MPI.COMM_SELF, len(data))
 
     def fresh() -> admm.AgentBlock:
-        return admm.AgentBlock([admm.Agent(i, X, y, s) for i, (X, y) in enumerate(data)], s)
+        return admm.AgentBlock(agents_of(data, s, con), s, con)
 
     def steps_(block, w, ts):
         for t in ts:
-            w = admm.iterate(star, block, s, w, t, s.rho(t))
+            w = admm.iterate(star, block, s, w, t, block.rho(t))
         return w
 
     straight = fresh()
@@ -259,10 +282,10 @@ def test_a_block_charges_every_ledger_once_per_release():
     every agent's event is the same; under local_max each agent's own (data-dependent)."""
     data = agents_data()
     for mode, distinct in (("global", 1), ("local_max", len(data))):
-        s = settings("objt", data, sens_mode=mode)
-        agents = [admm.Agent(i, X, y, s) for i, (X, y) in enumerate(data)]
-        block = admm.AgentBlock(agents, s)
-        block.step_objective(np.zeros((s.runs, J, K)), 0, s.rho(0))
+        s, con, _ = setup("objt", data, sens_mode=mode)
+        agents = agents_of(data, s, con)
+        block = admm.AgentBlock(agents, s, con)
+        block.step_objective(np.zeros((s.runs, J, K)), 0, block.rho(0))
         assert all(a.ledger.releases.tolist() == [1] * s.runs for a in agents)
         events = {e for a in agents for e, _ in a.ledger.event_counts()}
         assert len(events) == distinct and all(e.data_dependent == (mode != "global")

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import scipy.optimize
 import scipy.stats
+from helpers import admm_outp_sigma
 from scipy.special import softmax
 
 from mpi_dp.algorithms import admm_steps as st
@@ -186,7 +187,7 @@ def test_v5_eps_inf_means_no_noise():
     xi = laplace_noise([stream(0, "noise", 0, r) for r in range(2)], st.laplace_scale(np.array([0.1, 0.2]),
                                                                                         math.inf), J * K)
     assert np.all(xi == 0.0)
-    assert st.outp_sigma(102.0, 1500.0, math.inf) == 0.0
+    assert admm_outp_sigma(102.0, 1500.0, math.inf) == 0.0
     assert st.outp_inv_eta(0, 2.0, 6000, math.inf) == 0.25 * 6000 / 2.0
 
 
@@ -198,7 +199,7 @@ def test_v5_outp_golden_values_and_gaussian_draws():
     full = (0.25 * Ip + 4 * Ip * math.sqrt(JK * (t + 1) * math.log(1.25e6)) / (Ip * 0.05 * 2 * math.sqrt(JK)))
     np.testing.assert_allclose(st.outp_inv_eta(t, 1.0, Ip, 0.05), full, rtol=1e-13)
     np.testing.assert_allclose(st.outp_inv_eta(t, 10.0, Ip, 0.05), full / 10, rtol=1e-13)
-    sigma = st.outp_sigma(102.0, inv_eta, 0.05, 1e-6)
+    sigma = admm_outp_sigma(102.0, inv_eta, 0.05, 1e-6)
     assert abs(sigma - 0.120986) <= 5e-7
     assert abs(st.outp_noise_std(sigma, "sigma_sq") - 0.0146376) <= 5e-8
     assert st.outp_noise_std(sigma, "sigma") == sigma

@@ -18,6 +18,8 @@ from mpi_dp.algorithms.agent_block import AgentBlock
 from mpi_dp.algorithms.common import LocalShard, agent_order_sum, error_counts, ordered_total
 from mpi_dp.errors import BudgetExceededError
 from mpi_dp.models import linear
+from mpi_dp.privacy import rules
+from mpi_dp.privacy.contract import Contract
 
 
 def _shards(loss: str, seed: int = 0, p: int = 6) -> list[LocalShard]:
@@ -135,6 +137,11 @@ def _settings(shards, **kw):
     return sync_star.Settings(**base)
 
 
+def _contract(s):
+    return Contract.planned(rules.BasicSplit(), "laplace", s.T, s.eps, seed=s.seed,
+                            run_ids=s.run_ids)
+
+
 @pytest.mark.parametrize("eps_inf", [False, True])
 def test_owner_block_answers_as_each_owner_alone(eps_inf):
     """Answers, noise, clipped counts and ledgers of the block equal those of one DataOwner per
@@ -143,8 +150,10 @@ def test_owner_block_answers_as_each_owner_alone(eps_inf):
     eps = tuple(math.inf if eps_inf and i % 2 else 1.0 + 0.1 * i for i in range(len(shards)))
     shards = [LocalShard(i, sh.X, sh.y) for i, sh in enumerate(shards)]
     s = _settings(shards, eps=eps)
-    block = sync_star.OwnerBlock(shards, s)
-    alone = [sync_star.DataOwner(sh, s.eps[sh.agent], s) for sh in shards]
+    con = _contract(s)
+    block = sync_star.OwnerBlock(shards, s, con)
+    alone = [sync_star.DataOwner(sh, sync_star.owner_release(con, sh.agent, s), s)
+             for sh in shards]
     rng = np.random.default_rng(7)
     for _ in range(s.T):
         theta = rng.normal(size=(2, 6))
@@ -169,7 +178,8 @@ def test_owner_block_checkpoint_views_restore_each_owner(tmp_path):
     shards = [LocalShard(i, sh.X, sh.y) for i, sh in
               enumerate(s for s in _shards("squared", seed=6) if s.n and not sp.issparse(s.X))]
     s = _settings(shards)
-    a, b = sync_star.OwnerBlock(shards, s), sync_star.OwnerBlock(shards, s)
+    a, b = sync_star.OwnerBlock(shards, s, _contract(s)), sync_star.OwnerBlock(shards, s,
+                                                                               _contract(s))
     theta = np.full((2, 6), 0.1)
     for _ in range(3):
         a.answer(theta)

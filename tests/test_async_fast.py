@@ -14,10 +14,9 @@ import time
 
 import numpy as np
 import pytest
-from test_async_star import run, settings, synth_S
+from test_async_star import owner, run, settings, synth_S
 
 from mpi_dp.algorithms import async_star
-from mpi_dp.algorithms.common import LocalShard
 from mpi_dp.comm.p2p_star import ANSWERED, LAST_ANSWER
 from mpi_dp.errors import BudgetExceededError
 from mpi_dp.models import kernels, linear
@@ -163,8 +162,8 @@ def test_charge_one_is_charge_of_one_run():
 
 
 def _owner(s, data, agent=0, eps=2.0, cap=None):
-    return async_star.DataOwner(LocalShard(agent, *data[agent]), eps,
-                                s.T if cap is None else cap, s)
+    assert s.eps[agent] == eps
+    return owner(s, data, agent, s.T if cap is None else cap)
 
 
 @pytest.mark.parametrize("runs", [[0], [2], [0, 1, 2]])
@@ -184,7 +183,7 @@ def test_answer_into_is_answer(each_backend, runs):
     assert np.array_equal(a.clipped, b.clipped) and a.clipped.max() > 0
     assert np.array_equal(a.ledger.releases, b.ledger.releases)
     assert np.array_equal(a.ledger.spent_eps, b.ledger.spent_eps)
-    assert np.array_equal(a.noise_gens.h, b.noise_gens.h)
+    assert np.array_equal(a.release.streams.h, b.release.streams.h)
 
 
 def test_fast_answer_is_the_general_mechanism(each_backend):

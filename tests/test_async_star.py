@@ -19,6 +19,8 @@ from mpi_dp.comm.p2p_star import ANSWERED, DECLINED, LAST_ANSWER, P2PStar, pack_
 from mpi_dp.comm.schedule import LoggedSchedule, Scheduler
 from mpi_dp.comm.star import Star
 from mpi_dp.models import linear, reference
+from mpi_dp.privacy import rules
+from mpi_dp.privacy.contract import Contract
 
 BETA = np.array([0.5, -0.3, 0.8, -0.6, 0.2])
 
@@ -43,6 +45,19 @@ def settings(n, eps, runs=1, first=0, **kw) -> async_star.Settings:
     return async_star.Settings(**base)
 
 
+def contract_of(s: async_star.Settings) -> Contract:
+    """The paper's rule for the settings' owners (what a bare run of the algorithm used)."""
+    return Contract.planned(rules.BasicSplit(), "laplace", list(s.caps), s.eps, seed=s.seed,
+                            run_ids=s.run_ids)
+
+
+def owner(s: async_star.Settings, data, agent: int = 0, cap: int | None = None
+          ) -> async_star.DataOwner:
+    return async_star.DataOwner(LocalShard(agent, *data[agent]),
+                                async_star.owner_release(contract_of(s), agent, s),
+                                s.caps[agent] if cap is None else cap, s)
+
+
 def run(s: async_star.Settings, data, logged=None, theta_init=None):
     """run_config on one rank; returns (output dict, reference)."""
     star = Star(MPI.COMM_SELF, s.N)
@@ -50,7 +65,7 @@ def run(s: async_star.Settings, data, logged=None, theta_init=None):
     shards = [LocalShard(i, *data[i]) for i in range(s.N)]
     ref = reference_quantities(Oracle(star, shards, s.loss, s.lam, s.n_total, s.p), s.theta_max,
                                "closed")
-    return async_star.run_config(star, link, shards, s, ref, None, progress=False,
+    return async_star.run_config(star, link, shards, s, contract_of(s), ref, None, progress=False,
                                  logged=logged), ref
 
 
@@ -58,10 +73,11 @@ def run(s: async_star.Settings, data, logged=None, theta_init=None):
 def test_lap_scale_caps_and_refusal():
     data = synth_S([200, 300])
     s = settings([200, 300], [2.0, math.inf], runs=2, T=50, caps=(3, 50))
-    own = async_star.DataOwner(LocalShard(0, *data[0]), 2.0, 3, s)
+    own = owner(s, data, 0, 3)
     assert own.lap_scale == 2 * s.xi * 3 / (200 * 2.0)  # b_i = 2 xi m_i / (n_i eps_i)
-    assert s.lap_scales()[1] == 0.0
-    np.testing.assert_array_equal(s.lap_scales(), [2 * 1.0 * 3 / (200 * 2.0), 0.0])
+    assert async_star.lap_scales(contract_of(s), s)[1] == 0.0
+    np.testing.assert_array_equal(async_star.lap_scales(contract_of(s), s),
+                                  [2 * 1.0 * 3 / (200 * 2.0), 0.0])
     runs, th = np.array([0, 1]), np.zeros((2, 5))
     got = [own.answer(runs, th)[0].tolist() for _ in range(4)]
     assert got == [[ANSWERED] * 2, [ANSWERED] * 2, [LAST_ANSWER] * 2, [DECLINED] * 2]
@@ -76,11 +92,13 @@ def test_paper_code_preset_scale_and_flag(tmp_path, small_shards):
 
     job_path = tmp_path / "j.toml"
     job_path.write_text(f'algorithm = "async_star"\ndata = "{small_shards}"\nT = 40\n'
-                        '[async]\npreset = "paper_code"\nnoise_shape = "scalar"\n')
+                        '[async]\npreset = "paper_code"\nnoise_shape = "scalar"\n'
+                        'per_owner_cap = 0\n')  # m_i = T
     job = load_job(job_path)
     s = settings_for(job, [2.0] * 3, [600, 500, 700], 3, xi=9.9, rho=1.0, p=5, run_ids=(0,))
     assert not s.dp_valid and not s.clip and s.xi == 5 / 2
-    np.testing.assert_allclose(s.lap_scales(), [40 * 5 / (ni * 2.0) for ni in (600, 500, 700)])
+    np.testing.assert_allclose(async_star.lap_scales(contract_of(s), s),
+                               [40 * 5 / (ni * 2.0) for ni in (600, 500, 700)])
     bad = tmp_path / "b.toml"
     bad.write_text(f'algorithm = "async_star"\ndata = "{small_shards}"\nT = 40\n'
                    '[async]\nnoise_shape = "scalar"\n')
@@ -92,7 +110,7 @@ def test_scalar_noise_moves_only_the_ones_direction():
     """paper_code's scalar noise: answer - clean gradient is c (1, ..., 1) (why it is not DP)."""
     data = synth_S([300])
     s = settings([300], [1.0], T=10, noise_shape="scalar", dp_valid=False)
-    own = async_star.DataOwner(LocalShard(0, *data[0]), 1.0, 10, s)
+    own = owner(s, data, 0, 10)
     th = np.full((1, 5), 0.1)
     _, r = own.answer(np.array([0]), th)
     clean = linear.clipped_grad_sum("squared", *data[0], th, 1.0)[0] / 300
@@ -196,7 +214,7 @@ def test_box_holds_at_every_step():
 
     async_star.Learner.update = spy
     try:
-        async_star.run_config(star, link, shards, s, ref, None, progress=False)
+        async_star.run_config(star, link, shards, s, contract_of(s), ref, None, progress=False)
     finally:
         async_star.Learner.update = orig
     assert max(seen) <= 0.3 and max(seen) == 0.3  # the box binds and is never left
@@ -264,14 +282,14 @@ def test_replaying_a_logged_schedule_reproduces_the_iterates():
 def test_response_message_carries_exactly_k_owner_run_status_and_noisy_answer():
     data = synth_S([250], seed=8)
     s = settings([250], [1.0], runs=1, T=20)
-    own = async_star.DataOwner(LocalShard(0, *data[0]), 1.0, 20, s)
+    own = owner(s, data, 0, 20)
     th = np.full((1, 5), 0.2)
     status, r = own.answer(np.array([0]), th)
     msg = pack_response(7, np.array([0]), np.array([0]), status, r)
     assert msg.size == 2 + 1 * (3 + 5)
     assert msg[:5].tolist() == [7, 1, 0, 0, ANSWERED] and np.array_equal(msg[5:], r[0])
     clean = linear.clipped_grad_sum("squared", *data[0], th, 1.0)[0][0] / 250
-    fresh = async_star.DataOwner(LocalShard(0, *data[0]), 1.0, 20, s)
-    noise = fresh.noise_gens.laplace(5, [0])[0] * own.lap_scale
+    fresh = owner(s, data, 0, 20)
+    noise = fresh.release.streams.laplace(5, [0])[0] * own.lap_scale
     np.testing.assert_allclose(r[0], clean + noise, rtol=1e-12)  # noisy, not clean
     assert np.abs(r[0] - clean).min() > 0

@@ -18,7 +18,7 @@ from mpi_dp.data.synth import write_synth
 from mpi_dp.errors import MpiDpError
 from mpi_dp.models import linear
 from mpi_dp.models import multinomial as mn
-from mpi_dp.models import p2p as p2p_model
+from mpi_dp.p2p import objective
 from mpi_dp.runner import run_job
 
 pytest.importorskip("array_api_strict")
@@ -149,8 +149,8 @@ def test_p2p_local_gradient_equals_numpy(name, loss):
     xn = np.abs(X).sum(axis=1)
     bk = backend(name)
     for clip in (0.5, math.inf):
-        g, f = p2p_model.local_grad(loss, X, y, 0.1, th, clip, xn)
-        gd, fd = p2p_model.local_grad(loss, bk.asarray(X), bk.asarray(y), 0.1, th, clip,
+        g, f = objective.local_grad(loss, X, y, 0.1, th, clip, xn)
+        gd, fd = objective.local_grad(loss, bk.asarray(X), bk.asarray(y), 0.1, th, clip,
                                       bk.asarray(xn))
         assert isinstance(gd, np.ndarray) and rel(g, gd) <= RTOL
         np.testing.assert_array_equal(f, fd)
@@ -182,8 +182,8 @@ def test_host_records_stay_on_the_host():
     X = rng.normal(size=(40, 6)) * (rng.random((40, 6)) < 0.4)
     y, th = np.sign(rng.normal(size=40)), rng.normal(size=(2, 6))
     xn = np.abs(X).sum(axis=1)
-    g, f = p2p_model.local_grad("logistic", X, y, 0.1, th, 0.5, xn)
-    gs, fs = p2p_model.local_grad("logistic", sp.csr_matrix(X), y, 0.1, th, 0.5, xn)
+    g, f = objective.local_grad("logistic", X, y, 0.1, th, 0.5, xn)
+    gs, fs = objective.local_grad("logistic", sp.csr_matrix(X), y, 0.1, th, 0.5, xn)
     assert rel(g, gs) <= 1e-14 and np.array_equal(f, fs)
     assert linear.on_host(sp.csr_matrix(X)) and mn.on_host(X)
     assert not linear.on_host(backend("array_api_strict").asarray(X))
@@ -310,7 +310,7 @@ def test_a_short_job_of_every_method_on_a_backend_equals_numpy(tmp_path, method_
 
     spy(linear, "device_pass")
     spy(mn, "device_pass")
-    spy(p2p_model, "device_local_grad")
+    spy(objective, "device_local_grad")
     spy(dola.Block, "_mix_on_device")
     b = run_job(job("dev", name), comm=MPI.COMM_SELF, progress=False)
     assert seen, "no kernel ran on the device"

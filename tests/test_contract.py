@@ -12,7 +12,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from mpi_dp.errors import BudgetExceededError
-from mpi_dp.privacy import Ledger, PureEvent, accountants, contract
+from mpi_dp.privacy import Ledger, PureEvent, accountants, calibration, contract
 from mpi_dp.privacy.release import BlockRelease, OwnerRelease
 
 
@@ -34,7 +34,7 @@ def test_pld_laplace_meets_the_target_tightly(k):
     direct = _direct_pld(dp_event.LaplaceDpEvent(cal.noise_multiplier), k, 1e-5)
     assert direct <= 1.0 + 1e-6 and direct >= 0.99
     # 0.1 % less noise breaks the target: the search found the boundary
-    less = accountants.pld([(contract._unit("laplace", cal.noise_multiplier * 0.999, 1e-5), k)],
+    less = accountants.pld([(calibration._unit("laplace", cal.noise_multiplier * 0.999, 1e-5), k)],
                            1e-5)
     assert less > 1.0
     # never looser than the pure split, and the RDP cross-check is looser than the PLD
@@ -214,7 +214,9 @@ def test_analyze_says_per_configuration_whether_the_target_was_met():
         lines[1].endswith(": met")
     assert "NOT met (the paper's rule reads eps in its own unit)" in lines[2]
     assert "all releases composed: PLD 40" in lines[3] and lines[3].endswith(": met")
-    assert lines[4].endswith("no privacy (eps = inf)")
+    assert "achieved PLD inf, no noise" in lines[4]
+    assert lines[4].endswith("NOT private: eps = inf: trained without noise (owner 0: target "
+                             "eps = inf)")
     # many configurations: alike ones share a line, the largest totals shown
     many = [_Cfg(i, [_row(1.0, 0.9 + i / 1000)]) for i in range(CONTRACT_LINES_MAX + 1)]
     grouped = contract_lines(many)

@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from dola_case import Case, contract
 from scipy.sparse import csgraph
 from scipy.stats import spearmanr
 
@@ -20,7 +21,7 @@ from mpi_dp.algorithms import dola
 from mpi_dp.comm import topology as tp
 from mpi_dp.data.synth import synth_online
 from mpi_dp.models.reference import svm_dual_cd
-from mpi_dp.privacy import accountants
+from mpi_dp.privacy import accountants, rules
 
 
 # -- data and runs -------------------------------------------------------------------------------
@@ -47,12 +48,12 @@ def _settings(m, T, n, **kw):
     base.update(kw)
     if not isinstance(base["eps"], tuple):
         base["eps"] = (float(base["eps"]),) * m
-    return dola.Settings(**base)
+    return Case(**base)
 
 
 def _run(s, graph, agents, w_star=None, test=None):
     recs = {}
-    block = dola.simulate(s, graph, _reader(agents), w_star, test,
+    block = dola.simulate(s, contract(s), graph, _reader(agents), w_star, test,
                           on_record=lambda t, r: recs.__setitem__(t, r))
     return block, recs
 
@@ -167,7 +168,7 @@ def _plain(s, g, agents, w_star):
                                                    0.0), axis=0)
                 eps = s.eps[i]
                 if s.variant == "gaussian":
-                    J = dola.gauss_std(s.gauss_mode, 2 / s.h, eps, s.delta, s.T)
+                    J = rules.gauss_std(s.gauss_mode, 2 / s.h, eps, s.delta, s.T)
                     z = pcg.generator_normal(gens[i][r], n) if J > 0 else 0.0
                     v = b - alpha * (gr + J * z)
                     nv = np.linalg.norm(v)
@@ -216,8 +217,9 @@ def test_csr_and_chunked_streams_match_dense():
     ref, _ = _run(s, g, dense_agents)
     for data, chunk in ((sparse_agents, 4096), (sparse_agents, 5), (dense_agents, 3)):
         net = dola.LocalNet(g)
-        block = dola.Block(s, g, net, dola.Stream(net.agents, s.h, s.T, n, _reader(data),
-                                                  chunk_records=chunk))
+        block = dola.Block(s, contract(s), g, net,
+                           dola.Stream(net.agents, s.h, s.T, n, _reader(data),
+                                       chunk_records=chunk))
         dola.drive(block, None)
         np.testing.assert_allclose(block.Pub, ref.Pub, rtol=0, atol=1e-13)
 
@@ -277,7 +279,7 @@ def test_noise_scales_and_draw_statistics():
         draws.append((pub - block.W) / (2 * alpha * math.sqrt(n)))
         scales.append(alpha)
     net = dola.LocalNet(g)
-    block = dola.Block(s, g, net, dola.Stream(net.agents, 1, T, n, _reader(agents)))
+    block = dola.Block(s, contract(s), g, net, dola.Stream(net.agents, 1, T, n, _reader(agents)))
     block.on_release = spy
     dola.drive(block, None)
     z = np.concatenate([d.ravel() for d in draws])
@@ -286,13 +288,13 @@ def test_noise_scales_and_draw_statistics():
     ev = block.ledgers[0].event_counts()
     assert len(ev) == 1 and ev[0][0].eps == pytest.approx(1.0) and ev[0][1][0] == T
     # Gaussian: the noise that enters the step has std J
-    J = dola.gauss_std("per_record", 2.0, 0.5, 1e-4, T)
+    J = rules.gauss_std("per_record", 2.0, 0.5, 1e-4, T)
     assert J == pytest.approx(2.0 * math.sqrt(2 * math.log(1.25 / 1e-4)) / 0.5)
     gen = rng.stream(0, "test")
     assert abs(np.std(J * gen.standard_normal(100_000)) / J - 1) <= 0.02
     lg = math.log(1e4)
     rho = (math.sqrt(lg + 1.0) - math.sqrt(lg)) ** 2
-    assert dola.gauss_std("total_T", 2.0, 1.0, 1e-4, 100) == pytest.approx(
+    assert rules.gauss_std("total_T", 2.0, 1.0, 1e-4, 100) == pytest.approx(
         2.0 * math.sqrt(100 / (2 * rho)))
 
 
@@ -377,7 +379,7 @@ def test_invariant_P_every_mix_uses_only_released_vectors(variant):
     released = {-1: np.zeros((m, 1, n))}
     mixes = []
     net = dola.LocalNet(g)
-    block = dola.Block(s, g, net, dola.Stream(net.agents, 1, T, n, _reader(agents)))
+    block = dola.Block(s, contract(s), g, net, dola.Stream(net.agents, 1, T, n, _reader(agents)))
     block.on_release = lambda t, ids, pub: released.__setitem__(t, pub)
     block.on_mix = lambda t, B, a_self, a_nbr: mixes.append((t, B.copy(), a_self, a_nbr))
     dola.drive(block, None)

@@ -14,11 +14,15 @@ import math
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from dola_case import Case, contract
 
 from mpi_dp import rng
 from mpi_dp.algorithms import dola
 from mpi_dp.comm import topology as tp
 from mpi_dp.data.synth import synth_online
+from mpi_dp.privacy import noise_streams, rules
+from mpi_dp.privacy.contract import Contract
+from mpi_dp.privacy.noise_streams import RoundNoise
 
 
 def _data(m: int, records: int, n: int, seed: int = 0) -> list:
@@ -29,12 +33,21 @@ def _reader(agents: list):
     return lambda a, s, e: (agents[a][0][s:e], agents[a][1][s:e])
 
 
-def _settings(m: int, T: int, n: int, **kw) -> dola.Settings:
+def _settings(m: int, T: int, n: int, **kw) -> Case:
     base = dict(variant="laplace", T=T, h=1, n_features=n, m=m, eps=(1.0,) * m, lam=0.1,
                 radius=1 / math.sqrt(0.1), step="strong", seed=3, run_ids=(0, 2, 5),
                 exact_regret=False)
     base.update(kw)
-    return dola.Settings(**base)
+    return Case(**base)
+
+
+def _round_noise(agents: np.ndarray, runs: tuple[int, ...], seed: int, n: int, kind: str,
+                 T: int) -> RoundNoise:
+    """The round noise of a block of `agents` as its release path gives it (a contract of
+    owners 0..max(agents), each releasing T times)."""
+    con = Contract.planned(rules.PerRelease(), "gaussian" if kind == "normal" else "laplace", T,
+                           [1.0] * (int(max(agents)) + 1), seed=seed, run_ids=runs)
+    return con.block([int(a) for a in agents]).round_noise(n, kind, rounds=T)
 
 
 # -- the block's noise is every agent's own stream ------------------------------------------------
@@ -48,10 +61,10 @@ def test_block_noise_is_each_agents_own_stream(kind, monkeypatch):
     draw = "laplace" if kind == "laplace" else "standard_normal"
     ref = {int(a): getattr(rng.run_streams(7, "noise", int(a), runs), draw)(T * n)
            .reshape(len(runs), T, n) for a in agents}
-    for cap in (dola.NOISE_BLOCK_DOUBLES, 2 * len(runs) * n * len(agents), 1):
-        monkeypatch.setattr(dola, "NOISE_BLOCK_DOUBLES", cap)
+    for cap in (noise_streams.NOISE_BLOCK_DOUBLES, 2 * len(runs) * n * len(agents), 1):
+        monkeypatch.setattr(noise_streams, "NOISE_BLOCK_DOUBLES", cap)
         for block in (agents, agents[1:3], agents[::-1]):
-            noise = dola.Noise(block, runs, 7, n, kind, rounds=T)
+            noise = _round_noise(block, runs, 7, n, kind, T)
             rounds = [noise.next() for _ in range(T)]
             l1 = np.stack([np.abs(2.5 * z).sum(axis=2) for z in rounds], axis=2)
             got = np.stack([z.copy() for z in rounds], axis=2)
@@ -62,10 +75,10 @@ def test_block_noise_is_each_agents_own_stream(kind, monkeypatch):
 
 
 def test_block_noise_positions_resume_mid_chunk():
-    """positions() after j rounds of a chunk, seeked by a fresh Noise, continues the same
+    """positions() after j rounds of a chunk, seeked by a fresh round noise, continues the same
     draws; each agent's position is the one its own stream reaches after j rounds."""
     agents, runs, n, T = np.arange(6), (1, 4), 3, 12
-    a = dola.Noise(agents, runs, 5, n, "laplace", rounds=T)
+    a = _round_noise(agents, runs, 5, n, "laplace", T)
     for _ in range(4):
         a.next()
     pos = a.positions()
@@ -75,7 +88,7 @@ def test_block_noise_positions_resume_mid_chunk():
         own.laplace(4 * n)
         h, lo = own.position()
         assert np.array_equal(p[0], h) and np.array_equal(p[1], lo)
-    b = dola.Noise(agents, runs, 5, n, "laplace", rounds=T)
+    b = _round_noise(agents, runs, 5, n, "laplace", T)
     b.seek(pos, T - 4)
     for want in rest:
         assert np.array_equal(b.next(), want)
@@ -132,14 +145,15 @@ class _LockstepNet:
             pub[k + i] = self.shared[int(g)]
 
 
-def _run_layout(s: dola.Settings, graph: tp.Graph, data: list, cuts: list[int]) -> dict:
+def _run_layout(s: Case, graph: tp.Graph, data: list, cuts: list[int]) -> dict:
     """Every agent's final (Pub, W, Hsum, cum, noise_l1) with the agents split at `cuts`."""
     shared: dict = {a: np.zeros((s.runs, s.n_features)) for a in range(s.m)}
     blocks = []
     for lo, hi in zip([0, *cuts], [*cuts, s.m], strict=True):
         net = _LockstepNet(graph, np.arange(lo, hi), shared)
-        blocks.append(dola.Block(s, graph, net, dola.Stream(net.agents, s.h, s.T, s.n_features,
-                                                            _reader(data), chunk_records=7)))
+        blocks.append(dola.Block(s, contract(s), graph, net,
+                                 dola.Stream(net.agents, s.h, s.T, s.n_features, _reader(data),
+                                             chunk_records=7)))
     for _ in range(s.T):
         for b in blocks:
             b.round()
@@ -184,8 +198,8 @@ def test_a_checkpoint_mid_noise_chunk_resumes_bit_for_bit():
 
     def block() -> dola.Block:
         net = dola.LocalNet(graph)
-        return dola.Block(s, graph, net, dola.Stream(net.agents, 1, T, n, _reader(data),
-                                                     chunk_records=4))
+        return dola.Block(s, contract(s), graph, net,
+                          dola.Stream(net.agents, 1, T, n, _reader(data), chunk_records=4))
 
     ref = block()
     dola.drive(ref, None)

@@ -10,6 +10,8 @@ import h5py
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from dola_case import Case
+from dola_case import contract as dola_contract
 from helpers import assert_rank_invariant, write_job
 from mpi4py import MPI
 
@@ -17,7 +19,8 @@ from mpi_dp.algorithms import dola
 from mpi_dp.comm import topology as tp
 from mpi_dp.data.synth import synth_online, write_synth
 from mpi_dp.errors import BudgetExceededError, MpiDpError
-from mpi_dp.privacy import contract
+from mpi_dp.privacy import rules
+from mpi_dp.privacy.contract import Contract
 from mpi_dp.runner import run_job
 
 
@@ -29,7 +32,7 @@ def _settings(m, T, n, **kw):
     base = dict(variant="laplace", T=T, h=1, n_features=n, m=m, eps=(0.5,) * m, lam=0.1,
                 radius=1 / math.sqrt(0.1), step="strong", seed=3, record_every=max(1, T // 5))
     base.update(kw)
-    return dola.Settings(**base)
+    return Case(**base)
 
 
 @pytest.fixture(scope="module")
@@ -73,20 +76,22 @@ def test_passes_compute_what_a_stream_of_the_repeated_records_does():
     agents = d["agents"]
     g = tp.make_graph("ring", m, 1)
     s3 = _settings(m, passes * n, p, passes=passes)
-    b3 = dola.simulate(s3, g, _reader(agents))
+    b3 = dola.simulate(s3, dola_contract(s3), g, _reader(agents))
     r = dola.PassReader(_reader(agents), n, s3.seed)
     laid = [r(a, 0, passes * n) for a in range(m)]
-    b1 = dola.simulate(_settings(m, passes * n, p), g, _reader(laid))
+    s1 = _settings(m, passes * n, p)
+    b1 = dola.simulate(s1, dola_contract(s1), g, _reader(laid))
     assert np.array_equal(b3.W, b1.W) and np.array_equal(b3.Pub, b1.Pub)
 
 
 def test_a_pass_beyond_the_calibrated_plan_is_refused():
     m, n, p = 3, 6, 4
     agents = synth_online(m, n, p, 0.05, 2, test=0)["agents"]
-    one = contract.calibrate(contract.Plan("laplace", 1, 0.5, 1e-3, scope="record"), "pld")
-    s = _settings(m, 2 * n, p, passes=2, calibration=(one,) * m)
+    s = _settings(m, 2 * n, p, passes=2)
+    one = Contract.planned(rules.TIGHT, "laplace", 1, [0.5] * m, 1e-3, seed=s.seed,
+                           run_ids=s.run_ids, scope="record")  # one release per record
     with pytest.raises(BudgetExceededError, match=r"pass 2 over its records is beyond the 1"):
-        dola.simulate(s, tp.make_graph("ring", m, 1), _reader(agents))
+        dola.simulate(s, one, tp.make_graph("ring", m, 1), _reader(agents))
 
 
 # -- jobs ---------------------------------------------------------------------------------------

@@ -214,6 +214,22 @@ def _ds(g, name, data, flag="missing", **attrs):
     return d
 
 
+def _ledger(n: int, eps: float) -> np.ndarray:
+    """A ledger whose guarantee is finite and certified: n owners, 3 Laplace releases each,
+    calibrated to (eps, 1e-5)."""
+    from mpi_dp.privacy.accountants import LEDGER_DTYPE
+
+    led = np.zeros(n, dtype=LEDGER_DTYPE)
+    led["agent"] = np.arange(n)
+    led["mechanism"], led["releases"], led["eps_per_release"] = b"laplace", 3, eps / 3
+    led["target_eps"], led["target_delta"], led["delta"] = eps, 1e-5, 1e-5
+    led["calibration"], led["scope"], led["certified"] = b"pld", b"configuration", True
+    for k in ("eps_basic", "eps_advanced", "eps_pld", "eps_rdp", "eps_basic_all", "eps_pld_all",
+              "eps_rdp_all"):
+        led[k] = eps * (0.99 if "pld" in k else 1.0)
+    return led
+
+
 def _synthetic(path, status="complete"):
     """A result-like file: released (evaluation_only False), evaluation-only (True) and unmarked
     datasets, an evaluation_only_attrs list, attributes kept as datasets, dimension scales."""
@@ -253,8 +269,7 @@ def _synthetic(path, status="complete"):
             _ds(g, "models/final_iterate", np.ones((2, 3)))
             _ds(g, "reference/theta_star", np.ones(3), True)
             _ds(g, "reference/f_star", 1.5, "False")  # not a boolean: not released
-            led = np.zeros(2, dtype=[("agent", "i8"), ("mechanism", "S8"), ("eps_pld", "f8")])
-            _ds(g, "privacy/ledger", led, np.False_, guarantee="(eps, delta)-DP")
+            _ds(g, "privacy/ledger", _ledger(2, 1.0 + i), np.False_, guarantee="(eps, delta)-DP")
             _ds(g, "privacy/clip_fraction", np.zeros(2), np.True_)
     return path
 
@@ -348,13 +363,19 @@ def test_a_malformed_evaluation_only_attrs_writes_nothing(tmp_path, capsys):
 
 
 def test_a_real_result_releases_its_marked_datasets_only(results, tmp_path, capsys):
+    """Every dataset marked evaluation_only = false of the eps = 1 configuration; of the
+    eps = inf one (trained without noise) only its ledger, target eps and agent coordinate."""
     src = _copy(results["sweep"], tmp_path)
     assert _cli(capsys, "export", str(src), "--release")[0] == 0
     with h5py.File(src, "r") as s:
         marked = set()
         s.visititems(lambda n, o: marked.add(n) if isinstance(o, h5py.Dataset)
                      and export.released(o) else None)
-    assert set(_datasets(tmp_path / "r.release.h5")) == marked
+    guarantee = {k for k in marked if k.startswith("configs/001/") and k.split("/", 2)[2] in (
+        "privacy/ledger", "eps", "agent") or k.startswith("configs/001/ledger/")}
+    no_noise = {k for k in marked if k.startswith("configs/001/")} - guarantee
+    assert "configs/001/models/final" in no_noise and "configs/001/ledger/eps_pld" in guarantee
+    assert set(_datasets(tmp_path / "r.release.h5")) == marked - no_noise
     assert not any(k.startswith(("configs/000/reference", "reference")) for k in marked)
 
 

@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpi_dp.algorithms import admm, async_star, dola, p2p_eval, sync_star
+from mpi_dp.algorithms import admm, async_star, dola, sync_star
 from mpi_dp.algorithms.common import LocalShard, Oracle
 from mpi_dp.algorithms.evaluation import Evaluator
 from mpi_dp.algorithms.hooks import RunHooks
 from mpi_dp.comm import stop
 from mpi_dp.comm.star import Star
+from mpi_dp.p2p import evaluation
 
 
 class FakeRecorder:
@@ -87,9 +88,9 @@ def test_the_evaluators_conform():
     gram = async_star.GramEvaluator(star, shards, 0.1, 4, 4)
     for ev in (oracle, gram, dola.Evaluation(None)):
         assert isinstance(ev, Evaluator)
-    assert issubclass(p2p_eval.Evaluator, Evaluator)
+    assert issubclass(evaluation.Evaluator, Evaluator)
     # p2p's final scores take a validation score, they never release one themselves
-    assert "release_clip" not in inspect.signature(p2p_eval.Evaluator.final).parameters
+    assert "release_clip" not in inspect.signature(evaluation.Evaluator.final).parameters
     thetas = np.arange(8.0).reshape(2, 4) / 10
     rec = oracle.record(thetas, slice(0, 2))
     assert np.array_equal(rec["objective"], oracle.evaluate(thetas))

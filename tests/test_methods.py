@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import glob
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
-from helpers import assert_rank_invariant, write_job
+from helpers import admm_outp_sigma, admm_paper_contract, assert_rank_invariant, write_job
 from mpi4py import MPI
 
 from mpi_dp import jobspec
@@ -70,6 +72,19 @@ def test_unknown_algorithm_lists_the_registered_ones(tmp_path, small_shards):
         load_job(p)
 
 
+def test_a_method_entry_outside_the_package_imports_first_or_after():
+    """mpi_dp.p2p.method imported first (before mpi_dp.methods, in a fresh process) loads, and
+    the registry then gives its METHOD, in the registry's order."""
+    code = ("import mpi_dp.p2p.method as entry\n"
+            "from mpi_dp.methods import REGISTRY\n"
+            "assert REGISTRY.get('p2p') is entry.METHOD\n"
+            "print(REGISTRY.names())")
+    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    assert cp.stdout.strip() == str(REGISTRY.names()) == str(
+        ["sync_star", "async_star", "admm", "dola", "p2p"])
+
+
 def test_variants_sweep_alike_for_every_method(tmp_path, small_shards):
     p = write_job(tmp_path / "s.toml", small_shards, sweep={"variant": ["alg1", "alg2"],
                                                             "eps": [1.0, 2.0]})
@@ -118,7 +133,7 @@ def test_one_default_per_knob():
             assert section[key].default == settings.__dataclass_fields__[field].default, key
     assert jobspec.SHARED_SECTIONS["step"]["schedule"].default == \
         sync_star.Settings.__dataclass_fields__["schedule"].default
-    s = admm.Settings(method="outp", T=1, eps_bar=0.1, n=(10,), J=2, K=2, record_every=1)
+    s = admm.Settings(method="outp", T=1, n=(10,), J=2, K=2, record_every=1)
     assert s.outp_noise_std == "sigma" and s.outp_calibration == "auto"
 
 
@@ -195,30 +210,33 @@ def test_outp_ledger_of_a_job(tmp_path, multiclass):
 # --- admm: a budget that refuses, a Gaussian calibration that holds ------------------------------
 
 
-def _agents(T, eps, budget, runs=1, method="objt"):
+def _agents(T, eps, budget, runs=1, method="objt", **kw):
+    """Settings, the paper rule's contract (eps per iteration, the basic cap `budget`) and its
+    agents."""
     d = synth_multiclass(3, 100, 5, 0.35, 1, classes=3)
-    s = admm.Settings(method=method, T=T, eps_bar=eps, n=tuple(len(y) for _, y in d["agents"]),
+    s = admm.Settings(method=method, T=T, n=tuple(len(y) for _, y in d["agents"]),
                       J=5, K=3, record_every=T, budget_eps=budget, sens_mode="global",
-                      run_ids=tuple(range(runs)))
-    return s, [admm.Agent(i, X, y, s) for i, (X, y) in enumerate(d["agents"])]
+                      run_ids=tuple(range(runs)), **kw)
+    con = admm_paper_contract(s, eps)
+    return s, con, [admm.Agent(i, X, y, s, con) for i, (X, y) in enumerate(d["agents"])]
 
 
 def test_an_admm_agent_refuses_a_release_past_its_budget():
-    s, agents = _agents(T=10, eps=0.5, budget=1.0)
+    s, _, agents = _agents(T=10, eps=0.5, budget=1.0)
     a = agents[0]
     w = np.zeros((1, s.J, s.K))
     for t in range(2):
-        a.step_objective(w, t, s.rho(t))
+        a.step_objective(w, t, s.rho(t, 0.5))
     np.testing.assert_allclose(a.ledger.spent_eps, 1.0)
     z = a.z.copy()
     with pytest.raises(BudgetExceededError, match="owner 0 refuses release 3"):
-        a.step_objective(w, 2, s.rho(2))
+        a.step_objective(w, 2, s.rho(2, 0.5))
     np.testing.assert_array_equal(a.z, z)  # nothing released
 
 
 def test_an_admm_run_ends_when_the_budget_is_spent():
-    s, agents = _agents(T=10, eps=0.5, budget=1.6, runs=2)
-    out = admm.run_config(Star(MPI.COMM_SELF, 3), agents, s, None, None, progress=False)
+    s, con, agents = _agents(T=10, eps=0.5, budget=1.6, runs=2)
+    out = admm.run_config(Star(MPI.COMM_SELF, 3), agents, s, con, None, None, progress=False)
     assert out["ended_at"] == 3 and "budget eps=1.6" in out["end_reason"]
     assert out["iterations"].tolist() == [3, 3, 3]
     rows = accountants.ledger_rows(out["ledgers"], 1e-5)
@@ -253,12 +271,12 @@ def test_a_budget_ending_a_run_is_rank_invariant(tmp_path, multiclass):
 def test_outp_gaussian_calibration_options(tmp_path, multiclass):
     rho, inv_eta, delta = 102.0, 1649.87, 1e-6
     sens = steps.outp_l2_sensitivity(rho, inv_eta)
-    assert steps.outp_sigma(rho, inv_eta, 0.05, delta) == gaussian_sigma(sens, 0.05, delta)
-    assert steps.outp_sigma(rho, inv_eta, 4.0, delta, "auto") == pytest.approx(
+    assert admm_outp_sigma(rho, inv_eta, 0.05, delta) == gaussian_sigma(sens, 0.05, delta)
+    assert admm_outp_sigma(rho, inv_eta, 4.0, delta, "auto") == pytest.approx(
         gaussian_sigma(sens, 4.0, delta, calibration="analytic"))
     with pytest.raises(ValueError, match="eps < 1"):
-        steps.outp_sigma(rho, inv_eta, 4.0, delta, "classical")
-    paper = steps.outp_sigma(rho, inv_eta, 4.0, delta, "paper")
+        admm_outp_sigma(rho, inv_eta, 4.0, delta, "classical")
+    paper = admm_outp_sigma(rho, inv_eta, 4.0, delta, "paper")
     assert paper == pytest.approx(2 * math.sqrt(2 * math.log(1.25 / delta)) / (4.0 * (rho + inv_eta)))
     # a job asking for the classical bound at eps >= 1 stops before anything runs
     p = write_job(tmp_path / "c.toml", multiclass, algorithm="admm", variant="outp",
@@ -266,10 +284,10 @@ def test_outp_gaussian_calibration_options(tmp_path, multiclass):
                   privacy={"calibration": "paper"})
     with pytest.raises(JobError, match="key 'admm.outp_calibration': the classical Gaussian"):
         load_job(p)
-    s, agents = _agents(T=3, eps=4.0, budget=math.inf, method="outp")
-    s_paper = admm.Settings(**{**s.__dict__, "outp_calibration": "paper"})
-    assert not admm.Agent(0, *synth_multiclass(3, 100, 5, 0.35, 1, classes=3)["agents"][0],
-                          s_paper).next_event(0, 1.0).certified
+    _, _, agents = _agents(T=3, eps=4.0, budget=math.inf, method="outp")
+    _, _, paper_agents = _agents(T=3, eps=4.0, budget=math.inf, method="outp",
+                                 outp_calibration="paper")
+    assert not paper_agents[0].next_event(0, 1.0).certified
     assert agents[0].next_event(0, 1.0).certified
 
 

@@ -11,16 +11,18 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from dola_case import Case, contract
 from helpers import mpi_run, write_job
 from mpi4py import MPI
 
 from mpi_dp.algorithms import dola
 from mpi_dp.analysis.load import ConfigView
-from mpi_dp.comm import graph as cg
+from mpi_dp.comm import graph_exchange
 from mpi_dp.comm import topology as tp
 from mpi_dp.data import ShardFile, write_shards
 from mpi_dp.data.synth import write_synth
 from mpi_dp.errors import JobError
+from mpi_dp.methods.dola import sensitivity_reg
 from mpi_dp.models.reference import svm_dual_cd
 
 VARIANTS = ["laplace", "gaussian", "sparse", "minibatch"]
@@ -42,11 +44,17 @@ def _job(tmp_path, data, name, **dola_keys):
                      dola={"graph": "medium", **dola_keys}, privacy={"calibration": "paper"})
 
 
-def _settings_from(attrs) -> dola.Settings:
-    """The run's settings, rebuilt from the configuration's attributes alone."""
+def _settings_from(attrs) -> Case:
+    """The run's settings and its paper rule's knobs, rebuilt from the configuration's
+    attributes alone."""
     kw = {}
-    for f in dataclasses.fields(dola.Settings):
-        if f.name == "calibration":  # the paper's rule: no calibration objects
+    for f in dataclasses.fields(Case):
+        if f.name == "rule":  # the paper's rule (privacy.calibration = 'paper'): the case's own
+            continue
+        if f.name == "L_reg":  # dola.sens_mode, resolved as the method entry resolves it
+            mode = attrs["sens_mode"]
+            kw[f.name] = sensitivity_reg(mode.decode() if isinstance(mode, bytes) else str(mode),
+                                         float(attrs["lam"]), float(attrs["radius"]))
             continue
         v = attrs[f.name]
         if f.name in ("eps", "run_ids"):
@@ -56,7 +64,7 @@ def _settings_from(attrs) -> dola.Settings:
         elif isinstance(v, bytes):
             v = v.decode()
         kw[f.name] = v
-    return dola.Settings(**kw)
+    return Case(**kw)
 
 
 def _simulate(data, g) -> dict:
@@ -65,7 +73,7 @@ def _simulate(data, g) -> dict:
     graph = tp.Graph(s.m, g["graph/edges"][()], "from result")
     w_star = g["reference/w_star"][()] if "reference/w_star" in g else None
     recs = {}
-    block = dola.simulate(s, graph, shard.read_agent_rows, w_star,
+    block = dola.simulate(s, contract(s), graph, shard.read_agent_rows, w_star,
                           shard.read_test() if shard.has_global_test else None,
                           on_record=lambda t, r: recs.__setitem__(t, r))
     return {"recs": recs, "block": block}
@@ -159,10 +167,10 @@ def test_too_many_rounds_names_the_limit(tmp_path, online64):
 def test_rma_without_window_support_is_a_clear_error(monkeypatch):
     def refuse(*a, **k):
         raise NotImplementedError("MPI_Win_allocate")
-    monkeypatch.setattr(cg, "allocate_window", refuse)
+    monkeypatch.setattr(graph_exchange, "allocate_window", refuse)
     g = tp.make_graph("ring", 4, 0)
     with pytest.raises(JobError, match="cannot allocate an RMA window"):
-        cg.GraphNet(MPI.COMM_SELF, g, "rma", (1, 3))
+        graph_exchange.GraphNet(MPI.COMM_SELF, g, "rma", (1, 3))
 
 
 def test_uncertified_modes_are_flagged(tmp_path, online64):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpi_dp.comm import graph as cg
+from mpi_dp.comm import graph_exchange
 from mpi_dp.comm import topology as tp
 
 pytestmark = pytest.mark.mpi
@@ -18,12 +18,12 @@ def _value(agent: int, t: int, shape) -> np.ndarray:
     return np.full(shape, agent * 1000.0 + t) + np.arange(np.prod(shape)).reshape(shape) * 1e-3
 
 
-@pytest.mark.parametrize("mode", cg.MODES)
+@pytest.mark.parametrize("mode", graph_exchange.MODES)
 def test_ghosts_hold_this_rounds_release(mode):
     comm = MPI.COMM_WORLD
     g = tp.make_graph("erdos_renyi", 13, 2, p=0.3)
     shape = (2, 3)
-    net = cg.GraphNet(comm, g, mode, shape)
+    net = graph_exchange.GraphNet(comm, g, mode, shape)
     act = tp.EdgeActivation(net.tracked, "hash", 0.5, 4, 9)
     k = len(net.agents)
     pub = np.full((k + len(net.ghosts), *shape), np.nan)

@@ -12,17 +12,16 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import HANG_GUARD_S, MPIEXEC, mpi_run, write_job
+from helpers import HANG_GUARD_S, MPIEXEC, mpi_run, p2p_contract, write_job
 
-from mpi_dp.algorithms import p2p_cd as C
 from mpi_dp.analysis.load import Result
 from mpi_dp.data import ShardFile
-from mpi_dp.data.graphs import read_graph
+from mpi_dp.data.shard_graph import read_graph
 from mpi_dp.data.synth import write_synth
-from mpi_dp.models import p2p as M
-from mpi_dp.models import p2p_reference as REF
 from mpi_dp.models.reference import petsc_available
-from mpi_dp.privacy import contract
+from mpi_dp.p2p import coordinate_descent, objective, reference
+from mpi_dp.privacy import contract, rules
+from mpi_dp.privacy.contract import Contract
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +43,8 @@ def _problem(path, mu=1.0):
     W = read_graph(shard)
     X, y = zip(*[shard.read_agent(i) for i in range(shard.n_agents)], strict=True)
     m = shard.sizes()
-    return M.make_problem(W, list(X), list(y), "logistic", mu, 1.0 / m, m=m, smooth="bound",
-                          row_norm=1.0)
+    return objective.make_problem(W, list(X), list(y), "logistic", mu, 1.0 / m, m=m, smooth="bound",
+                                  row_norm=1.0)
 
 
 def _models(out):
@@ -70,12 +69,13 @@ def test_replay_equals_the_serial_simulator_on_any_layout(tmp_path, syn):
     for c, (theta, attrs, sched) in res[1].items():
         eps = float(attrs["eps_bar"])
         cap = None if math.isinf(eps) else (math.ceil(T / P.n),) * P.n
-        cal = () if cap is None else tuple(  # the job's contract: pld, delta 'auto' by m_i
-            contract.calibrate(contract.Plan("laplace", cap[i], eps, contract.default_delta(
-                int(P.m[i]))), "pld") for i in range(P.n))
-        s = C.Settings(T=T, T_agent=cap, eps=eps, delta=math.exp(-5), runs=(0, 1), seed=7,
-                       record_every=240, calibration=cal)
-        sim, block, net = C.simulate(P, s, np.zeros((P.n, P.p)))
+        # the job's contract: pld, delta 'auto' by m_i
+        con = Contract.of(rules.TIGHT, [contract.Plan(
+            "laplace", 0 if cap is None else cap[i], eps, contract.default_delta(int(P.m[i])))
+            for i in range(P.n)], seed=7, run_ids=(0, 1))
+        s = coordinate_descent.Settings(T=T, T_agent=cap, eps=eps, delta=math.exp(-5), runs=(0, 1), seed=7,
+                                        record_every=240)
+        sim, block, net = coordinate_descent.simulate(P, s, con, np.zeros((P.n, P.p)))
         assert np.array_equal(theta, sim), c  # bitwise, noise on and off
         for n in (2, 4):
             assert np.array_equal(res[n][c][0], theta), (c, n)
@@ -103,15 +103,16 @@ def test_live_run_converges_and_replays_from_its_log(tmp_path, syn64):
     shard = ShardFile(syn64)
     X, y = zip(*[shard.read_agent(i) for i in range(shard.n_agents)], strict=True)
     m = shard.sizes()
-    P = M.make_problem(read_graph(shard), list(X), list(y), "logistic", 1.0, 1.0 / m, m=m)
-    star, q = REF.theta_star(P)
+    P = objective.make_problem(read_graph(shard), list(X), list(y), "logistic", 1.0, 1.0 / m, m=m)
+    star, q = reference.theta_star(P)
     assert abs(q - Q_star) <= 1e-9 * abs(q)
     gap = float(P.objective(theta)[0]) - q
     assert gap <= 1e-6 * abs(q), gap
     assert np.bincount(agent, minlength=64).tolist() == [T_i] * 64
-    s = C.Settings(T=64 * T_i, T_agent=(T_i,) * 64, eps=math.inf, delta=math.exp(-5), seed=2)
-    again = C.replay_log(P, s, np.zeros((64, P.p)), agent, versions,
-                         [np.full(T_i, math.inf)] * 64)
+    s = coordinate_descent.Settings(T=64 * T_i, T_agent=(T_i,) * 64, eps=math.inf, delta=math.exp(-5), seed=2)
+    again = coordinate_descent.replay_log(P, s, p2p_contract(s, 64), np.zeros((64, P.p)), agent,
+                                          versions,
+                                          [np.full(T_i, math.inf)] * 64)
     assert np.array_equal(again, theta)
 
 
@@ -121,8 +122,7 @@ import time
 import numpy as np
 import scipy.sparse as sp
 from mpi4py import MPI
-from mpi_dp.models import p2p
-from mpi_dp.models import p2p_reference as pr
+from mpi_dp.p2p import objective, reference
 
 comm = MPI.COMM_WORLD
 g = np.random.default_rng(0)
@@ -130,7 +130,7 @@ n, p = 6, 3
 W = sp.csr_matrix(np.diag(np.ones(n - 1), 1) + np.diag(np.ones(n - 1), -1))
 X = [g.normal(size=(8, p)) for _ in range(n)]
 y = [x @ np.ones(p) for x in X]
-theta, q = pr.theta_star_petsc_dist(comm, p2p.make_problem(W, X, y, "quadratic", 1.0, 0.1))
+theta, q = reference.theta_star_petsc_dist(comm, objective.make_problem(W, X, y, "quadratic", 1.0, 0.1))
 if comm.Get_rank() == 0:
     time.sleep(1.5)  # rank 0 still works (privacy accounting, writing) after the others exit
     print("rank 0 finished", flush=True)

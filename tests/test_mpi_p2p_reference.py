@@ -8,9 +8,8 @@ import pytest
 import scipy.sparse as sp
 from mpi4py import MPI
 
-from mpi_dp.models import p2p
-from mpi_dp.models import p2p_reference as pr
 from mpi_dp.models.reference import petsc_available
+from mpi_dp.p2p import objective, reference
 
 pytestmark = pytest.mark.mpi
 
@@ -32,18 +31,18 @@ def test_distributed_ksp_equals_serial_scipy(n, p, mu):
     comm = MPI.COMM_WORLD
     W, X, y = _instance(n, p, seed=n)
     m = np.array([x.shape[0] for x in X])
-    serial, q_serial = pr.theta_star(p2p.make_problem(W, X, y, "quadratic", mu, 0.05), "scipy")
-    starts = pr.block_starts(n, comm.Get_size())
+    serial, q_serial = reference.theta_star(objective.make_problem(W, X, y, "quadratic", mu, 0.05), "scipy")
+    starts = reference.block_starts(n, comm.Get_size())
     lo, hi = int(starts[comm.Get_rank()]), int(starts[comm.Get_rank() + 1])
     mine = [X[i] if lo <= i < hi else None for i in range(n)]
-    local = p2p.make_problem(W, mine, [y[i] if lo <= i < hi else None for i in range(n)],
-                             "quadratic", mu, 0.05, m=m)
+    local = objective.make_problem(W, mine, [y[i] if lo <= i < hi else None for i in range(n)],
+                                   "quadratic", mu, 0.05, m=m)
     assert [i for i in range(n) if local.X[i] is not None] == list(range(lo, hi))
-    Theta, q = pr.theta_star_petsc_dist(comm, local)
+    Theta, q = reference.theta_star_petsc_dist(comm, local)
     ok = (np.max(np.abs(Theta - serial)) <= 1e-9 * max(1.0, np.max(np.abs(serial)))
           and abs(q - q_serial) <= 1e-9 * max(1.0, abs(q_serial)))
     assert comm.allreduce(int(not ok)) == 0
     # the same block layout as the package's MPI graph helper
-    from mpi_dp.comm.graph import block_starts
+    from mpi_dp.comm.graph_exchange import block_starts
 
     assert np.array_equal(starts, block_starts(n, comm.Get_size()))

@@ -1,4 +1,4 @@
-"""One graph type (mpi_dp.graphs.Graph) for dola's topology and p2p's objective (2).
+"""One graph type (mpi_dp.agent_graph.Graph) for dola's topology and p2p's objective (2).
 
 p2p's model used a class of its own (a checked symmetric CSR W); `Graph.from_weights` keeps its
 checks and messages, and its W, deg, neighbour order, Laplacian and smooth term are the same
@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from mpi_dp.agent_graph import Graph
 from mpi_dp.comm import topology as tp
-from mpi_dp.graphs import Graph
-from mpi_dp.models import p2p as M
+from mpi_dp.p2p import objective
 
 
 class _AsItWas:
-    """models.p2p.Graph before the merge: W, deg, nbrs, weights, laplacian, smooth_term."""
+    """The Graph of p2p's model (then models.p2p) before the merge: W, deg, nbrs, weights,
+    laplacian, smooth_term."""
 
     def __init__(self, W, symmetric=False):
         W = sp.csr_matrix(W, dtype=np.float64)
@@ -93,14 +94,14 @@ def test_the_p2p_view_is_the_same_bits_as_the_old_class(name, W):
         for i in range(g.n):
             assert _same(g.nbrs(i), old.nbrs(i)) and _same(g.nbr_weights(i), old.weights(i))
         Th = np.random.default_rng(5).standard_normal((3, g.n, 4))
-        assert _same(M.smooth_term(g, Th), old.smooth_term(Th, M.SMOOTH_BLOCK))
+        assert _same(objective.smooth_term(g, Th), old.smooth_term(Th, objective.SMOOTH_BLOCK))
         for block in (1, 7, 97):  # the blocked sum over the upper triangle
-            M_block = M.SMOOTH_BLOCK
+            M_block = objective.SMOOTH_BLOCK
             try:
-                M.SMOOTH_BLOCK = block
-                assert _same(M.smooth_term(g, Th), old.smooth_term(Th, block))
+                objective.SMOOTH_BLOCK = block
+                assert _same(objective.smooth_term(g, Th), old.smooth_term(Th, block))
             finally:
-                M.SMOOTH_BLOCK = M_block
+                objective.SMOOTH_BLOCK = M_block
 
 
 def test_an_edge_built_graph_and_its_weight_matrix_give_the_same_graph():
@@ -132,5 +133,5 @@ def test_from_weights_refuses_what_the_model_cannot_use(W, message):
 
 
 def test_one_class_everywhere():
-    assert tp.Graph is Graph and M.Graph is Graph
+    assert tp.Graph is Graph and objective.Graph is Graph
     assert not hasattr(Graph, "smooth_term")  # objective (2)'s term is the model's

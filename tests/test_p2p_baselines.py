@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 import scipy.linalg
 import scipy.sparse as sp
+from helpers import local_dp
 
-from mpi_dp.algorithms import p2p_baselines as pb
-from mpi_dp.graphs import Graph
-from mpi_dp.models import p2p
-from mpi_dp.models import p2p_reference as pr
+from mpi_dp.agent_graph import Graph
 from mpi_dp.models.reference import petsc_available
+from mpi_dp.p2p import baselines, objective, reference
 
 needs_petsc = pytest.mark.skipif(not petsc_available(),
                                  reason="petsc4py is not installed (WITH_PETSC=1 make test)")
@@ -42,12 +41,12 @@ def random_data(n: int, p: int, loss: str, seed: int) -> tuple[list, list]:
 
 
 def random_problem(n: int, p: int, loss: str, mu: float, seed: int = 0, lam: float = 0.05
-                   ) -> p2p.Problem:
+                   ) -> objective.Problem:
     X, y = random_data(n, p, loss, seed)
-    return p2p.make_problem(random_graph(n, seed), X, y, loss, mu, lam)
+    return objective.make_problem(random_graph(n, seed), X, y, loss, mu, lam)
 
 
-def dense_kron_solution(P: p2p.Problem) -> np.ndarray:
+def dense_kron_solution(P: objective.Problem) -> np.ndarray:
     """Theta* by a dense direct solve of (Lap (x) I_p + blockdiag(mu D_ii c_i A_i)) vec = rhs."""
     n, p = P.n, P.p
     blocks, rhs = [], []
@@ -60,7 +59,7 @@ def dense_kron_solution(P: p2p.Problem) -> np.ndarray:
     return np.linalg.solve(H, np.concatenate(rhs)).reshape(n, p)
 
 
-def full_grad(P: p2p.Problem, Theta: np.ndarray) -> np.ndarray:
+def full_grad(P: objective.Problem, Theta: np.ndarray) -> np.ndarray:
     return np.stack([P.partial_grad(Theta[None], i)[0] for i in range(P.n)])
 
 
@@ -72,19 +71,19 @@ def full_grad(P: p2p.Problem, Theta: np.ndarray) -> np.ndarray:
 def test_theta_star_quadratic_matches_dense_direct(solver, n, p, seed):
     P = random_problem(n, p, "quadratic", 1.0, seed)
     ref = dense_kron_solution(P)
-    Theta, q = pr.theta_star(P, solver)
+    Theta, q = reference.theta_star(P, solver)
     assert np.max(np.abs(Theta - ref)) <= 1e-10 * max(1.0, np.max(np.abs(ref)))
     assert np.max(np.abs(full_grad(P, Theta))) <= 1e-9
     assert q == pytest.approx(float(P.objective(ref[None])[0]), rel=1e-12)
     # not a trivial agreement: Theta* is neither the local models nor one shared model
-    assert np.max(np.abs(Theta - pr.local_models(P))) > 1e-2
+    assert np.max(np.abs(Theta - reference.local_models(P))) > 1e-2
     assert np.max(np.abs(Theta - Theta.mean(axis=0))) > 1e-2
 
 
 @pytest.mark.parametrize("solver", ["scipy", pytest.param("petsc", marks=needs_petsc)])
 def test_theta_star_logistic_gradient_vanishes(solver):
     P = random_problem(20, 4, "logistic", 1.0, seed=3)
-    Theta, q = pr.theta_star(P, solver)
+    Theta, q = reference.theta_star(P, solver)
     assert np.linalg.norm(full_grad(P, Theta)) <= 1e-8
     assert q == pytest.approx(float(P.objective(Theta[None])[0]), rel=1e-14)
     # the optimum: small perturbations do not decrease Q
@@ -97,21 +96,21 @@ def test_theta_star_logistic_gradient_vanishes(solver):
 @pytest.mark.parametrize("loss", ["quadratic", "logistic"])
 def test_local_models_are_stationary(loss):
     P = random_problem(10, 4, loss, 1.0, seed=5)
-    loc = pr.local_models(P)
+    loc = reference.local_models(P)
     for i in range(P.n):
-        g = p2p.local_grad(loss, P.X[i], P.y[i], float(P.lam[i]), loc[i][None])[0]
+        g = objective.local_grad(loss, P.X[i], P.y[i], float(P.lam[i]), loc[i][None])[0]
         assert np.max(np.abs(g)) <= 1e-10
     # absent agents give NaN rows
     X = list(P.X)
     X[3] = None
-    part = pr.local_models_of(loss, X, P.y, P.lam, P.p)
+    part = reference.local_models_of(loss, X, P.y, P.lam, P.p)
     assert np.all(np.isnan(part[3])) and np.array_equal(np.delete(part, 3, 0), np.delete(loc, 3, 0))
 
 
 # --- §7.4 model propagation -------------------------------------------------------------------
 
 
-def update16(P: p2p.Problem, Theta: np.ndarray, loc: np.ndarray, i: int) -> np.ndarray:
+def update16(P: objective.Problem, Theta: np.ndarray, loc: np.ndarray, i: int) -> np.ndarray:
     nb = P.graph.nbrs(i)
     s = P.graph.nbr_weights(i) @ Theta[nb] / P.deg[i]
     return (s + P.mu * P.conf[i] * loc[i]) / (1.0 + P.mu * P.conf[i])
@@ -120,8 +119,8 @@ def update16(P: p2p.Problem, Theta: np.ndarray, loc: np.ndarray, i: int) -> np.n
 @pytest.mark.parametrize("mu", [0.1, 1.0, 10.0])
 def test_model_propagation_solution_is_fixed_point_of_16(mu):
     P = random_problem(20, 4, "quadratic", mu, seed=7)
-    loc = pr.local_models(P)
-    sol = pr.mp_solution(P, loc)
+    loc = reference.local_models(P)
+    sol = reference.mp_solution(P, loc)
     scale = np.max(np.abs(loc))
     for i in range(P.n):
         assert np.max(np.abs(update16(P, sol, loc, i) - sol[i])) <= 1e-12 * scale
@@ -141,8 +140,8 @@ def test_update16_is_update4_with_unit_quadratic_loss():
     n, p, R = 15, 4, 3
     graph = Graph.from_weights(random_graph(n, 11))
     m = g.integers(0, 50, size=n)
-    P = p2p.Problem(graph, "quadratic", 0.7, np.full(n, 0.1), m, np.ones(n), np.ones(n),
-                    [None] * n, [None] * n)
+    P = objective.Problem(graph, "quadratic", 0.7, np.full(n, 0.1), m, np.ones(n), np.ones(n),
+                          [None] * n, [None] * n)
     loc = g.normal(size=(n, p))
     for _ in range(5):
         Theta = g.normal(size=(R, n, p))
@@ -158,25 +157,25 @@ def test_update16_is_update4_with_unit_quadratic_loss():
 
 def test_mu_large_gives_local_models():
     P = random_problem(20, 4, "quadratic", 1e6, seed=2)
-    Theta, _ = pr.theta_star(P)
-    loc = pr.local_models(P)
+    Theta, _ = reference.theta_star(P)
+    loc = reference.local_models(P)
     assert np.max(np.abs(Theta - loc)) <= 1e-3 * np.max(np.abs(loc))
 
 
 @pytest.mark.parametrize("loss", ["quadratic", "logistic"])
 def test_mu_small_gives_consensus(loss):
     P = random_problem(20, 4, loss, 1e-6, seed=2)
-    Theta, _ = pr.theta_star(P)
-    cons = pr.consensus_model(P)
+    Theta, _ = reference.theta_star(P)
+    cons = reference.consensus_model(P)
     assert np.max(np.linalg.norm(Theta - cons, axis=1)) <= 1e-3
     # consensus minimises sum_i D_ii c_i L_i: its gradient vanishes
     w = P.deg * P.conf
-    grad = sum(w[i] * p2p.local_grad(loss, P.X[i], P.y[i], float(P.lam[i]), cons[None])[0]
+    grad = sum(w[i] * objective.local_grad(loss, P.X[i], P.y[i], float(P.lam[i]), cons[None])[0]
                for i in range(P.n))
     assert np.max(np.abs(grad)) <= 1e-9
     # and at mu = 1 the optimum is far from consensus (the limit is not trivially satisfied)
     P1 = random_problem(20, 4, loss, 1.0, seed=2)
-    assert np.max(np.linalg.norm(pr.theta_star(P1)[0] - pr.consensus_model(P1), axis=1)) > 0.05
+    assert np.max(np.linalg.norm(reference.theta_star(P1)[0] - reference.consensus_model(P1), axis=1)) > 0.05
 
 
 # --- §7.12 gossip ADMM ------------------------------------------------------------------------
@@ -185,11 +184,11 @@ def test_mu_small_gives_consensus(loss):
 def test_gossip_admm_reaches_q_star():
     n = 12
     P = random_problem(n, 4, "quadratic", 1.0, seed=4)
-    Theta, q_star = pr.theta_star(P)
-    loc = pr.local_models(P)
+    Theta, q_star = reference.theta_star(P)
+    loc = reference.local_models(P)
     seen = []
-    u, records = pb.gossip_admm(P, loc, rho=1.0, K=10, T=3000 * n, seed=0, record_every=100 * n,
-                                on_record=lambda t, uu, s: seen.append(t) or {"t2": 2 * t})
+    u, records = baselines.gossip_admm(P, loc, rho=1.0, K=10, T=3000 * n, seed=0, record_every=100 * n,
+                                       on_record=lambda t, uu, s: seen.append(t) or {"t2": 2 * t})
     assert records[0]["iteration"] == 0 and records[-1]["iteration"] == 3000 * n
     assert records[0]["Q"] == pytest.approx(float(P.objective(loc[None])[0]))
     assert records[0]["Q"] - q_star > 1.0  # started far from the optimum
@@ -200,17 +199,17 @@ def test_gossip_admm_reaches_q_star():
         assert r["t2"] == 2 * r["iteration"]
     assert seen == [r["iteration"] for r in records]
     # same seed, same run: identical; another seed: another schedule
-    u2, rec2 = pb.gossip_admm(P, loc, 1.0, 10, 50, seed=0, record_every=50)
-    u3, rec3 = pb.gossip_admm(P, loc, 1.0, 10, 50, seed=0, record_every=50)
-    u4, _ = pb.gossip_admm(P, loc, 1.0, 10, 50, seed=1, record_every=50)
+    u2, rec2 = baselines.gossip_admm(P, loc, 1.0, 10, 50, seed=0, record_every=50)
+    u3, rec3 = baselines.gossip_admm(P, loc, 1.0, 10, 50, seed=0, record_every=50)
+    u4, _ = baselines.gossip_admm(P, loc, 1.0, 10, 50, seed=1, record_every=50)
     assert np.array_equal(u2, u3) and rec2 == rec3 and not np.array_equal(u2, u4)
 
 
 def test_gossip_admm_logistic_decreases_q():
     n = 10
     P = random_problem(n, 3, "logistic", 1.0, seed=6)
-    _, q_star = pr.theta_star(P)
-    _, records = pb.gossip_admm(P, pr.local_models(P), 1.0, 10, 400 * n, 0, 100 * n)
+    _, q_star = reference.theta_star(P)
+    _, records = baselines.gossip_admm(P, reference.local_models(P), 1.0, 10, 400 * n, 0, 100 * n)
     gaps = [r["Q"] - q_star for r in records]
     assert gaps[-1] <= 1e-6 * gaps[0]
 
@@ -218,7 +217,7 @@ def test_gossip_admm_logistic_decreases_q():
 def test_admm_schedule_is_uniform_over_agents_and_neighbours():
     P = random_problem(8, 3, "quadratic", 1.0, seed=9)
     counts = np.diff(P.graph.W.indptr)
-    agents, pos = pb.admm_schedule(P.n, counts, 80_000, seed=3)
+    agents, pos = baselines.admm_schedule(P.n, counts, 80_000, seed=3)
     assert np.all(pos < counts[agents]) and np.all(pos >= 0)
     freq = np.bincount(agents, minlength=P.n) / agents.size
     assert np.max(np.abs(freq - 1.0 / P.n)) < 4 * math.sqrt(1.0 / P.n / agents.size)
@@ -229,8 +228,8 @@ def test_admm_schedule_is_uniform_over_agents_and_neighbours():
 
 def test_admm_rho_grid():
     W = random_graph(10, 0)
-    assert np.allclose(pb.admm_rho_grid(W), np.array([0.1, 1, 10]) * W.data.mean())
-    assert np.allclose(pb.admm_rho_grid(W.toarray()), pb.admm_rho_grid(W))
+    assert np.allclose(baselines.admm_rho_grid(W), np.array([0.1, 1, 10]) * W.data.mean())
+    assert np.allclose(baselines.admm_rho_grid(W.toarray()), baselines.admm_rho_grid(W))
 
 
 # --- local DP baseline ------------------------------------------------------------------------
@@ -243,12 +242,12 @@ def test_local_dp_features_are_clip_plus_laplace():
     g = np.random.default_rng(0)
     X = g.uniform(-4, 4, size=(20_000, p))
     y = np.ones(X.shape[0])
-    Xp, _, ev = pb.local_dp_data(X, y, eps, B, seed=1, agent=2)
+    Xp, _, ev = local_dp(X, y, eps, B, seed=1, agent=2)
     # values beyond the box only matter through their clipped value
     X2 = np.where(np.abs(X) > B, 3 * X, X)
-    assert np.array_equal(pb.local_dp_data(X2, y, eps, B, seed=1, agent=2)[0], Xp)
+    assert np.array_equal(local_dp(X2, y, eps, B, seed=1, agent=2)[0], Xp)
     # the noise does not depend on the data
-    Z = pb.local_dp_data(np.zeros_like(X), y, eps, B, seed=1, agent=2)[0]
+    Z = local_dp(np.zeros_like(X), y, eps, B, seed=1, agent=2)[0]
     assert np.allclose(Xp - np.clip(X, -B, B), Z, rtol=0, atol=1e-12)
     noise = Z.ravel()  # 1e5 draws
     assert abs(noise.var() / (2 * s**2) - 1) <= 0.03
@@ -258,15 +257,16 @@ def test_local_dp_features_are_clip_plus_laplace():
     assert ev[0].eps == pytest.approx(eps_x) and ev[1].eps == pytest.approx(eps - eps_x)
     assert ev[1].kind == "randomized_response"
     # other agents / runs draw other noise
-    assert not np.array_equal(pb.local_dp_data(X, y, eps, B, seed=1, agent=3)[0], Xp)
-    assert not np.array_equal(pb.local_dp_data(X, y, eps, B, seed=1, agent=2, run=1)[0], Xp)
+    assert not np.array_equal(local_dp(X, y, eps, B, seed=1, agent=3)[0], Xp)
+    assert not np.array_equal(local_dp(X, y, eps, B, seed=1, agent=2, run=1)[0], Xp)
 
 
 @pytest.mark.parametrize("eps,split", [(1.0, 0.5), (4.0, 0.25)])
 def test_local_dp_labels_randomised_response(eps, split):
     m = 100_000
     y = np.where(np.arange(m) % 3 == 0, -1.0, 1.0)
-    _, yp, ev = pb.local_dp_data(np.zeros((m, 2)), y, eps, 1.0, seed=5, agent=0, eps_split=split)
+    _, yp, ev = local_dp(np.zeros((m, 2)), y, eps, 1.0, seed=5, agent=0,
+                         eps_split=split)
     eps_y = eps * (1 - split)
     q = math.exp(eps_y) / (1 + math.exp(eps_y))
     kept = np.mean(yp == y)
@@ -277,7 +277,7 @@ def test_local_dp_labels_randomised_response(eps, split):
 
 def test_local_dp_rejects_regression_targets():
     with pytest.raises(ValueError, match="regression"):
-        pb.local_dp_data(np.zeros((4, 2)), np.array([0.3, 1.0, -1.0, 2.0]), 1.0, 1.0, 0, 0)
+        local_dp(np.zeros((4, 2)), np.array([0.3, 1.0, -1.0, 2.0]), 1.0, 1.0, 0, 0)
 
 
 def test_local_dp_models_much_worse_than_local_at_small_eps():
@@ -291,18 +291,18 @@ def test_local_dp_models_much_worse_than_local_at_small_eps():
     y = [np.where(X[i] @ S[i] >= 0, 1.0, -1.0) for i in range(n)]
     Xt = [g.normal(size=(1000, p)) for _ in range(n)]
     yt = [np.where(Xt[i] @ S[i] >= 0, 1.0, -1.0) for i in range(n)]
-    P = p2p.make_problem(random_graph(n, 21), X, y, "logistic", 1.0, 1.0 / m)
+    P = objective.make_problem(random_graph(n, 21), X, y, "logistic", 1.0, 1.0 / m)
 
     def acc(models):
         return float(np.mean([np.mean(np.where(Xt[i] @ models[i] >= 0, 1.0, -1.0) == yt[i])
                               for i in range(n)]))
 
-    a_loc = acc(pr.local_models(P))
-    a_small = np.mean([acc(pb.local_dp_models(P, 0.1, B, seed=s)[0]) for s in range(3)])
-    a_big = acc(pb.local_dp_models(P, 1e4, B, seed=0)[0])
+    a_loc = acc(reference.local_models(P))
+    a_small = np.mean([acc(baselines.local_dp_models(P, 0.1, B, seed=s)[0]) for s in range(3)])
+    a_big = acc(baselines.local_dp_models(P, 1e4, B, seed=0)[0])
     assert a_loc >= 0.9
     assert abs(a_small - 0.5) <= 0.1 and a_small <= a_loc - 0.3
     assert a_big >= a_loc - 0.05
-    models, Xs, ys, events = pb.local_dp_models(P, 0.1, B, seed=0)
+    models, Xs, ys, events = baselines.local_dp_models(P, 0.1, B, seed=0)
     assert len(events) == n and all(sum(e.eps for e in ev) == pytest.approx(0.1) for ev in events)
     assert all(np.max(np.abs(np.clip(X[i], -B, B) - Xs[i])) > 1.0 for i in range(n))

@@ -1,5 +1,5 @@
-"""p2p at many peers (issue 29): the evaluation-only reference cache (algorithms.p2p_refcache)
-and the block draws of a rank's peers (p2p_cd.Block).
+"""p2p at many peers (issue 29): the evaluation-only reference cache (p2p.reference_cache) and
+the block draws of a rank's peers (p2p.coordinate_descent.Block).
 
 The cache must give back exactly what the computation gives, never serve another shard,
 graph, parameter or solver, and never trust a damaged entry; a job gives the same datasets,
@@ -21,15 +21,12 @@ import h5py
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from helpers import MPIEXEC, mpi_run, write_job
+from helpers import MPIEXEC, mpi_run, p2p_contract, write_job
 from mpi4py import MPI
 
-from mpi_dp.algorithms import p2p_cd as C
-from mpi_dp.algorithms import p2p_drive as D
-from mpi_dp.algorithms import p2p_refcache as RC
-from mpi_dp.algorithms.p2p_data import Data
 from mpi_dp.data import synth
-from mpi_dp.models import p2p as M
+from mpi_dp.p2p import coordinate_descent, driver, objective, reference_cache
+from mpi_dp.p2p.peer_data import Data
 from mpi_dp.privacy import tap
 from mpi_dp.rng import run_streams
 
@@ -51,9 +48,9 @@ def _data(n: int = 12, p: int = 3, seed: int = 0) -> Data:
 
 def _reference(d: Data, cache: Path | None, mu: float = 1.0, solver: str = "scipy",
                local: bool = True) -> dict:
-    obj = D.Objective("logistic", mu, tuple(1.0 / d.m), "bound")
-    P = D.hosted_problem(MPI.COMM_SELF, obj, d)
-    return D.reference(MPI.COMM_SELF, obj, P, d, d, solver, local=local, cache=cache)
+    obj = driver.Objective("logistic", mu, tuple(1.0 / d.m), "bound")
+    P = driver.hosted_problem(MPI.COMM_SELF, obj, d)
+    return driver.reference(MPI.COMM_SELF, obj, P, d, d, solver, local=local, cache=cache)
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -74,8 +71,8 @@ def _same(a: dict, b: dict) -> bool:
 def counted(monkeypatch):
     """Counts the computations of the reference (a cache hit computes nothing)."""
     calls = []
-    real = D.local_reference
-    monkeypatch.setattr(D, "local_reference", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = driver.local_reference
+    monkeypatch.setattr(driver, "local_reference", lambda *a, **k: calls.append(1) or real(*a, **k))
     return calls
 
 
@@ -117,13 +114,13 @@ def test_the_local_models_completed_after_the_rounds_are_cached_too(tmp_path, co
     """A run that does not start from the local models gets them after its rounds
     (`complete_reference`): the same values computed, stored or read."""
     d = _data()
-    obj = D.Objective("logistic", 1.0, tuple(1.0 / d.m), "bound")
-    P = D.hosted_problem(MPI.COMM_SELF, obj, d)
+    obj = driver.Objective("logistic", 1.0, tuple(1.0 / d.m), "bound")
+    P = driver.hosted_problem(MPI.COMM_SELF, obj, d)
     got = []
     for cache in (None, tmp_path, tmp_path):
-        ref = D.reference(MPI.COMM_SELF, obj, P, d, None, "none", local=False, cache=cache)
+        ref = driver.reference(MPI.COMM_SELF, obj, P, d, None, "none", local=False, cache=cache)
         assert ref == {}
-        D.complete_reference(MPI.COMM_SELF, P, d, ref, cache)
+        driver.complete_reference(MPI.COMM_SELF, P, d, ref, cache)
         got.append(ref)
     assert len(counted) == 2 + 3  # the empty references, then computed twice and read once
     assert _same(got[0], got[1]) and _same(got[0], got[2])
@@ -133,15 +130,16 @@ def test_the_local_models_completed_after_the_rounds_are_cached_too(tmp_path, co
 def test_the_key_names_every_input():
     base = dict(what={"solver": "scipy"}, arrays=[("mu", np.float64(1.0))],
                 peers=[b"a", b"b"], full_peers=None)
-    k0 = RC.make_key(**base)
-    assert RC.make_key(**base) == k0
+    k0 = reference_cache.make_key(**base)
+    assert reference_cache.make_key(**base) == k0
     for change in ({"what": {"solver": "petsc"}}, {"arrays": [("mu", np.float64(2.0))]},
                    {"arrays": [("mu", np.float32(1.0))]}, {"peers": [b"b", b"a"]},
                    {"peers": [b"ab"]}, {"full_peers": [b"a", b"b"]}):
-        assert RC.make_key(**{**base, **change}) != k0, change
+        assert reference_cache.make_key(**{**base, **change}) != k0, change
     x = np.arange(6.0)
-    assert RC.peer_digest(x.reshape(2, 3), x[:2]) != RC.peer_digest(x.reshape(3, 2), x[:2])
-    assert RC.peer_digest(x, None) != RC.peer_digest(x, np.zeros(0))
+    assert (reference_cache.peer_digest(x.reshape(2, 3), x[:2])
+            != reference_cache.peer_digest(x.reshape(3, 2), x[:2]))
+    assert reference_cache.peer_digest(x, None) != reference_cache.peer_digest(x, np.zeros(0))
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "other_key", "values", "shape",
@@ -168,15 +166,15 @@ def test_a_damaged_entry_is_recomputed_never_trusted(tmp_path, counted, damage):
             items["a_theta_star"] = items["a_theta_star"] + 1.0  # digest no longer matches
         else:
             items["a_theta_star"] = items["a_theta_star"][:-1]
-            items["__values__"] = np.array(RC._values_digest(
+            items["__values__"] = np.array(reference_cache._values_digest(
                 {k: v for k, v in items.items() if not k.startswith("__")}))
         np.savez(path, **items)
     elif damage == "garbage":
         path.write_bytes(b"not an npz file at all")
     else:
         path.write_bytes(b"")
-    assert RC.load(tmp_path, key, D._expect(D.hosted_problem(
-        MPI.COMM_SELF, D.Objective("logistic", 1.0, tuple(1.0 / d.m), "bound"), d),
+    assert reference_cache.load(tmp_path, key, driver._expect(driver.hosted_problem(
+        MPI.COMM_SELF, driver.Objective("logistic", 1.0, tuple(1.0 / d.m), "bound"), d),
         True, True)) is None
     again = _reference(d, tmp_path)
     assert len(counted) == 2 and _same(good, again)
@@ -192,34 +190,36 @@ def test_an_unwritable_cache_folder_only_costs_the_cache(tmp_path, counted):
 
 
 def test_the_cache_folder_setting(monkeypatch, tmp_path):
-    assert RC.cache_dir("off") is None
-    assert RC.cache_dir(str(tmp_path)) == tmp_path
-    monkeypatch.setenv(RC.CACHE_ENV, str(tmp_path))
-    assert RC.cache_dir("auto") == tmp_path / "p2p_reference"
-    monkeypatch.delenv(RC.CACHE_ENV)
-    assert RC.cache_dir("auto") == Path.home() / ".cache" / "mpi_dp" / "p2p_reference"
+    assert reference_cache.cache_dir("off") is None
+    assert reference_cache.cache_dir(str(tmp_path)) == tmp_path
+    monkeypatch.setenv(reference_cache.CACHE_ENV, str(tmp_path))
+    assert reference_cache.cache_dir("auto") == tmp_path / "p2p_reference"
+    monkeypatch.delenv(reference_cache.CACHE_ENV)
+    assert reference_cache.cache_dir("auto") == Path.home() / ".cache" / "mpi_dp" / "p2p_reference"
 
 
 def test_block_noise_is_each_agents_own_stream():
     """A rank's peers draw their noise in one block per release count, each peer the bits of
     its own run streams (as when it drew alone), with peers of different release counts."""
     d = _data(n=9)
-    obj = D.Objective("logistic", 1.0, tuple(1.0 / d.m), "bound")
-    P = D.hosted_problem(MPI.COMM_SELF, obj, d)
-    s = C.Settings(T=40, T_agent=None, eps=1.0, delta=1e-3, runs=(0, 3), seed=11)
+    obj = driver.Objective("logistic", 1.0, tuple(1.0 / d.m), "bound")
+    P = driver.hosted_problem(MPI.COMM_SELF, obj, d)
+    s = coordinate_descent.Settings(T=40, T_agent=None, eps=1.0, delta=1e-3, runs=(0, 3), seed=11)
     budgets = [np.full(k % 4, 0.5) for k in range(P.n)]  # 0..3 releases
     agents = np.array([1, 2, 4, 5, 6, 8])
-    block = C.Block(P, agents, s, budgets, {int(i): np.zeros((2, P.p)) for i in agents})
+    block = coordinate_descent.Block(P, agents, s, p2p_contract(s, P.n), budgets,
+                                     {int(i): np.zeros((2, P.p)) for i in agents})
     for i in agents.tolist():
         n_i = len(budgets[i])
         want = (run_streams(11, "noise", i, (0, 3)).laplace(n_i * P.p).reshape(2, n_i, P.p)
                 if n_i else np.zeros((2, 0, P.p)))
-        assert block.noise[i].shape == want.shape
-        assert block.noise[i].tobytes() == want.tobytes()
+        got = block.release[i].reserved if n_i else np.zeros((2, 0, P.p))
+        assert got.shape == want.shape
+        assert got.tobytes() == want.tobytes()
 
 
-# -- a replay round as one batch (p2p_cd.Block.wake_many) ---------------------------------------
-def _uneven_problem(loss: str, n: int = 24, p: int = 3, seed: int = 0) -> M.Problem:
+# -- a replay round as one batch (coordinate_descent.Block.wake_many) ---------------------------
+def _uneven_problem(loss: str, n: int = 24, p: int = 3, seed: int = 0) -> objective.Problem:
     """Record counts from a few sizes (equal and different sizes in one round), degrees from 1
     to a hub's n - 1, one agent's records Fortran-ordered (not stackable: `local_grad` alone)."""
     g = np.random.default_rng(seed)
@@ -235,10 +235,11 @@ def _uneven_problem(loss: str, n: int = 24, p: int = 3, seed: int = 0) -> M.Prob
         y = [np.where(g.random(len(x)) < 0.5, 1.0, -1.0) for x in X]
     else:
         y = [x @ g.normal(size=p) + 0.1 * g.normal(size=len(x)) for x in X]
-    return M.make_problem(W, X, y, loss, 1.0, 1.0 / sizes)
+    return objective.make_problem(W, X, y, loss, 1.0, 1.0 / sizes)
 
 
-def _one_at_a_time(block: C.Block, net: C.LocalNet, rounds: C.Rounds) -> None:
+def _one_at_a_time(block: coordinate_descent.Block, net: coordinate_descent.LocalNet,
+                   rounds: coordinate_descent.Rounds) -> None:
     """The replay before wake_many: every hosted agent of a round reads, wakes and posts."""
     for r in range(rounds.count):
         for i in rounds.agents[rounds.starts[r]:rounds.starts[r + 1]].tolist():
@@ -246,18 +247,20 @@ def _one_at_a_time(block: C.Block, net: C.LocalNet, rounds: C.Rounds) -> None:
             net.post(i, float(block.k[i] + 1), block.wake(i, nb))
 
 
-def _replayed(P: M.Problem, s: C.Settings, theta0: np.ndarray, batched: bool, canary: int
-              ) -> tuple[C.Block, C.LocalNet, tap.Tap]:
-    sched = C.global_schedule(s.seed, P.n, s.T)
-    keep = C.effective_ticks(sched, P.n, s.T_agent)
-    rounds = C.cut_rounds(sched, keep, P.graph, s.record_every)
-    block = C.Block(P, np.arange(P.n), s, C.agent_budgets(s, P, sched),
-                    {i: theta0[:, i, :] for i in range(P.n)})
-    net = C.LocalNet(P.n, s.R * P.p, P.graph)
-    C.post_initial(block, net)
+def _replayed(P: objective.Problem, s: coordinate_descent.Settings, theta0: np.ndarray, batched: bool,
+              canary: int) -> tuple[coordinate_descent.Block, coordinate_descent.LocalNet, tap.Tap]:
+    sched = coordinate_descent.global_schedule(s.seed, P.n, s.T)
+    keep = coordinate_descent.effective_ticks(sched, P.n, s.T_agent)
+    rounds = coordinate_descent.cut_rounds(sched, keep, P.graph, s.record_every)
+    con = p2p_contract(s, P.n)
+    block = coordinate_descent.Block(P, np.arange(P.n), s, con,
+                                     coordinate_descent.agent_budgets(s, P, sched, con),
+                                     {i: theta0[:, i, :] for i in range(P.n)})
+    net = coordinate_descent.LocalNet(P.n, s.R * P.p, P.graph)
+    coordinate_descent.post_initial(block, net)
     with tap.tapping(tap.Tap(canary, s.R, 1000)) as t:
         if batched:
-            C.replay(block, net, rounds, lambda: None)
+            coordinate_descent.replay(block, net, rounds, lambda: None)
         else:
             _one_at_a_time(block, net, rounds)
     return block, net, t
@@ -293,20 +296,22 @@ def test_a_batched_round_equals_its_agents_one_at_a_time(loss, eps, runs):
     record counts and degrees, a non-stackable agent, -0.0 and varied initial models."""
     P = _uneven_problem(loss, seed=len(runs))
     n = P.n
-    s = C.Settings(T=n * 12, T_agent=None, eps=eps, delta=1e-3, runs=runs, seed=9,
-                   clip=0.3, allocation="equal")
+    s = coordinate_descent.Settings(T=n * 12, T_agent=None, eps=eps, delta=1e-3, runs=runs, seed=9,
+                                    clip=0.3, allocation="equal")
     g = np.random.default_rng(4)
     theta0 = g.normal(size=(s.R, n, P.p)) * 10.0 ** g.integers(-2, 2, size=(1, n, 1))
     theta0[:, 3] = -0.0
     theta0[:, 4] = 0.0
-    canary = int(np.argmax(C.wakeups(C.global_schedule(s.seed, n, s.T), n, None)))
+    canary = int(np.argmax(coordinate_descent.wakeups(coordinate_descent.global_schedule(s.seed, n, s.T),
+                                                      n, None)))
     one = _replayed(P, s, theta0, False, canary)
     many = _replayed(P, s, theta0, True, canary)
     _assert_same_blocks(one, many)
     if s.private:
         assert any(c.any() for c in many[0].clipped.values())
-    sched = C.global_schedule(s.seed, n, s.T)
-    rounds = C.cut_rounds(sched, C.effective_ticks(sched, n, None), P.graph, 0)
+    sched = coordinate_descent.global_schedule(s.seed, n, s.T)
+    rounds = coordinate_descent.cut_rounds(sched, coordinate_descent.effective_ticks(sched, n, None),
+                                           P.graph, 0)
     sizes = [P.m[rounds.agents[a:b]].tolist() for a, b in zip(rounds.starts[:-1],
                                                                 rounds.starts[1:], strict=True)]
     assert any(len(z) > len(set(z)) > 1 for z in sizes)  # a round of equal and other sizes
@@ -316,7 +321,7 @@ def test_a_batched_round_equals_its_agents_one_at_a_time(loss, eps, runs):
 def test_a_batched_round_with_one_or_two_numbers_per_model(runs, p):
     """R p = 1 (NumPy sums a lone axis pairwise: each agent mixes alone) and R p = 2."""
     P = _uneven_problem("logistic", p=p, seed=7)
-    s = C.Settings(T=P.n * 10, T_agent=None, eps=1.0, delta=1e-3, runs=runs, seed=2)
+    s = coordinate_descent.Settings(T=P.n * 10, T_agent=None, eps=1.0, delta=1e-3, runs=runs, seed=2)
     theta0 = np.random.default_rng(1).normal(size=(s.R, P.n, P.p))
     _assert_same_blocks(_replayed(P, s, theta0, False, 0), _replayed(P, s, theta0, True, 0))
 
@@ -326,11 +331,11 @@ def test_a_batched_round_in_small_mix_blocks_and_with_capped_agents(monkeypatch)
     block), agents capped at T_i wake-ups, the Proposition-2 budgets (a scale per release)."""
     P = _uneven_problem("logistic", seed=3)
     cap = tuple(int(k) for k in np.random.default_rng(0).integers(2, 12, size=P.n))
-    s = C.Settings(T=P.n * 10, T_agent=cap, eps=2.0, delta=1e-3, runs=(0, 1), seed=4,
-                   allocation="prop2_corrected")
+    s = coordinate_descent.Settings(T=P.n * 10, T_agent=cap, eps=2.0, delta=1e-3, runs=(0, 1), seed=4,
+                                    allocation="prop2_corrected")
     theta0 = np.zeros((s.R, P.n, P.p))
     want = _replayed(P, s, theta0, False, 1)
-    monkeypatch.setattr(C, "MIX_ELEMS", 12 * s.R * P.p)
+    monkeypatch.setattr(coordinate_descent, "MIX_ELEMS", 12 * s.R * P.p)
     _assert_same_blocks(want, _replayed(P, s, theta0, True, 1))
     assert any(len(set(b.tolist())) > 1 for b in want[0].budgets.values())
 
@@ -339,7 +344,7 @@ def test_wake_many_reads_nothing_its_batch_writes():
     """A round's batch equals its agents waking alone in any order, its reads all before its
     posts: Mailbox-like reads into one buffer, then posts."""
     P = _uneven_problem("quadratic", seed=5)
-    s = C.Settings(T=1, T_agent=None, eps=math.inf, delta=1e-3, runs=(0, 1), seed=1)
+    s = coordinate_descent.Settings(T=1, T_agent=None, eps=math.inf, delta=1e-3, runs=(0, 1), seed=1)
     theta0 = np.random.default_rng(3).normal(size=(s.R, P.n, P.p))
     A = (P.graph.W != 0).toarray()
     ids = []
@@ -347,11 +352,12 @@ def test_wake_many_reads_nothing_its_batch_writes():
         if not A[i, ids].any():
             ids.append(i)
     assert len(ids) > 3
-    blocks = [C.Block(P, np.arange(P.n), s, [np.zeros(0)] * P.n,
-                      {i: theta0[:, i, :] for i in range(P.n)}) for _ in range(2)]
-    nets = [C.LocalNet(P.n, s.R * P.p, P.graph) for _ in range(2)]
+    blocks = [coordinate_descent.Block(P, np.arange(P.n), s, p2p_contract(s, P.n),
+                                       [np.zeros(0)] * P.n,
+                                       {i: theta0[:, i, :] for i in range(P.n)}) for _ in range(2)]
+    nets = [coordinate_descent.LocalNet(P.n, s.R * P.p, P.graph) for _ in range(2)]
     for b, net in zip(blocks, nets, strict=True):
-        C.post_initial(b, net)
+        coordinate_descent.post_initial(b, net)
     for i in ids[::-1]:
         _, nb = nets[0].read(i)
         nets[0].post(i, float(blocks[0].k[i] + 1), blocks[0].wake(i, nb))
@@ -378,14 +384,14 @@ def test_local_grads_is_each_agents_local_grad():
         xn = [np.abs(x).sum(axis=1) for x in X]
         lam = g.random(A)
         clip = (math.inf, 1.0, 0.05)[trial % 3]
-        G, F = M.local_grads(loss, X, y, lam, th, clip, xn)
+        G, F = objective.local_grads(loss, X, y, lam, th, clip, xn)
         for a in range(A):
-            g1, f1 = M.local_grad(loss, X[a], y[a], float(lam[a]), th[a], clip, xn[a])
+            g1, f1 = objective.local_grad(loss, X[a], y[a], float(lam[a]), th[a], clip, xn[a])
             assert G[a].tobytes() == g1.tobytes() and F[a].tobytes() == f1.tobytes()
-    assert not M.stackable(np.asfortranarray(np.ones((3, 2))), np.ones(3))
-    assert not M.stackable(np.ones((0, 2)), np.ones(0))
-    assert not M.stackable(sp.csr_matrix(np.ones((3, 2))), np.ones(3))
-    assert M.stackable(np.ones((3, 2)), np.ones(3))
+    assert not objective.stackable(np.asfortranarray(np.ones((3, 2))), np.ones(3))
+    assert not objective.stackable(np.ones((0, 2)), np.ones(0))
+    assert not objective.stackable(sp.csr_matrix(np.ones((3, 2))), np.ones(3))
+    assert objective.stackable(np.ones((3, 2)), np.ones(3))
 
 
 # -- whole jobs ----------------------------------------------------------------------------------
@@ -417,7 +423,7 @@ def _job(tmp_path: Path, n: int, **p2p) -> Path:
 def test_a_job_is_the_same_with_the_cache_off_filled_or_read_on_any_rank_count(tmp_path):
     job = _job(tmp_path, 40)
     cache = tmp_path / "cache"
-    env = {RC.CACHE_ENV: str(cache)}
+    env = {reference_cache.CACHE_ENV: str(cache)}
     runs = [(1, "off"), (1, "auto"), (2, "auto"), (3, "auto"), (3, "off")]
     outs = []
     for k, (ranks, spec) in enumerate(runs):
@@ -451,7 +457,7 @@ def test_a_256_peer_job_equals_the_code_before_issue_29(tmp_path):
                         text=True, timeout=900, cwd=tmp_path)
     assert cp.returncode == 0, cp.stderr
     cp = mpi_run(2, ["run", str(job), "--out", str(new), "--quiet"],
-                 env={RC.CACHE_ENV: str(tmp_path / "cache")})
+                 env={reference_cache.CACHE_ENV: str(tmp_path / "cache")})
     assert cp.returncode == 0, cp.stderr
     assert _equal_files(old, new) > 20
 
@@ -466,7 +472,7 @@ def test_evaluation_batch_scores_each_peer_as_alone(task, loss, R):
     with CSR records, one with integer labels: those take the per-peer path)."""
     from types import SimpleNamespace
 
-    from mpi_dp.algorithms.p2p_eval import Evaluator
+    from mpi_dp.p2p.evaluation import Evaluator
 
     rng = np.random.default_rng(7)
     p, n = 5, 9
@@ -490,7 +496,7 @@ def test_evaluation_batch_scores_each_peer_as_alone(task, loss, R):
     ids, th, lo, met = ev._mine(theta)
     assert ids.tolist() == agents.tolist()
     for a, i in enumerate(agents.tolist()):
-        want_lo = M.local_obj(loss, X[i], y[i], float(P.lam[i]), th[a])
+        want_lo = objective.local_obj(loss, X[i], y[i], float(P.lam[i]), th[a])
         want_met = ev._metric(i, th[a])
         assert np.array_equal(lo[a], want_lo), (i, lo[a], want_lo)
         assert np.array_equal(met[a], want_met, equal_nan=True), (i, met[a], want_met)

@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from mpi_dp.comm import topology as tp
 from mpi_dp.data import ShardFile, write_shards
-from mpi_dp.data.graphs import graph_arrays, read_descriptors, stored_graph
+from mpi_dp.data.shard_graph import graph_arrays, read_descriptors, stored_graph
 from mpi_dp.data.synth import synth_online
 from mpi_dp.errors import DataError, JobError, MpiDpError
 from mpi_dp.runner import run_job

@@ -14,8 +14,8 @@ import pytest
 
 from mpi_dp import rng
 from mpi_dp.data import recipes
-from mpi_dp.data.graphs import read_graph
 from mpi_dp.data.prepare import write_prepared
+from mpi_dp.data.shard_graph import read_graph
 from mpi_dp.errors import DataError
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-100k.tar.xz"

@@ -15,14 +15,12 @@ import scipy.sparse as sp
 from helpers import mpi_run, read_datasets, write_job
 
 from mpi_dp import rng
-from mpi_dp.algorithms import p2p_cd as C
+from mpi_dp.agent_graph import Graph
 from mpi_dp.comm import topology as tp
-from mpi_dp.data import graphs, synth
+from mpi_dp.data import shard_graph, synth
 from mpi_dp.data.shards import ShardFile
 from mpi_dp.errors import DataError
-from mpi_dp.graphs import Graph
-from mpi_dp.models import p2p as M
-from mpi_dp.models import p2p_reference as REF
+from mpi_dp.p2p import coordinate_descent, objective, reference
 
 
 def _dense_p2p_graph(targets, gamma=0.1, tol=synth.P2P_LAMBDA2_TOL):
@@ -89,21 +87,21 @@ def test_p2p_graph_in_row_blocks_keeps_the_graph(monkeypatch):
 def test_sparse_lambda2_equals_the_dense_one():
     for n, seed in [(300, 0), (700, 1)]:
         W, _, _ = synth.p2p_graph(synth.p2p_targets(n, seed))
-        dense = graphs.laplacian_lambda2(W, method="dense")
-        assert graphs.laplacian_lambda2(W, method="sparse") == pytest.approx(dense, rel=1e-9)
+        dense = shard_graph.laplacian_lambda2(W, method="dense")
+        assert shard_graph.laplacian_lambda2(W, method="sparse") == pytest.approx(dense, rel=1e-9)
         g = tp.geometric(n, 12.0, seed)
-        dense = graphs.laplacian_lambda2(g.adjacency, method="dense")
+        dense = shard_graph.laplacian_lambda2(g.adjacency, method="dense")
         assert dense < 0.2  # a poorly connected graph: lambda_2 small against lambda_max
-        assert graphs.laplacian_lambda2(g.adjacency, method="sparse") == pytest.approx(
+        assert shard_graph.laplacian_lambda2(g.adjacency, method="sparse") == pytest.approx(
             dense, rel=1e-8)
     two = sp.block_diag([tp.ring(30).adjacency, tp.ring(40).adjacency], format="csr")
-    assert graphs.laplacian_lambda2(two, method="sparse") == 0.0
-    assert graphs.laplacian_lambda2(two, method="dense") < 1e-10
-    assert graphs.laplacian_lambda2(sp.csr_matrix((1, 1)), method="sparse") == 0.0
-    big = tp.ring(graphs.LAMBDA2_DENSE_MAX + 1).adjacency  # "auto" goes sparse above the bound
+    assert shard_graph.laplacian_lambda2(two, method="sparse") == 0.0
+    assert shard_graph.laplacian_lambda2(two, method="dense") < 1e-10
+    assert shard_graph.laplacian_lambda2(sp.csr_matrix((1, 1)), method="sparse") == 0.0
+    big = tp.ring(shard_graph.LAMBDA2_DENSE_MAX + 1).adjacency  # "auto" goes sparse above the bound
     m = big.shape[0]
-    assert graphs.laplacian_lambda2(big) == pytest.approx(2 - 2 * math.cos(2 * math.pi / m),
-                                                          rel=1e-6)
+    assert shard_graph.laplacian_lambda2(big) == pytest.approx(2 - 2 * math.cos(2 * math.pi / m),
+                                                               rel=1e-6)
 
 
 def test_a_2000_agent_p2p_instance_is_built(tmp_path):
@@ -113,7 +111,7 @@ def test_a_2000_agent_p2p_instance_is_built(tmp_path):
         assert f.n_agents == n
         sizes = f.sizes()
         params, info = f.json_attr("synth"), f.json_attr("graph")
-        W = graphs.read_graph(f)  # connected, checked
+        W = shard_graph.read_graph(f)  # connected, checked
     assert "records" not in params  # no per-agent list in an attribute (capped at 64 KiB)
     assert (params["records_min"], params["records_max"], params["records_total"]) == (
         int(sizes.min()), int(sizes.max()), int(sizes.sum()))
@@ -206,16 +204,16 @@ def _levels_as_they_were(schedule, keep, W, record_every):
 def test_cut_rounds_levels_are_the_per_agent_ones(n, record_every):
     W, _, _ = synth.p2p_graph(synth.p2p_targets(n, 2))
     g = Graph.from_weights(W)
-    schedule = C.global_schedule(5, n, 25 * n)
-    keep = C.effective_ticks(schedule, n, [20] * n)
+    schedule = coordinate_descent.global_schedule(5, n, 25 * n)
+    keep = coordinate_descent.effective_ticks(schedule, n, [20] * n)
     level = _levels_as_they_were(schedule, keep, W, record_every)
-    r = C.cut_rounds(schedule, keep, g, record_every)
+    r = coordinate_descent.cut_rounds(schedule, keep, g, record_every)
     order = np.argsort(level, kind="stable")
     assert np.array_equal(r.agents, schedule[keep][order])
     assert np.array_equal(r.starts, np.searchsorted(level[order], np.arange(level.max() + 2)))
 
 
-def _newton_as_it_was(X, y, lam, tol=REF.GRAD_TOL, max_iter=200):
+def _newton_as_it_was(X, y, lam, tol=reference.GRAD_TOL, max_iter=200):
     """_weighted_newton for one agent without the stop at an exact fixed point; also returns
     whether it ran all max_iter iterations."""
     p = X.shape[1]
@@ -224,7 +222,7 @@ def _newton_as_it_was(X, y, lam, tol=REF.GRAD_TOL, max_iter=200):
     def fgh(theta, hess):
         z = y * (X @ theta)
         f = float(ew @ np.logaddexp(0.0, -z)) + lam * float(theta @ theta)
-        s = M._sigmoid_neg(z)
+        s = objective._sigmoid_neg(z)
         g = X.T @ (-ew * y * s) + 2.0 * lam * theta
         H = (X.T * (ew * s * (1.0 - s))) @ X + 2.0 * lam * np.eye(p) if hess else None
         return f, g, H
@@ -234,7 +232,7 @@ def _newton_as_it_was(X, y, lam, tol=REF.GRAD_TOL, max_iter=200):
     for _ in range(max_iter):
         if np.max(np.abs(g), initial=0.0) <= tol:
             return theta, False
-        d = -REF._solve_spd(H, g)
+        d = -reference._solve_spd(H, g)
         t, slope = 1.0, float(g @ d)
         while t > 1e-12:
             f_new, _, _ = fgh(theta + t * d, False)
@@ -256,7 +254,7 @@ def test_local_models_stop_at_a_fixed_point_with_the_same_answer():
     for X, y in inst.train:
         lam = 1.0 / X.shape[0]
         want, ran_out = _newton_as_it_was(X, y, lam)
-        assert REF.local_model("logistic", X, y, lam).tobytes() == want.tobytes()
+        assert reference.local_model("logistic", X, y, lam).tobytes() == want.tobytes()
         stalled += ran_out
     assert stalled > 0  # the stop was exercised
 
@@ -265,10 +263,10 @@ def test_smooth_term_in_blocks_sums_the_same_edges(monkeypatch):
     W, _, _ = synth.p2p_graph(synth.p2p_targets(200, 3))
     g = Graph.from_weights(W)
     Th = np.random.default_rng(0).standard_normal((3, 200, 5))
-    whole = M.smooth_term(g, Th)
-    monkeypatch.setattr(M, "SMOOTH_BLOCK", 97)
+    whole = objective.smooth_term(g, Th)
+    monkeypatch.setattr(objective, "SMOOTH_BLOCK", 97)
     g2 = Graph.from_weights(W, symmetric=True)
-    np.testing.assert_allclose(M.smooth_term(g2, Th), whole, rtol=1e-13)
+    np.testing.assert_allclose(objective.smooth_term(g2, Th), whole, rtol=1e-13)
 
 
 @pytest.mark.parametrize("method", ["dola", "p2p"])
@@ -315,14 +313,14 @@ def test_the_private_warm_start_is_solved_once_and_rank_invariant(tmp_path, monk
         got.append(read_datasets(out))
     assert all(got[0][k].tobytes() == got[1][k].tobytes() for k in got[0])
     with ShardFile(data) as f:
-        W = graphs.read_graph(f)
+        W = shard_graph.read_graph(f)
         m = f.sizes()
-    P = M.make_problem(W, [np.zeros((1, 4))] * 30, [np.zeros(1)] * 30, "logistic", 0.5,
-                       1.0 / m, m=m, smooth="bound")
+    P = objective.make_problem(W, [np.zeros((1, 4))] * 30, [np.zeros(1)] * 30, "logistic", 0.5,
+                               1.0 / m, m=m, smooth="bound")
     loc = np.random.default_rng(0).standard_normal((30, 4))
-    lu = REF.mp_solution(P, loc)
-    monkeypatch.setattr(REF, "MP_DIRECT_NNZ", 0)
-    np.testing.assert_allclose(REF.mp_solution(P, loc), lu, rtol=1e-10, atol=1e-12)
+    lu = reference.mp_solution(P, loc)
+    monkeypatch.setattr(reference, "MP_DIRECT_NNZ", 0)
+    np.testing.assert_allclose(reference.mp_solution(P, loc), lu, rtol=1e-10, atol=1e-12)
 
 
 def test_logistic_polish_without_the_hessian_matrix_equals_the_direct_one(monkeypatch):
@@ -333,7 +331,7 @@ def test_logistic_polish_without_the_hessian_matrix_equals_the_direct_one(monkey
     from test_p2p_cd import logistic_problem
 
     P = logistic_problem(n=30, p=4, seed=2)
-    fg, hess = REF._logistic_parts(P)
+    fg, hess = reference._logistic_parts(P)
     v = np.random.default_rng(0).standard_normal(30 * 4)
     H, d1 = hess(v, True)
     op, d2 = hess(v, False)
@@ -343,12 +341,12 @@ def test_logistic_polish_without_the_hessian_matrix_equals_the_direct_one(monkey
     dense = H.toarray()
     for i in range(30):
         np.testing.assert_allclose(d1[i], dense[4 * i:4 * i + 4, 4 * i:4 * i + 4], rtol=1e-14)
-    direct, q_direct = REF.theta_star(P, "scipy")
-    monkeypatch.setattr(REF, "POLISH_DIRECT_NNZ", 0)
+    direct, q_direct = reference.theta_star(P, "scipy")
+    monkeypatch.setattr(reference, "POLISH_DIRECT_NNZ", 0)
     calls = []
-    newton_cg = REF._newton_cg
-    monkeypatch.setattr(REF, "_newton_cg", lambda *a: calls.append(1) or newton_cg(*a))
-    cg, q_cg = REF.theta_star(P, "scipy")
+    newton_cg = reference._newton_cg
+    monkeypatch.setattr(reference, "_newton_cg", lambda *a: calls.append(1) or newton_cg(*a))
+    cg, q_cg = reference.theta_star(P, "scipy")
     assert calls  # the polish ran through the operator
     np.testing.assert_allclose(cg, direct, rtol=1e-8, atol=1e-10)
     assert q_cg == pytest.approx(q_direct, rel=1e-12)

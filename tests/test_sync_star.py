@@ -19,6 +19,8 @@ from mpi_dp.algorithms.common import LocalShard, Oracle, reference_quantities
 from mpi_dp.comm.star import Star
 from mpi_dp.data import ShardFile
 from mpi_dp.errors import BudgetExceededError
+from mpi_dp.privacy import rules
+from mpi_dp.privacy.contract import Contract
 from mpi_dp.runner import AgreedError, run_job
 
 
@@ -43,6 +45,12 @@ def _settings(**kw):
     return sync_star.Settings(**base)
 
 
+def _contract(s):
+    """The paper's rule for the settings' owners (what a bare run of the algorithm used)."""
+    return Contract.planned(rules.BasicSplit(), "laplace", s.T, s.eps, seed=s.seed,
+                            run_ids=s.run_ids)
+
+
 def _problem(small_shards, n=(600, 500, 700)):
     star = Star(MPI.COMM_SELF, 3)
     with ShardFile(small_shards) as sf:
@@ -59,7 +67,7 @@ def test_eps_inf_constant_step_converges_to_theta_star(small_shards):
     star, shards, H, sig, L, ref = _problem(small_shards)
     T = 2000
     s = _settings(T=T, rho=T**2 / L, schedule="constant")
-    out = sync_star.run_config(star, shards, s, ref, progress=False)
+    out = sync_star.run_config(star, shards, s, _contract(s), ref, progress=False)
     err = np.linalg.norm(out["models/final"][0] - ref.theta_star) / np.linalg.norm(ref.theta_star)
     assert err < 1e-8
 
@@ -68,7 +76,8 @@ def test_eps_inf_decreasing_step_rate(small_shards):
     """Spec V4: mu_k = 1/(L k): relative error <= T^(-sigma/L) (1 + 1e-9)."""
     star, shards, H, sig, L, ref = _problem(small_shards)
     T = 500
-    out = sync_star.run_config(star, shards, _settings(T=T, rho=T**2 / L), ref, progress=False)
+    s = _settings(T=T, rho=T**2 / L)
+    out = sync_star.run_config(star, shards, s, _contract(s), ref, progress=False)
     err = np.linalg.norm(out["models/final"][0] - ref.theta_star) / np.linalg.norm(ref.theta_star)
     assert err <= T ** (-sig / L) * (1 + 1e-9)
     assert err < 0.05  # and it did move
@@ -82,7 +91,7 @@ def test_exact_eps_scaling_common_random_numbers(small_shards):
         # no clipping (noise still calibrated to xi) and no box: dynamics linear in the noise
         s = _settings(T=50, rho=50**2 / L, eps=(eps,) * 3, xi=1.0, clip=False,
                       run_ids=(0, 1, 2, 3), theta_max=math.inf)
-        out = sync_star.run_config(star, shards, s, ref, progress=False,
+        out = sync_star.run_config(star, shards, s, _contract(s), ref, progress=False,
                                    theta_init=ref.theta_star)
         d = out["models/final"] - ref.theta_star
         excess.append(0.5 * np.einsum("ri,ij,rj->r", d, H, d))
@@ -95,7 +104,7 @@ def test_exact_eps_scaling_common_random_numbers(small_shards):
 def test_owner_refuses_query_beyond_T_and_budget(small_shards):
     star, shards, *_ = _problem(small_shards)
     s = _settings(T=5, eps=(1.0,) * 3, xi=10.0)
-    owner = sync_star.DataOwner(shards[1], 1.0, s)
+    owner = sync_star.DataOwner(shards[1], sync_star.owner_release(_contract(s), 1, s), s)
     theta = np.zeros((1, 5))
     for _ in range(5):
         owner.answer(theta)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from mpi_dp.data.graphs import graph_arrays, read_graph
+from mpi_dp.data.shard_graph import graph_arrays, read_graph
 from mpi_dp.data.shards import ShardFile, write_shards
 from mpi_dp.data.synth import (
     add_synth_arguments,

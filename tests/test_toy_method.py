@@ -1,15 +1,19 @@
-"""Adding a method takes one module and one registry line: a toy method defined here, registered
-with REGISTRY.add, run under `mpiexec -n 2` through the CLI, analysed and plotted.
+"""A new method in three files that never mention a calibration rule: tests/toy_method.py (its
+entry), tests/toy_algorithm.py (its algorithm) and one registry line (REGISTRY.add); run under
+`mpiexec -n 2` through the CLI, analysed and plotted, its noise set by the job's contract.
 
-The toy: every owner releases, T times, the mean of its labels clipped to [-bound, bound] plus
-Laplace noise of scale 2 bound T / (n_i eps_i) (so its T releases are eps_i-DP); the learner on
-rank 0 averages the releases over owners (weights n_i / n) and over iterations. Its metric is the
-distance of that estimate to the un-noised clipped mean (evaluation-only).
+The toy: every owner releases, T times, the mean of its labels clipped to [-bound, bound]; the
+learner on rank 0 averages the releases over owners (weights n_i / n) and over iterations. Its
+metric is the distance of that estimate to the un-noised clipped mean (evaluation-only). The
+method declares each owner's plan (T Laplace releases) and asks its release path for them: the
+contract calibrates the noise (pld, basic) and refuses what the plan does not cover.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,62 +23,15 @@ import numpy as np
 import pytest
 from helpers import HANG_GUARD_S, MPIEXEC
 
-from mpi_dp.jobspec import Key
-from mpi_dp.methods import Method, Outcome
-from mpi_dp.privacy import Ledger, laplace_mechanism
-from mpi_dp.rng import run_streams
-
-
-class ToyMean(Method):
-    name = "toy_mean"
-    summary = "toy: the DP mean of the owners' clipped labels"
-    variants = ("plain",)
-    variant_help = "plain (the only one)"
-    sections = {"toy": {"bound": Key((int, float), 1.0, "clip labels to [-bound, bound]")}}
-    default_metric = "error"
-
-    def settings(self, ctx, prepared, rc):
-        return {"T": ctx.job["T"], "record_every": ctx.job["record_every"], "eps": rc.eps,
-                "n": rc.n, "bound": float(ctx.job["toy.bound"])}
-
-    def record_attrs(self, ctx, prepared, rc, s):
-        return {"T": s["T"], "bound": s["bound"]}
-
-    def run_config(self, ctx, prepared, rc, s, recorder, label):
-        star, R, B, T = ctx.star, ctx.runs, s["bound"], s["T"]
-        owners = []
-        for i in star.local_agents:
-            _, y = ctx.shard.read_agent(i, s["n"][i])
-            mean = float(np.clip(y, -B, B).mean())
-            owners.append((i, mean, Ledger(i, s["eps"][i], runs=R),
-                           run_streams(ctx.job["seed"], "noise", i, ctx.run_ids)))
-        w = np.array(s["n"], dtype=float) / sum(s["n"])
-        clean = star.gather_agents(np.array([[m] for _, m, _, _ in owners]).reshape(-1, 1), (1,))
-        total = np.zeros(R)
-        for k in range(1, T + 1):
-            local = np.empty((len(owners), R))
-            for j, (i, mean, ledger, gens) in enumerate(owners):
-                sens, scale = 2 * B / s["n"][i], 2 * B * T / (s["n"][i] * s["eps"][i])
-                out, _ = laplace_mechanism(np.full((R, 1), mean), gens, scale, sens, ledger)
-                local[j] = out[:, 0]
-            got = star.gather_agents(local, (R,))
-            if star.is_learner:
-                total += sum(w[i] * got[i] for i in range(len(w)))
-                if recorder is not None and (k % s["record_every"] == 0 or k == T):
-                    est = total / k
-                    recorder.append(k, {"error": np.abs(est - float(w @ clean[:, 0]))})
-        ledgers = star.gather_objects([led for _, _, led, _ in owners])
-        if not star.is_learner:
-            return None
-        return Outcome(sorted((x for part in ledgers for x in part), key=lambda x: x.agent),
-                       guarantee="each owner's T releases are eps_i-DP together")
-
+TESTS = Path(__file__).parent
+#: the toy's own files (the third is the registry line in LAUNCHER)
+TOY_FILES = (TESTS / "toy_method.py", TESTS / "toy_algorithm.py")
 
 LAUNCHER = """\
 import sys
 sys.path.insert(0, {tests!r})
 from mpi_dp.methods import REGISTRY
-from test_toy_method import ToyMean
+from toy_method import ToyMean
 REGISTRY.add(ToyMean())  # the one registry line a new method needs
 from mpi_dp.cli import main
 sys.exit(main(sys.argv[1:]))
@@ -94,12 +51,19 @@ def launcher(tmp_path) -> Path:
     return p
 
 
-def _job(tmp_path, data, extra="") -> Path:
+def _job(tmp_path, data, extra="", eps="[0.5, 5.0, inf]", toy="") -> Path:
     job = tmp_path / "toy.toml"
     job.write_text(f'algorithm = "toy_mean"\ndata = "{data}"\noutput = "{tmp_path / "toy.h5"}"\n'
                    f'seed = 3\nruns = 4\nT = 50\nrecord_every = 10\n{extra}\n'
-                   '[toy]\nbound = 2.0\n[sweep]\neps = [0.5, 5.0, inf]\n')
+                   f'[toy]\nbound = 2.0\n{toy}\n[sweep]\neps = {eps}\n')
     return job
+
+
+def test_the_toy_is_three_files_that_never_mention_a_calibration_rule():
+    words = re.compile(r"\b(pld|basic|paper|calibrat\w*|rules?|noise_multiplier)\b", re.I)
+    for f in TOY_FILES:
+        assert not words.findall(f.read_text()), (f, words.findall(f.read_text()))
+    assert LAUNCHER.count("REGISTRY.add(") == 1  # the third: one line in the registry
 
 
 def test_a_toy_method_registered_in_one_line_runs_analyses_and_plots(tmp_path, small_shards,
@@ -115,8 +79,12 @@ def test_a_toy_method_registered_in_one_line_runs_analyses_and_plots(tmp_path, s
         assert err[0][-1].mean() > 3 * err[1][-1].mean() > 0  # 10x the budget: less error
         led = f["configs/000/privacy/ledger"][()]
         assert led["agent"].tolist() == [0, 1, 2] and np.all(led["releases"] == 50)
-        np.testing.assert_allclose(led["eps_basic"], 0.5, rtol=1e-12)
-        assert np.all(led["eps_pld"] < led["eps_basic"]) and np.all(led["eps_pld"] >= 0.5 / 50)
+        # the contract calibrated it (pld, the default): each owner's tight total is its eps
+        assert np.all(led["eps_pld"] <= 0.5 * (1 + 1e-9)) and np.all(led["eps_pld"] >= 0.499)
+        assert set(led["calibration"].tolist()) == {b"pld"}
+        assert f["configs/000"].attrs["calibration"] == "pld"
+        inf = f["configs/002/privacy/ledger"][()]  # eps = inf: no noise reads eps = inf
+        assert np.all(np.isinf(inf["eps_pld"])) and np.all(inf["releases"] == 50)
         assert f["configs/000/privacy/ledger"].attrs["guarantee"].startswith("each owner's T")
     cp = _cli(launcher, ["analyze", str(tmp_path / "toy.h5")])
     assert cp.returncode == 0, cp.stderr
@@ -129,6 +97,33 @@ def test_a_toy_method_registered_in_one_line_runs_analyses_and_plots(tmp_path, s
                                                             for p in pngs)
     cp = _cli(launcher, ["run", "--help"])
     assert 'algorithm = "toy_mean"' in cp.stdout and "clip labels to [-bound, bound]" in cp.stdout
+
+
+def test_the_toy_under_the_even_split_and_without_a_paper_rule(tmp_path, small_shards, launcher):
+    """privacy.calibration = 'basic' gives each release eps / T (the basic total is eps); the toy
+    states no paper rule, so 'paper' is refused before any output, naming the key."""
+    job = _job(tmp_path, small_shards, extra='[privacy]\ncalibration = "basic"', eps="[0.5]")
+    cp = _cli(launcher, ["run", str(job), "--quiet"], n=2)
+    assert cp.returncode == 0, cp.stderr
+    with h5py.File(tmp_path / "toy.h5", "r") as f:
+        led = f["configs/000/privacy/ledger"][()]
+        np.testing.assert_allclose(led["eps_basic"], 0.5, rtol=1e-9)
+        np.testing.assert_allclose(led["eps_per_release"], 0.5 / 50, rtol=1e-9)
+        assert math.isclose(float(led["noise_multiplier"][0]), 50 / 0.5, rel_tol=1e-12)
+    (tmp_path / "toy.h5").unlink()
+    job = _job(tmp_path, small_shards, extra='[privacy]\ncalibration = "paper"', eps="[0.5]")
+    cp = _cli(launcher, ["run", str(job)], n=2)
+    assert cp.returncode == 2 and "key 'privacy.calibration'" in cp.stderr, cp.stderr
+    assert "no paper rule" in cp.stderr and not (tmp_path / "toy.h5").exists()
+
+
+def test_a_release_the_plan_does_not_cover_is_refused(tmp_path, small_shards, launcher):
+    """The toy's plan is T releases per owner; one more is refused by the owner's ledger before
+    its noise is drawn, and the run stops with the owner named."""
+    job = _job(tmp_path, small_shards, eps="[0.5]", toy="extra = 1")
+    cp = _cli(launcher, ["run", str(job), "--quiet"], n=2)
+    assert cp.returncode != 0
+    assert "refuses release 51" in cp.stderr, cp.stderr
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -15,7 +15,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
-from helpers import assert_rank_invariant, mpi_run, write_job
+from helpers import admm_paper_contract, assert_rank_invariant, mpi_run, write_job
 from mpi4py import MPI
 
 from mpi_dp.algorithms import admm, async_star, sync_star
@@ -33,6 +33,8 @@ from mpi_dp.comm.p2p_star import P2PStar
 from mpi_dp.comm.star import Star
 from mpi_dp.data.shards import ShardFile, write_shards
 from mpi_dp.data.synth import synth_multiclass, write_synth
+from mpi_dp.privacy import rules
+from mpi_dp.privacy.contract import Contract
 from mpi_dp.privacy.tap import Tap, tapping
 from mpi_dp.runner import run_job
 
@@ -191,7 +193,9 @@ def _sync_models(shards: list[LocalShard], ev: EvalSet, evaluate: bool) -> np.nd
         ref = reference_quantities(Oracle(star, shards, "logistic", s.lam, sum(SIZES), P + 1,
                                           ev), s.theta_max, "auto")
         assert bool(ref.utility) == evaluate
-        out = sync_star.run_config(star, shards, s, ref, progress=False, evalset=ev)
+        con = Contract.planned(rules.BasicSplit(), "laplace", s.T, s.eps, seed=s.seed,
+                               run_ids=s.run_ids)
+        out = sync_star.run_config(star, shards, s, con, ref, progress=False, evalset=ev)
     return np.concatenate([out["models/final"], out["models/final_iterate"]])
 
 
@@ -204,8 +208,10 @@ def _async_models(shards: list[LocalShard], ev: EvalSet, evaluate: bool) -> np.n
     with tapping(Tap(0, s.runs, 1, evaluate=evaluate)):
         ref = reference_quantities(Oracle(star, shards, "logistic", s.lam, sum(SIZES), P + 1,
                                           ev), s.theta_max, "auto")
+        con = Contract.planned(rules.BasicSplit(), "laplace", list(s.caps), s.eps, seed=s.seed,
+                               run_ids=s.run_ids)
         out = async_star.run_config(star, P2PStar(MPI.COMM_SELF, star.layout, P + 1), shards, s,
-                                    ref, None, progress=False, evalset=ev)
+                                    con, ref, None, progress=False, evalset=ev)
     return np.concatenate([out["models/final"], out["models/local"].reshape(3, -1)], axis=1)
 
 
@@ -227,11 +233,12 @@ def test_admm_evaluation_changes_no_model():
     d = synth_multiclass(3, 100, 5, 0.35, 1, classes=3, test=200)
     models = []
     for evaluate in (True, False):
-        s = admm.Settings(method="objt", T=10, eps_bar=1.0, n=(100,) * 3, J=5, K=3,
+        s = admm.Settings(method="objt", T=10, n=(100,) * 3, J=5, K=3,
                           run_ids=(0, 1), record_every=2)
-        agents = [admm.Agent(i, X, y, s) for i, (X, y) in enumerate(d["agents"])]
+        con = admm_paper_contract(s, 1.0)
+        agents = [admm.Agent(i, X, y, s, con) for i, (X, y) in enumerate(d["agents"])]
         with tapping(Tap(0, s.runs, 1, evaluate=evaluate)):
-            out = admm.run_config(Star(MPI.COMM_SELF, 3), agents, s,
+            out = admm.run_config(Star(MPI.COMM_SELF, 3), agents, s, con,
                                   (d["test"][0], d["test"][1].astype(int)), None, progress=False)
         assert bool(out["baselines"]) == evaluate
         models.append(out["models/final"])

@@ -20,6 +20,14 @@ reductions), noise for every (agent, run) pair drawn at once, ledgers charged as
 agent draws its noise from its own streams (seed, 'noise', agent, run) and the server sums the
 agents' contributions in agent order (Gatherv; 'reduce' is an option), so results are bitwise
 identical on any number of ranks and with any agents per rank.
+
+Privacy comes from the configuration's contract (privacy.contract.Contract): every agent's release
+path (its ledger, its noise streams) and its noise, from which the run reads eps_bar, the
+per-iteration eps (`iteration_eps`: Laplace the noise's eps per release, OutP the eps whose
+classical Gaussian at dp_delta is its noise), OutP's sigma (the noise's scale of the release's L2
+sensitivity) and the delta each OutP release is stated at. Each release is one call of the block's
+release path (BlockRelease.perturb): the ledgers charged, the noise drawn from the agents' streams,
+the update computed from it, the audit tap shown what leaves the agents.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import functools
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
@@ -37,11 +45,11 @@ from ..backend import backend, to_numpy
 from ..comm.star import Star
 from ..errors import NumericalError
 from ..models import multinomial
-from ..pcg import RunStreams
-from ..privacy import GaussianEvent, LaplaceEvent, Ledger, tap
+from ..privacy import Event, Ledger, tap
+from ..privacy.contract import Contract
 from ..privacy.mechanisms import gaussian_noise, laplace_noise
 from ..privacy.release import BlockRelease, OwnerRelease
-from ..rng import agent_run_streams, run_streams
+from ..rng import agent_run_streams
 from . import admm_steps as steps
 from .common import (
     Checkpointed,
@@ -64,8 +72,6 @@ class Settings:
 
     method: str
     T: int  # iterations
-    eps_bar: float  # per-iteration eps of every agent (inf: non-private): the calibrated one, or
-    # the job's eps itself under the paper's rule
     n: tuple[int, ...]  # records per agent
     J: int
     K: int
@@ -84,24 +90,13 @@ class Settings:
     sens_mode: str = "global"  # global | bound (data-independent, certified) | local_max(_x2)
     row_bound: float = math.inf  # B of sens_mode = 'bound': every record's L2 norm <= B (public)
     outp_noise_std: str = "sigma"  # sigma (Huang et al.) | sigma_sq (the authors' code)
-    outp_calibration: str = "auto"  # privacy.GAUSSIAN_CALIBRATIONS or "paper"
+    outp_calibration: str = "auto"  # OutP Gaussian calibration of the paper rule (PerIteration)
     reg_grad: str = "consistent"  # consistent: 2 (gamma/P) z_p | code: 2 gamma w
     w_bound: float = math.inf  # W = [-B, B]^(J x K); inf: unconstrained (the final code)
-    dp_delta: float = 1e-6
-    budget_eps: float = math.inf  # each agent's total eps (basic composition); inf: no cap
+    dp_delta: float = 1e-6  # OutP's step schedule (Huang et al.); the paper rule's delta
+    budget_eps: float = math.inf  # the paper rule's cap of each agent's total (basic composition)
     aggregate: str = "gather"  # gather (bitwise rank-invariant) | reduce
-    #: OutP under a calibrated rule: sigma = noise_multiplier x the release's L2 sensitivity
-    #: (NaN: the paper's outp_sigma of (eps_bar, dp_delta))
-    noise_multiplier: float = math.nan
-    #: per agent: its calibration (privacy.contract.Calibration), () before calibration
-    calibration: tuple = ()
     backend: str = "numpy"  # array backend of the records' kernels (mpi_dp.backend)
-
-    @property
-    def calibrated(self) -> bool:
-        """Whether the noise comes from the job's calibration (pld / basic), not the paper's."""
-        return bool(self.calibration) and self.calibration[0] is not None \
-            and self.calibration[0].rule != "paper"
 
     @property
     def P(self) -> int:
@@ -115,38 +110,70 @@ class Settings:
     def runs(self) -> int:
         return len(self.run_ids)
 
-    @property
-    def noise_rho(self) -> float:
-        """The noise term of rho = 'auto' (0 without noise, and for OutP)."""
-        if math.isinf(self.eps_bar) or self.method == "outp":
+    def noise_rho(self, eps_bar: float) -> float:
+        """The noise term of rho = 'auto' at the per-iteration eps_bar (0 without noise, and for
+        OutP)."""
+        if math.isinf(eps_bar) or self.method == "outp":
             return 0.0
         mode = "bound" if math.isfinite(self.row_bound) else "global"
         sens = steps.sensitivity(None, self.I, mode, self.J, self.row_bound)
-        return float(sens) / self.eps_bar * math.sqrt(self.J * self.K / self.P)
+        return float(sens) / eps_bar * math.sqrt(self.J * self.K / self.P)
 
     @property
     def box(self) -> float | None:
         """B of W = [-B, B]^(J x K), None when unconstrained."""
         return None if math.isinf(self.w_bound) else self.w_bound
 
-    def rho(self, t: int) -> float:
-        """rho^t: (21), (21)/100 or a constant (App. A.9 variants); 'auto': rho_static (the
-        smoothness bound) plus the noise's pull b sqrt(J K / P) (b the Laplace scale of ObjT/ObjP
-        at the public sensitivity), so that the noise moves the averaged model by O(1)."""
+    def rho(self, t: int, eps_bar: float) -> float:
+        """rho^t at the per-iteration eps_bar (`iteration_eps`): (21), (21)/100 or a constant
+        (App. A.9 variants); 'auto': rho_static (the smoothness bound) plus the noise's pull
+        b sqrt(J K / P) (b the Laplace scale of ObjT/ObjP at the public sensitivity), so that
+        the noise moves the averaged model by O(1)."""
         if self.rho_mode == "auto":
-            return self.rho_static + self.noise_rho
+            return self.rho_static + self.noise_rho(eps_bar)
         return steps.rho_variant(t, self.rho_mode, self.rho_c1, self.rho_c2, self.rho_tc,
-                                 self.eps_bar, static=self.rho_static)
+                                 eps_bar, static=self.rho_static)
+
+
+def release_flags(s: Settings) -> dict[str, Any]:
+    """What an agent's release path states of its events (privacy.contract.Contract.owner /
+    block): OutP's sigma^2 convention is less noise than the rule's (uncertified); ObjT/ObjP's
+    sensitivity is read from the data unless global or bound (data-dependent); the mechanism."""
+    outp = s.method == "outp"
+    return {"certified": s.outp_noise_std == "sigma" if outp else True,
+            "data_dependent": not outp and s.sens_mode not in ("global", "bound"),
+            "mechanism": "gaussian" if outp else "laplace"}
+
+
+def iteration_eps(contract: Contract, s: Settings) -> float:
+    """eps_bar, every agent's per-iteration eps, from its noise in `contract` (the agents share
+    one plan): ObjT/ObjP the eps of one Laplace release, OutP the eps whose classical Gaussian
+    sigma sqrt(2 ln(1.25/dp_delta)) / eps is the noise (a paper rule: the job's eps); inf
+    without noise."""
+    noise = contract.noise(0)
+    if noise is None:
+        return math.inf
+    return noise.classical_eps(s.dp_delta) if s.method == "outp" else noise.eps_release
 
 
 class Agent(Checkpointed, ReleasePath):
-    """Agent p: holds its records, its local model z_p and dual lam_p for every run; draws its own
-    noise, charges its own ledger before every release and releases only the perturbed z_p
-    (ObjT/ObjP) or z~_p (OutP). A release past its budget is refused (BudgetExceededError)."""
+    """Agent p: holds its records, its local model z_p and dual lam_p for every run, and its
+    release path in `contract` (`release`: its ledger, its noise streams (seed, 'noise', p,
+    run)); it releases only the perturbed z_p (ObjT/ObjP) or z~_p (OutP), its ledger charged
+    before the noise is drawn, a release past its plan or budget refused (BudgetExceededError).
+    Its steps run as an AgentBlock (of the rank's agents, or of itself alone), which takes over
+    its ledger and noise position and leaves them back (`write_back`)."""
 
-    def __init__(self, agent: int, X: np.ndarray, y: np.ndarray, s: Settings) -> None:
+    #: what a checkpoint holds to continue this agent bit for bit (with its release path's
+    #: noise position: Checkpointed, NOISE = None)
+    STATE = ("z", "lam", "ledger", "noise_mag", "scale", "z_change")
+    NOISE = None
+
+    def __init__(self, agent: int, X: np.ndarray, y: np.ndarray, s: Settings,
+                 contract: Contract) -> None:
         self.agent = agent
         self.s = s
+        self.contract = contract
         self.X = np.ascontiguousarray(X, dtype=np.float64)
         self.y = np.asarray(y).astype(np.int64)
         if self.y.size and (self.y.min() < 0 or self.y.max() >= s.K):
@@ -156,85 +183,26 @@ class Agent(Checkpointed, ReleasePath):
         shape = (s.runs, s.J, s.K)
         self.z = np.zeros(shape)
         self.lam = np.zeros(shape)
-        self._gens: RunStreams | None = None  # seeded on first use (`gens`)
-        self._noise_pos: tuple | None = None  # or a position to seek it to (`restore`)
-        cal = s.calibration[agent] if s.calibration else None
-        outp_ok = s.outp_noise_std == "sigma" and (s.calibrated or not (
-            s.outp_calibration == "paper" and 1 <= s.eps_bar < math.inf))
-        self.release = OwnerRelease(agent, s.runs, cal,
-                                    budget_eps=math.inf if s.calibrated else s.budget_eps,
-                                    certified=outp_ok if s.method == "outp" else True,
-                                    data_dependent=s.method != "outp"
-                                    and s.sens_mode not in ("global", "bound"),
-                                    mechanism="gaussian" if s.method == "outp" else "laplace")
+        self.release: OwnerRelease = contract.owner(agent, **release_flags(s))
+        #: the noise position of its last restored state (None: its streams' start)
+        self.noise_at: tuple | None = None
         # evaluation-only logs of the last iteration, per run
         self.noise_mag = np.zeros(s.runs)
         self.scale = np.zeros(s.runs)
         self.z_change = np.zeros(s.runs)
 
-    #: what a checkpoint holds to continue this agent bit for bit (with its noise position)
-    STATE = ("z", "lam", "ledger", "noise_mag", "scale", "z_change")
-
-    @property
-    def gens(self) -> RunStreams:
-        """This agent's noise streams (seed, 'noise', agent, run), seeded when first used: a
-        block (`AgentBlock`) draws for its agents from one RunStreams of them all instead."""
-        if getattr(self, "_gens", None) is None:
-            self._gens = run_streams(self.s.seed, "noise", self.agent, self.s.run_ids)
-            if getattr(self, "_noise_pos", None) is not None:
-                self._gens.seek(self._noise_pos)
-            self._noise_pos = None
-        return self._gens
-
-    @gens.setter
-    def gens(self, value: RunStreams) -> None:
-        self._gens, self._noise_pos = value, None
-
-    def noise_position(self) -> tuple | None:
-        """Where this agent's noise streams stand (RunStreams.position), None while unused."""
-        if getattr(self, "_gens", None) is not None:
-            return self._gens.position()
-        return getattr(self, "_noise_pos", None)
-
-    def state(self) -> dict:
-        pos = self.noise_position()
-        return {**{k: getattr(self, k) for k in self.STATE},
-                "noise": self.gens.position() if pos is None else pos}
-
     def restore(self, st: dict) -> None:
-        for k in self.STATE:
-            setattr(self, k, st[k])
-        self._gens, self._noise_pos = None, st["noise"]
+        super().restore(st)
+        self.noise_at = st["noise"]
 
     def contribution(self, rho: float) -> np.ndarray:
         """rho z_p - lam_p: what the server sums (R, J, K)."""
         return steps.server_contribution(rho, self.z, self.lam)
 
-    def next_event(self, t: int, rho: float) -> LaplaceEvent | GaussianEvent:
+    def next_event(self, t: int, rho: float) -> Event:
         """The event of this agent's release at iteration t (its eps does not depend on the data:
         a data-dependent sensitivity moves the noise scale with it)."""
-        s = self.s
-        if s.method == "outp":
-            return self._outp_noise(t, rho)[1]
-        scale = 0.0 if math.isinf(s.eps_bar) else 1.0 / s.eps_bar
-        return self.release.event(1.0, scale)
-
-    def _outp_noise(self, t: int, rho: float) -> tuple[float, GaussianEvent]:
-        """OutP at iteration t: 1/eta_p^t and the event of the release (L2 sensitivity, the std
-        actually used; uncertified for the sigma^2 quirk or the paper's eps >= 1): sigma is the
-        calibrated multiplier x the sensitivity (stated at the owner's delta), or the paper's
-        (eps_bar, dp_delta) Gaussian."""
-        s = self.s
-        inv_eta = steps.outp_inv_eta(t, s.prox_scale, self.n, s.eps_bar, s.dp_delta)
-        sens = steps.outp_l2_sensitivity(rho, inv_eta)
-        if s.calibrated:
-            sigma = 0.0 if math.isinf(s.eps_bar) else s.noise_multiplier * sens
-            delta = self.release.calibration.plan.delta
-        else:
-            sigma = steps.outp_sigma(rho, inv_eta, s.eps_bar, s.dp_delta, s.outp_calibration)
-            delta = s.dp_delta
-        return inv_eta, self.release.event(sens, steps.outp_noise_std(sigma, s.outp_noise_std),
-                                           delta=delta)
+        return AgentBlock([self], self.s).next_events(t, rho)[0]
 
     # The steps of this agent alone: a block of one (the block's steps are the agents' own).
     def step_objective(self, w: np.ndarray, t: int, rho: float) -> None:
@@ -337,16 +305,22 @@ class Stacks:
 
 class AgentBlock:
     """The agents a rank hosts as one block (DESIGN.md, 'A rank's agents are one block'): their
-    models z and duals lam stacked (A, R, J, K) in agent order, their records in `Stacks`, the
-    noise of every (agent, run) pair from one RunStreams (row a R + r: agent a's stream of run r,
-    bit for bit its own), every ledger charged through one BlockRelease before the block's noise
-    is drawn. Each step is `Agent`'s as array work over the block; each agent's arithmetic is
-    what it does alone, so results are bitwise the same on any number of ranks. `members()` are
-    the agents as checkpointed owners; `write_back()` leaves each Agent object its state."""
+    models z and duals lam stacked (A, R, J, K) in agent order, their records in `Stacks`, their
+    releases through one release path of `contract` (`Contract.block`: every agent's ledger, the
+    agents' own noise streams as one agent-major RunStreams, row a R + r: agent a's stream of run
+    r, bit for bit its own), every ledger charged before the block's noise is drawn. Each step is
+    `Agent`'s as array work over the block; each agent's arithmetic is what it does alone, so
+    results are bitwise the same on any number of ranks. The block takes over each agent's
+    ledger and noise position; `members()` are the agents as checkpointed owners;
+    `write_back()` leaves each Agent object its state. `contract`: the configuration's (default:
+    the agents'; a block without agents and contract releases nothing)."""
 
-    def __init__(self, agents: Sequence[Agent], s: Settings) -> None:
+    def __init__(self, agents: Sequence[Agent], s: Settings,
+                 contract: Contract | None = None) -> None:
         self.agents, self.s = list(agents), s
         A, R = len(self.agents), s.runs
+        if contract is None and self.agents:
+            contract = self.agents[0].contract
         self.stacks = Stacks(self.agents, R, s.K, s.backend)
         self.n = np.array([a.n for a in self.agents], dtype=np.int64)
 
@@ -357,28 +331,37 @@ class AgentBlock:
         self.z, self.lam = stack("z", (R, s.J, s.K)), stack("lam", (R, s.J, s.K))
         self.noise_mag, self.scale = stack("noise_mag", (R,)), stack("scale", (R,))
         self.z_change = stack("z_change", (R,))
-        self.gens = agent_run_streams(s.seed, "noise", [a.agent for a in self.agents],
-                                      s.run_ids)
-        h, lo = self.gens.position()
-        for i, a in enumerate(self.agents):
-            pos = a.noise_position()
-            if pos is not None:
-                h[i * R : (i + 1) * R], lo[i * R : (i + 1) * R] = pos
-        self.gens.seek((h, lo))
-        self.release = BlockRelease([a.release for a in self.agents])
+        #: eps_bar, the agents' per-iteration eps (their noise's: `iteration_eps`)
+        self.eps_bar = math.inf if contract is None else iteration_eps(contract, s)
+        self.release: BlockRelease = (
+            BlockRelease([]) if contract is None else
+            contract.block([a.agent for a in self.agents], **release_flags(s)))
+        if A:  # each agent's ledger and noise position (seeded once, for the whole block)
+            self.release.restore_ledgers([a.ledger for a in self.agents])
+            moved = [(i, a.noise_at) for i, a in enumerate(self.agents) if a.noise_at is not None]
+            if moved:
+                gens = self.release.streams
+                for i, (h, lo) in moved:
+                    gens.h[i * R : (i + 1) * R], gens.lo[i * R : (i + 1) * R] = h, lo
         self._members: list[_Member] | None = None
 
     def __len__(self) -> int:
         return len(self.agents)
 
+    def rho(self, t: int) -> float:
+        """rho^t of the settings at the agents' eps_bar."""
+        return self.s.rho(t, self.eps_bar)
+
     # -- checkpoints ---------------------------------------------------------------------------
     def state(self, i: int) -> dict:
-        """Agent i's checkpoint state, as `Agent.state` gives it."""
+        """Agent i's checkpoint state, as `Agent.state` gives it (its noise position: its rows of
+        the block's streams)."""
         rows = slice(i * self.s.runs, (i + 1) * self.s.runs)
+        gens = self.release.streams
         return {"z": self.z[i].copy(), "lam": self.lam[i].copy(),
-                "ledger": self.agents[i].ledger, "noise_mag": self.noise_mag[i].copy(),
+                "ledger": self.release.owners[i].ledger, "noise_mag": self.noise_mag[i].copy(),
                 "scale": self.scale[i].copy(), "z_change": self.z_change[i].copy(),
-                "noise": (self.gens.h[rows].copy(), self.gens.lo[rows].copy())}
+                "noise": (gens.h[rows].copy(), gens.lo[rows].copy())}
 
     def restore(self, i: int, st: dict) -> None:
         """Continue agent i from its checkpoint state `st` (`state`)."""
@@ -386,8 +369,10 @@ class AgentBlock:
         self.z[i], self.lam[i] = st["z"], st["lam"]
         self.noise_mag[i], self.scale[i], self.z_change[i] = (st["noise_mag"], st["scale"],
                                                               st["z_change"])
+        self.release.owners[i].ledger = st["ledger"]
         self.agents[i].ledger = st["ledger"]
-        self.gens.h[rows], self.gens.lo[rows] = st["noise"]
+        gens = self.release.streams
+        gens.h[rows], gens.lo[rows] = st["noise"]
 
     def members(self) -> list[_Member]:
         """The agents as checkpointed owners (`agent`, `state()`, `restore()`) backed by the
@@ -418,10 +403,12 @@ class AgentBlock:
                                                self.stacks.label_index(j, R))
             G[pos] = to_numpy(g)
             if terms:
+                assert tmax is not None
                 tmax[pos] = to_numpy(tm)
         for i in self.stacks.single:
             (X, y, l1), Wi = self.stacks.alone(i), Wr if shared else Wr[i]
             if terms:
+                assert tmax is not None
                 g, tm = multinomial.grad_sum_and_terms_max(X, y, Wi, l1)
                 G[i], tmax[i] = to_numpy(g), to_numpy(tm)
             else:
@@ -478,75 +465,87 @@ class AgentBlock:
     def step_objective(self, w: np.ndarray, t: int, rho: float) -> None:
         """ObjT / ObjP update of every agent (lines 2-5 of iteration t) and the dual update."""
         s, A, R = self.s, len(self), self.s.runs
+        if not A:
+            return
         G, terms_max = self.gradients(self.z, terms=s.sens_mode not in ("global", "bound"))
         g = steps.agent_gradient(G, s.I, s.gamma, s.P, self.z, w, s.reg_grad)
         # terms_max = max_i ||x_i||_1 ||h_i - y_i||_1 over each agent's records (per run)
         sens = np.broadcast_to(np.asarray(steps.sensitivity(terms_max, s.I, s.sens_mode, s.J,
                                                             s.row_bound)), (A, R))
-        b = np.broadcast_to(np.asarray(steps.laplace_scale(sens, s.eps_bar)), (A, R))
-        events = self._charge(*_release_runs(sens, b))
-        xi = np.ascontiguousarray(laplace_noise(self.gens, b.reshape(-1), s.J * s.K)
-                                  ).reshape(self.z.shape)
-        bound = s.box
-        if s.method == "objt":
-            delta = steps.delta_objt(t, s.prox_scale, s.tr_schedule)
-            z_new = steps.objt_update(w, self.lam, g, self.z, xi, rho, delta, bound)
-        else:
-            eta = steps.eta_objp(t, s.prox_scale)
-            z_new = steps.objp_update(w, self.lam, g, self.z, xi, rho, eta, bound)
-        # the audit sees the perturbed linear term g + xi: z_new (what the server gets) is a
-        # function of it and of w, lam, z, which the server already knows
-        self.release.report((g + xi).reshape(A, R, s.J * s.K), events)
-        self._finish(z_new, xi, b, "laplace")
+        # (11c) at the contract's eps_bar: b = Delta_bar / eps_bar, per agent and run
+        b = np.broadcast_to(np.asarray(steps.laplace_scale(sens, self.eps_bar)), (A, R))
+        made: dict[str, np.ndarray] = {}
+
+        def update(noise: np.ndarray) -> np.ndarray:
+            xi = noise.reshape(self.z.shape)
+            if s.method == "objt":
+                delta = steps.delta_objt(t, s.prox_scale, s.tr_schedule)
+                made["z"] = steps.objt_update(w, self.lam, g, self.z, xi, rho, delta, s.box)
+            else:
+                eta = steps.eta_objp(t, s.prox_scale)
+                made["z"] = steps.objp_update(w, self.lam, g, self.z, xi, rho, eta, s.box)
+            # the audit sees the perturbed linear term g + xi: z_new (what the server gets) is
+            # a function of it and of w, lam, z, which the server already knows
+            return (g + xi).reshape(A, R, s.J * s.K)
+
+        _, xi, _, _ = self.release.perturb(sens, s.J * s.K, update, b)
+        self._finish(made["z"], xi, b, "laplace")
         self.lam = steps.dual_update(self.lam, rho, w, self.z)
 
     def outp_params(self, t: int, rho: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """OutP at iteration t, per agent (A,): 1/eta_p^t, the release's L2 sensitivity and the
-        noise std actually used (`Agent._outp_noise`; computed once per record count)."""
+        """OutP at iteration t, per agent (A,): 1/eta_p^t, the release's L2 sensitivity
+        (computed once per record count) and the noise std actually used: each agent's noise's
+        sigma of that sensitivity (its release path's scale), squared under outp_noise_std =
+        'sigma_sq'."""
         s = self.s
         sizes, inverse = np.unique(self.n, return_inverse=True)
-        vals = np.empty((sizes.size, 3))
+        vals = np.empty((sizes.size, 2))
         for j, n in enumerate(sizes.tolist()):
-            inv_eta = steps.outp_inv_eta(t, s.prox_scale, n, s.eps_bar, s.dp_delta)
-            sens = steps.outp_l2_sensitivity(rho, inv_eta)
-            if s.calibrated:
-                sigma = 0.0 if math.isinf(s.eps_bar) else s.noise_multiplier * sens
-            else:
-                sigma = steps.outp_sigma(rho, inv_eta, s.eps_bar, s.dp_delta,
-                                         s.outp_calibration)
-            vals[j] = inv_eta, sens, steps.outp_noise_std(sigma, s.outp_noise_std)
+            inv_eta = steps.outp_inv_eta(t, s.prox_scale, n, self.eps_bar, s.dp_delta)
+            vals[j] = inv_eta, steps.outp_l2_sensitivity(rho, inv_eta)
         per = vals[inverse.reshape(-1)]
-        return per[:, 0], per[:, 1], per[:, 2]
+        sigma = self.release.scales(per[:, 1]) if len(self) else np.zeros(0)
+        # sigma is 1-D (one per agent), so the std is an array too
+        std = cast(np.ndarray, steps.outp_noise_std(sigma, s.outp_noise_std))
+        return per[:, 0], per[:, 1], std
 
     def step_outp(self, w: np.ndarray, t: int, rho: float) -> None:
-        """OutP update of every agent from w^t: proximal step, then Gaussian output noise."""
+        """OutP update of every agent from w^t: proximal step, then Gaussian output noise (each
+        release stated at its noise's delta)."""
         s, A, R = self.s, len(self), self.s.runs
+        if not A:
+            return
         G, _ = self.gradients(self.z)
         per_agent = (A, 1, 1, 1)
         # local average, regulariser at w^t
         g = steps.outp_gradient(G, self.n.astype(np.float64).reshape(per_agent), s.gamma, w)
         inv_eta, sens, std = self.outp_params(t, rho)
         z_new = steps.outp_update(w, self.lam, g, self.z, rho, inv_eta.reshape(per_agent))
-        # a calibrated rule states each release at the owner's plan delta (None: BlockRelease's)
-        events = self._charge(sens, std, delta=None if s.calibrated else s.dp_delta)
-        scale = np.repeat(std, R)
-        noise = np.ascontiguousarray(gaussian_noise(self.gens, scale, s.J * s.K)
-                                     ).reshape(self.z.shape)
-        released = z_new + noise
-        self.release.report(released.reshape(A, R, s.J * s.K), events)
-        self._finish(released, noise, scale.reshape(A, R), "gaussian")
+        released, noise, _, _ = self.release.perturb(
+            sens, s.J * s.K, lambda nz: z_new.reshape(A, R, s.J * s.K) + nz, std,
+            mechanism="gaussian")
+        self._finish(released.reshape(self.z.shape), noise, np.repeat(std, R).reshape(A, R),
+                     "gaussian")
 
     def outp_dual(self, w: np.ndarray, rho: float) -> None:
         self.lam = steps.dual_update(self.lam, rho, w, self.z)
 
-    def _charge(self, sens: np.ndarray, scales: np.ndarray, delta: float | None = None
-                ) -> list:
-        """Charge every agent's ledger for its release of sensitivity sens[i] with noise
-        scales[i] (stated at `delta`) before any noise is drawn, in one BlockRelease.charge
-        (per-owner sensitivities); returns the events. A refusal raises BudgetExceededError."""
-        if not len(self):
-            return []
-        return list(self.release.charge(sens, scales.tolist(), delta=delta)[1])
+    def next_events(self, t: int, rho: float) -> list[Event]:
+        """Every agent's event of its release at iteration t, as its release path states it
+        (its eps does not depend on the data: a data-dependent sensitivity moves the noise
+        scale with it)."""
+        owners = self.release.owners
+        if self.s.method == "outp":
+            _, sens, std = self.outp_params(t, rho)
+            return [o.event(float(x), float(sd)) for o, x, sd in zip(owners, sens, std,
+                                                                      strict=True)]
+        scale = 0.0 if math.isinf(self.eps_bar) else 1.0 / self.eps_bar
+        return [o.event(1.0, scale) for o in owners]
+
+    def can_release(self, t: int, rho: float) -> bool:
+        """Whether every agent's ledger has room for its release at iteration t."""
+        return all(o.ledger.can_charge(e) for o, e in zip(self.release.owners,
+                                                          self.next_events(t, rho), strict=True))
 
     def _finish(self, z_new: np.ndarray, noise: np.ndarray, scale: np.ndarray, draw: str
                 ) -> None:
@@ -610,21 +609,11 @@ def _run_major(runs: int, size: int, draw: str) -> bool:
     return not x.flags.c_contiguous
 
 
-def _release_runs(sens: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per agent (rows of (A, R) sensitivities and noise scales): the (sensitivity, scale) of the
-    run whose release is least private, the one its event describes (privacy.mechanisms picks
-    it the same way: largest sens / scale, the first on a tie)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(sens == 0, 0.0, np.where(scale == 0, np.inf, sens / scale))
-    r = np.argmax(ratio, axis=1)
-    rows = np.arange(sens.shape[0])
-    return np.asarray(sens[rows, r], dtype=np.float64), np.asarray(scale[rows, r],
-                                                                   dtype=np.float64)
-
-
-def as_block(agents: Sequence[Agent] | AgentBlock, s: Settings) -> AgentBlock:
-    """A block of `agents` (an AgentBlock passes through)."""
-    return agents if isinstance(agents, AgentBlock) else AgentBlock(agents, s)
+def as_block(agents: Sequence[Agent] | AgentBlock, s: Settings,
+             contract: Contract | None = None) -> AgentBlock:
+    """A block of `agents` under `contract` (default: the agents'; an AgentBlock passes
+    through)."""
+    return agents if isinstance(agents, AgentBlock) else AgentBlock(agents, s, contract)
 
 
 def baselines(star: Star, agents: Sequence[Agent] | AgentBlock, s: Settings,
@@ -765,11 +754,13 @@ class AdmmResult(ResultRecord):
 
 
 def run_config(star: Star, agents: Sequence[Agent] | AgentBlock, s: Settings,
-               test: tuple | None,
+               contract: Contract, test: tuple | None,
                recorder=None, label: str = "", progress: bool = True,
                hooks: RunHooks | None = None, ledger_delta: float | None = None
                ) -> AdmmResult | None:
-    """Run one configuration (collective). `test` = (X, y) on the server (test error of w).
+    """Run one configuration (collective) under `contract` (privacy.contract: every agent's
+    release path and noise; eps_bar is its per-iteration eps, `iteration_eps`, on every rank).
+    `test` = (X, y) on the server (test error of w).
     `ledger_delta`: the ledgers come back as their privacy/ledger rows, composed on the ranks
     hosting the agents (accountants.in_agent_order).
     `hooks` (the runner's RunHooks) record, report progress and checkpoint; without them they
@@ -779,7 +770,11 @@ def run_config(star: Star, agents: Sequence[Agent] | AgentBlock, s: Settings,
     evaluation-only trivial baselines (`baselines`): an AdmmResult; None elsewhere.
     """
     hooks = RunHooks.of(hooks, recorder, label, star.comm, progress)
-    block = as_block(agents, s)
+    block = as_block(agents, s, contract)
+    eps_bar = iteration_eps(contract, s)
+    noise = contract.noise(0)
+    # the basic cap of the agents' ledgers (a paper rule's budget_eps; none: the plan limits)
+    budget = math.inf if noise is None else noise.ledger_budget()[0]
     R = s.runs
     w = np.zeros((R, s.J, s.K))
     t0 = time.perf_counter()
@@ -808,18 +803,18 @@ def run_config(star: Star, agents: Sequence[Agent] | AgentBlock, s: Settings,
     saved = load_checkpoint(star, hooks, block.members(), clock="t")
     k0 = 0
     if saved is None:
-        record(0, s.rho(0))
+        record(0, s.rho(0, eps_bar))
     else:  # resume: the server's model (the agents' states, ledgers and noise are restored)
         k0, w = saved["k"], saved["w"].copy()
     ended_at, end_reason = s.T, "reached T"
     for t in range(k0, s.T):
-        rho = s.rho(t)
-        if math.isfinite(s.budget_eps) and not _all_can_release(star, block, t, rho):
+        rho = s.rho(t, eps_bar)
+        if math.isfinite(budget) and not star.all_true(block.can_release(t, rho)):
             ended_at = t
-            end_reason = (f"ended at t={t}: an agent's budget eps={s.budget_eps:g} has no room "
+            end_reason = (f"ended at t={t}: an agent's budget eps={budget:g} has no room "
                           "for another release (basic composition)")
             if t % s.record_every != 0:
-                record(t, s.rho(max(t - 1, 0)))
+                record(t, s.rho(max(t - 1, 0), eps_bar))
             break
         w = iterate(star, block, s, w, t, rho)
         k = t + 1
@@ -836,6 +831,7 @@ def run_config(star: Star, agents: Sequence[Agent] | AgentBlock, s: Settings,
     ledgers = gather_ledgers(star, mine, ledger_delta)
     if not star.is_learner:
         return None
+    assert ledgers is not None  # the learner gathers them
     agent, iters, eps_b, delta_b = (np.concatenate(c) for c in zip(*spent, strict=True))
     order = np.argsort(agent, kind="stable")
     return AdmmResult(final=w, ledgers=ledgers, iterations=iters[order],
@@ -843,8 +839,3 @@ def run_config(star: Star, agents: Sequence[Agent] | AgentBlock, s: Settings,
                       ended_at=ended_at, end_reason=end_reason,
                       seconds=time.perf_counter() - t0, baselines=trivial or {})
 
-
-def _all_can_release(star: Star, block: AgentBlock, t: int, rho: float) -> bool:
-    """Whether every agent's ledger has room for its release at iteration t (collective)."""
-    ok = all(a.ledger.can_charge(a.next_event(t, rho)) for a in block.agents)
-    return star.all_true(ok)

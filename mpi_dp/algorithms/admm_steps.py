@@ -2,18 +2,19 @@
 
 Pure NumPy, no MPI: spec /work/shared/specs/dp-inexact-admm.md §2-§5. Parameter arrays carry a runs
 axis first, (R, J, K) (a plain (J, K) works too: every update is elementwise); rho, eta, delta are
-per-iteration scalars shared by all runs. The noise itself is drawn by the caller from the agent's
-streams (mpi_dp.privacy.mechanisms.laplace_noise / gaussian_noise); these functions only set its
-scale and use it. eps_bar = inf means non-private: every noise scale is 0.
+per-iteration scalars shared by all runs. The noise itself is drawn by the agent's release path
+(mpi_dp.privacy.release, from the configuration's contract), which also sets OutP's sigma (the
+rule's noise of the release's L2 sensitivity `outp_l2_sensitivity`); these functions set the
+Laplace scale (11c) at the contract's eps_bar and use the noise. eps_bar = inf means
+non-private: every noise scale is 0.
 """
 
 from __future__ import annotations
 
 import math
+from typing import SupportsFloat
 
 import numpy as np
-
-from ..privacy import gaussian_sigma
 
 #: Sensitivity rules of spec §3.3 (the first is the reference code's and the default).
 SENS_MODES = ("local_max", "local_max_x2", "global", "bound")
@@ -34,7 +35,7 @@ def _eps(eps_bar: float) -> float:
     return eps
 
 
-def _positive(name: str, value: float) -> float:
+def _positive(name: str, value: SupportsFloat) -> float:
     v = float(value)
     if not (v > 0 and math.isfinite(v)):
         raise ValueError(f"{name} must be positive and finite, got {value}")
@@ -122,28 +123,14 @@ def outp_l2_sensitivity(rho: float, inv_eta: float) -> float:
     return 2.0 / (_positive("rho", rho) + _positive("1/eta", inv_eta))
 
 
-def outp_sigma(rho: float, inv_eta: float, eps_bar: float, dp_delta: float = 1e-6,
-               calibration: str = "auto") -> float:
-    """OutP Gaussian scale for (eps_bar, dp_delta)-DP of z_p: privacy.gaussian_sigma of the L2
-    sensitivity 2 / (rho + 1/eta). 'classical' is Huang et al.'s
-    sigma_p^t = 2 sqrt(2 ln(1.25/dp_delta)) / (eps_bar (rho + 1/eta)), valid for eps_bar < 1 only;
-    'analytic' / 'auto' as in gaussian_sigma; 'paper' is the classical formula at every eps_bar
-    (the authors' runs at eps >= 1: not a guarantee). eps_bar = inf -> 0."""
-    eps = _eps(eps_bar)
-    if not 0 < dp_delta < 1:
-        raise ValueError(f"dp_delta must be in (0, 1), got {dp_delta}")
-    if math.isinf(eps):
-        return 0.0
-    paper = calibration == "paper"
-    return gaussian_sigma(outp_l2_sensitivity(rho, inv_eta), eps, dp_delta,
-                          calibration="classical" if paper else calibration,
-                          allow_large_eps=paper)
-
-
-def outp_noise_std(sigma: float, convention: str) -> float:
+def outp_noise_std(sigma: float | np.ndarray, convention: str) -> float | np.ndarray:
     """Standard deviation actually used for the OutP noise: sigma^2 ('sigma_sq', the reference code's
-    quirk, less noise when sigma < 1) or sigma ('sigma', Huang et al.'s mechanism)."""
+    quirk, less noise when sigma < 1) or sigma ('sigma', Huang et al.'s mechanism); elementwise
+    for an array of sigmas (one per agent)."""
     _choice("OutP noise convention", convention, OUTP_NOISE_STDS)
+    if np.ndim(sigma):
+        s = np.asarray(sigma, dtype=np.float64)
+        return s * s if convention == "sigma_sq" else s
     return sigma * sigma if convention == "sigma_sq" else float(sigma)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -72,7 +73,7 @@ class AgentBlock:
     to the device, once, and `clipped_grad_sums` runs there (CSR records stay on the host); the
     evaluation-only passes stay on the host."""
 
-    def __init__(self, shards: list[Shard], backend_name: str = "numpy") -> None:
+    def __init__(self, shards: Sequence[Shard], backend_name: str = "numpy") -> None:
         self.shards = shards
         self.n = np.array([sh.n for sh in shards], dtype=np.int64)
         by_n: dict[int, list[int]] = {}
@@ -104,6 +105,7 @@ class AgentBlock:
         if g.gram is None:
             Xt = g.X.transpose(0, 2, 1)
             g.gram, g.xty = Xt @ g.X, (Xt @ g.y[:, :, None])[..., 0]
+        assert g.xty is not None  # set with gram
         return g.gram, g.xty
 
     def gram_stats(self) -> np.ndarray:

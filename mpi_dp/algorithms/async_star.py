@@ -6,10 +6,10 @@ Spec: specs/async-star-cost-of-privacy.md. At iteration k the learner serves one
   theta_loc[i] = Pi(theta_bar - a_own (grad g(theta_bar) / (2N) + (n_i/n) r))        (5)
   theta_L      = Pi(theta_bar - a_ctr grad g(theta_bar))                             (7)
 with a_own = N rho / (T^2 lam) and a_ctr = rho / (2 T^2 lam) (proof, default) or
-(N-1) rho / (N T^2 lam) (as printed). m_i = T unless a per-owner cap is set. The owner clips,
-adds i.i.d. noise and charges its ledger before each answer; it declines once its budget is spent.
-b_i = nm_i 2 xi / n_i, nm_i the noise multiplier that makes m_i answers (eps_i, delta_i)-DP by the
-job's calibration (privacy.contract), or the paper's b_i = 2 xi m_i / (n_i eps_i) (rule 'paper').
+(N-1) rho / (N T^2 lam) (as printed). Owner i answers at most m_i times (its cap: the method
+entry's choice, from the public schedule by default); it clips, and its release path (the
+configuration's privacy contract) charges its ledger, draws i.i.d. Laplace noise of its scale b_i
+for m_i answers and shows the audit tap, in that order; it declines once its answers are spent.
 
 Modes: `replay` (a seeded schedule; each of the R vectorised runs has its own, and every owner
 serves the batch of runs that picked it in one pass) and `live` (owners' Poisson clocks tick in
@@ -37,9 +37,11 @@ from ..comm.schedule import LoggedSchedule, Scheduler
 from ..comm.star import Star
 from ..errors import JobError, NumericalError
 from ..models import kernels, linear
-from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, tap
+from ..privacy import Ledger, l1_sensitivity_mean, tap
+from ..privacy.calibration import Sensitivity
+from ..privacy.contract import Contract
 from ..privacy.release import OwnerRelease
-from ..rng import LEARNER, run_streams, stream
+from ..rng import LEARNER, stream
 from .agent_block import AgentBlock
 from .common import (
     Checkpointed,
@@ -92,9 +94,6 @@ class Settings:
     poll_interval_s: float = 5e-4
     noise_shape: str = "iid"
     dp_valid: bool = True
-    #: per participating owner: its noise calibration (privacy.contract.Calibration; rule
-    #: 'paper': b_i = 2 xi m_i / (n_i eps_i)); () before calibration
-    calibration: tuple = ()
     backend: str = "numpy"  # array backend of the owners' clipped gradient passes
 
     @property
@@ -117,17 +116,21 @@ class Settings:
     def a_ctr(self) -> float:
         return step_constants(self.N, self.T, self.rho, self.lam, self.central_step)[1]
 
-    def lap_scales(self) -> np.ndarray:
-        """b_i of every participating owner (`noise_scale`)."""
-        return np.array([self.noise_scale(i) for i in range(self.N)])
+    @property
+    def certified(self) -> bool:
+        """Whether an owner's answers have the stated guarantee (clipped, i.i.d. noise)."""
+        return self.dp_valid and self.clip and self.noise_shape != "scalar"
 
-    def noise_scale(self, i: int) -> float:
-        """b_i: the calibrated multiplier x 2 xi / n_i, or the paper's 2 xi m_i / (n_i eps_i)
-        (Theorem 1 with m_i = T; rule 'paper' or no calibration); 0 for eps = inf."""
-        cal = self.calibration[i] if self.calibration else None
-        if cal is None or cal.rule == "paper":
-            return lap_scale(self.xi, self.caps[i], self.n[i], self.eps[i])
-        return cal.scale(l1_sensitivity_mean(self.xi, self.n[i]))
+
+def lap_scales(contract: Contract, s: Settings) -> np.ndarray:
+    """b_i of every participating owner: its noise for a mean of n_i gradients clipped to xi
+    (0: no noise)."""
+    out = np.zeros(s.N)
+    for i in range(s.N):
+        noise = contract.noise(i)
+        if noise is not None:
+            out[i] = noise.scale(Sensitivity.mean(s.xi, s.n[i]))
+    return out
 
 
 def step_constants(N: int, T: int, rho: float, lam: float, central: str) -> tuple[float, float]:
@@ -168,20 +171,19 @@ class DataOwner(Checkpointed, ReleasePath):
     """
 
     STATE = ("ledger", "clipped")
-    NOISE = "noise_gens"
+    NOISE = None  # the release path's streams
 
-    def __init__(self, shard: LocalShard, eps: float, cap: int, s: Settings) -> None:
+    def __init__(self, shard: LocalShard, release: OwnerRelease, cap: int, s: Settings) -> None:
         self.shard = shard
         self.agent = shard.agent
         self.loss = s.loss
         self.xi = s.xi if s.clip else math.inf
         self.cap = int(cap)
-        self.lap_scale = s.noise_scale(self.agent)
+        self.release = release
+        self.lap_scale = release.scale(Sensitivity.mean(s.xi, shard.n))
         self.sensitivity = l1_sensitivity_mean(s.xi, shard.n)  # replace-one, clipped to xi
         self.certified = s.dp_valid and s.clip
         self.scalar_noise = s.noise_shape == "scalar"
-        self.release = owner_release(self.agent, eps, s)
-        self.noise_gens = run_streams(s.seed, "noise", self.agent, s.run_ids)
         self.clipped = np.zeros(s.runs)  # records clipped, summed over this owner's answers
         self.p = s.p
         self.n = shard.n
@@ -255,23 +257,20 @@ class DataOwner(Checkpointed, ReleasePath):
                 stats = self.shard.squared_stats if self.loss == "squared" else None
             grad_sum, clipped = linear.clipped_grad_sum(self.loss, X, y, thetas, self.xi, stats)
             grad_sum, clipped = to_numpy(grad_sum), to_numpy(clipped)
-            out[:], _ = self.release.laplace(grad_sum / n, self.noise_gens.subset(runs),
-                                             self.sensitivity, runs, scale=self.lap_scale,
-                                             scalar=self.scalar_noise)
+            out[:], _ = self.release.add_laplace(grad_sum / n, self.sensitivity, runs,
+                                                 scale=self.lap_scale, scalar=self.scalar_noise)
             finite = bool(np.all(np.isfinite(out)))
         else:
             work = self._work.get(m)
             if work is None:
                 work = self._work[m] = (np.empty((m, self.p)), np.zeros(m, dtype=np.int64),
                                         np.empty((m, self.p)), np.empty((m, self.p)))
-            if one is not None:
-                self.release.charge_one(self.event, one)
-            else:
-                self.release.charge(self.event, runs)
-            finite = kernels.owner_answer(self._X, self._y, self._thr, thetas, n, self.noise_gens,
-                                          runs, self.lap_scale, work, out)
+            # the compiled pass clips, sums and draws the noise from the owner's streams
+            finite = self.release.fused(
+                self.event, lambda gens: kernels.owner_answer(
+                    self._X, self._y, self._thr, thetas, n, gens, runs, self.lap_scale, work,
+                    out), out, runs, one)
             clipped = work[1]
-            self.release.report(out, runs, self.event)
         if not finite:
             raise NumericalError(f"owner {self.agent}: non-finite answer (diverging model? lower "
                                  "step.rho or async.gamma)")
@@ -282,14 +281,10 @@ class DataOwner(Checkpointed, ReleasePath):
 
 
 
-def owner_release(agent: int, eps: float, s: Settings) -> OwnerRelease:
-    """Owner `agent`'s release path: its calibration, or the paper's basic budget eps_i."""
-    cal = s.calibration[agent] if s.calibration else None
-    paper = cal is None or cal.rule == "paper"  # the paper's basic budget eps_i
-    return OwnerRelease(agent, s.runs, cal, budget_eps=eps if paper else math.inf,
-                        budget_delta=0.0 if paper else math.inf,
-                        certified=s.dp_valid and s.clip and s.noise_shape != "scalar",
-                        clip=s.xi if s.clip else math.inf)
+def owner_release(contract: Contract, agent: int, s: Settings) -> OwnerRelease:
+    """Owner `agent`'s release path in `contract` (certified only when clipped with i.i.d.
+    noise under the dp preset)."""
+    return contract.owner(agent, certified=s.certified, clip=s.xi if s.clip else math.inf)
 
 
 class HostedOwners(Mapping[int, DataOwner]):
@@ -301,16 +296,18 @@ class HostedOwners(Mapping[int, DataOwner]):
     checkpoint state is not needed, its ledger is empty (`ledgers_and_clipped`).
     """
 
-    def __init__(self, shards: list[LocalShard], s: Settings) -> None:
+    def __init__(self, shards: list[LocalShard], s: Settings, contract: Contract) -> None:
         self.shards = {sh.agent: sh for sh in shards}
         self.s = s
+        self.contract = contract
         self.built: dict[int, DataOwner] = {}
 
     def __getitem__(self, a: int) -> DataOwner:
         o = self.built.get(a)
         if o is None:
             sh = self.shards[a]  # KeyError: not a participant hosted here
-            o = self.built[a] = DataOwner(sh, self.s.eps[a], self.s.caps[a], self.s)
+            o = self.built[a] = DataOwner(sh, owner_release(self.contract, a, self.s),
+                                          self.s.caps[a], self.s)
         return o
 
     def __iter__(self):
@@ -338,7 +335,7 @@ class HostedOwners(Mapping[int, DataOwner]):
         for a in sorted(self.shards):
             o = self.built.get(a)
             out.append((o.ledger, o.clipped) if o is not None
-                       else (owner_release(a, self.s.eps[a], self.s).ledger,
+                       else (owner_release(self.contract, a, self.s).ledger,
                              np.zeros(self.s.runs)))
         return out
 
@@ -537,10 +534,12 @@ class _Records:
             self.pending.append((k, theta_L.copy()))
             return
         rec = self.gram.record(theta_L, self.utility)
+        assert rec is not None  # the learner holds the Gram statistics
         self._append(k, theta_L, rec.pop("objective"), rec)
 
     def _append(self, k: int, theta: np.ndarray, f: np.ndarray,
                 util: dict[str, np.ndarray]) -> None:
+        assert self.ref is not None  # needed on the learner
         psi = f / self.f_star - 1.0
         d = theta - self.ref.theta_star
         self.last_psi = psi
@@ -558,8 +557,11 @@ class _Records:
         R, p = self.s.runs, self.s.p
         thetas = (np.concatenate([th for _, th in self.pending]) if is_learner
                   else np.zeros((m * R, p)))
-        thetas = np.concatenate([thetas, np.asarray(self.ref.theta_star)[None, :]]
-                                if is_learner else [thetas, np.zeros((1, p))])
+        if is_learner:
+            assert self.ref is not None  # needed on the learner
+            thetas = np.concatenate([thetas, np.asarray(self.ref.theta_star)[None, :]])
+        else:
+            thetas = np.concatenate([thetas, np.zeros((1, p))])
         util = oracle.record(thetas, slice(0, m * R) if self.utility else None)
         if util is None:
             return
@@ -598,11 +600,13 @@ class AsyncStarResult(ResultRecord):
 
 
 def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
-               ref: Reference | None, recorder=None, label: str = "", progress: bool = True,
+               contract: Contract, ref: Reference | None, recorder=None, label: str = "",
+               progress: bool = True,
                logged: tuple[np.ndarray, np.ndarray] | None = None,
                evalset: EvalSet | None = None, hooks: RunHooks | None = None,
                ledger_delta: float | None = None) -> AsyncStarResult | None:
-    """Run one configuration (collective over star.comm). The learner returns the final arrays
+    """Run one configuration (collective over star.comm) under `contract` (privacy.contract: every
+    owner's release path). The learner returns the final arrays
     (AsyncStarResult), the others None. `ledger_delta`: the ledgers come back as their
     privacy/ledger rows, composed on the ranks hosting the owners (accountants.in_agent_order).
 
@@ -617,7 +621,7 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
     hooks = RunHooks.of(hooks, recorder, label, star.comm, progress)
     R, N = s.runs, s.N
     parts = [sh for sh in shards if sh.agent < N]
-    owners = HostedOwners(parts, s)
+    owners = HostedOwners(parts, s, contract)
     if s.mode == "live":  # built before the clocks start: none is seeded on the hot path
         for a in owners:
             owners[a]
@@ -692,9 +696,13 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
         spent[:, a] = eps.T
         n_a = np.array([s.n[i] for i in a.tolist()])
         clip_frac[:, a] = (clipped / np.maximum(releases, 1) / n_a[:, None]).T
+    assert ref is not None and ledgers is not None  # the learner's
     psi_isolated = ref.psi_isolated[:N]
     if records.gram is not None:  # psi of the isolated optima on the same (Gram) footing
-        psi_isolated = records.gram.final(ref.theta_isolated[:N], records.f_star)["psi_isolated"]
+        assert records.f_star is not None  # set from the Gram statistics on the learner
+        gram_final = records.gram.final(ref.theta_isolated[:N], records.f_star)
+        assert gram_final is not None
+        psi_isolated = gram_final["psi_isolated"]
     return AsyncStarResult(final=learner.theta_L, local=learner.theta_loc, trace=trace,
                            answered=answered, spent_eps=spent, clip_fraction=clip_frac,
                            dropped_ticks=dropped, f_star=records.f_star, ledgers=ledgers,
@@ -734,10 +742,10 @@ def _replay_learner(link: P2PStar, answer, learner: Learner, sched, s: Settings,
                 alive[r] = False
                 trace.ended_at[r] = k - 1
             pending = retry[~done]
-        for r in np.flatnonzero(alive):
-            if sched.exhausted(int(r)):
-                alive[r] = False
-                trace.ended_at[r] = k
+        for run in np.flatnonzero(alive):
+            if sched.exhausted(int(run)):
+                alive[run] = False
+                trace.ended_at[run] = k
         if k % s.record_every == 0 or k == s.T or not alive.any():
             records.add(k, learner.theta_L)
             _report(hooks, k, records.last_psi, ended=not alive.any())

@@ -201,6 +201,7 @@ class Oracle:
         if e:
             local[:, m : m + e] = extra_local
         if c:
+            assert wrong is not None  # c > 0 only with models to count errors of
             q = wrong.shape[0]
             local[:, m + e : m + e + q] = self.block.error_counts(wrong)
             if self.evalset.kind == "owner_test":  # each owner's own test split, if it has one
@@ -227,6 +228,7 @@ class Oracle:
         if ev.kind == "owner_test":
             out["test_error"] = agent_order_sum(sums[:, start + q : start + 2 * q]) / ev.n
         elif ev.kind == "test":
+            assert ev.data is not None  # the global test set, held on the learner
             out["test_error"] = error_counts(ev.data[0], ev.data[1], thetas[rows]) / ev.n
         return out
 
@@ -239,12 +241,13 @@ class Oracle:
             local[j, :4] = [y.size, np.count_nonzero(y > 0), y.sum(), y @ y]
             test = self.evalset.local.get(sh.agent) if self.evalset.kind == "owner_test" else None
             if test is not None:
-                local[j, 4:] = [len(test[1]), np.count_nonzero(np.asarray(test[1]) > 0)]
+                local[j, 4:] = (len(test[1]), np.count_nonzero(np.asarray(test[1]) > 0))
         g = self.star.gather_agents(local, (6,))
         if g is None:
             return None
         tot = agent_order_sum(g)
         if self.evalset.kind == "test":
+            assert self.evalset.data is not None  # the global test set, held on the learner
             y = np.asarray(self.evalset.data[1])
             tot[4:] = [y.size, np.count_nonzero(y > 0)]
         return tot
@@ -315,6 +318,7 @@ class Oracle:
         self.star.bcast(np.ones(1))
         th = self.star.bcast(np.ascontiguousarray(theta, dtype=np.float64).reshape(1, -1))
         g = self._fg_local(th)
+        assert g is not None  # the learner gathers the sums
         tot = agent_order_sum(g)
         f = 0.5 * self.lam * float(theta @ theta) + tot[0] / self.n_total
         return f, self.lam * theta + tot[1:] / self.n_total
@@ -413,11 +417,18 @@ def reference_quantities(oracle: Oracle, theta_max: float, solver: str,
         thetas[1:] = iso[:k_iso]
     evaluating = tap.evaluating()
     stats = oracle.label_stats() if evaluating else None
-    out = (oracle.evaluate_with_utility(thetas, slice(0, 1)) if evaluating
-           else oracle.evaluate(thetas))
-    if out is None:
-        return None
-    f, star_util = out if evaluating else (out, {})
+    star_util: dict[str, np.ndarray] = {}
+    if evaluating:
+        out = oracle.evaluate_with_utility(thetas, slice(0, 1))
+        if out is None:
+            return None
+        f, star_util = out
+    else:
+        f_only = oracle.evaluate(thetas)
+        if f_only is None:
+            return None
+        f = f_only
+    assert empty is not None and iso is not None  # the learner (f is not None) gathers them
     f_star = float(f[0])
     if not (math.isfinite(f_star) and f_star > 0):
         raise JobError(f"the reference objective f(theta*) = {f_star!r} is not positive: psi = "
@@ -428,6 +439,7 @@ def reference_quantities(oracle: Oracle, theta_max: float, solver: str,
         iso[k_iso:] = np.nan
     utility = {}
     if evaluating:
+        assert stats is not None  # the learner's
         utility = baselines(stats, oracle.evalset.has_test, oracle.classify)
         utility.update({f"{k}_star": float(v[0]) for k, v in star_util.items()})
     return Reference(theta_star=theta_star, f_star=f_star, theta_isolated=iso,
@@ -463,20 +475,26 @@ class ReleasePath:
 
 
 class Checkpointed:
-    """An owner whose `state()` (the attributes named in STATE and its noise streams' position,
-    attribute NOISE) lets a resumed configuration continue it bit for bit."""
+    """An owner whose `state()` (the attributes named in STATE and its noise streams' position:
+    attribute NOISE's, or its release path's where NOISE is None) lets a resumed configuration
+    continue it bit for bit."""
 
     STATE: tuple[str, ...] = ()
-    NOISE = "gens"
+    NOISE: str | None = "gens"
+    release: OwnerRelease  # where NOISE is None (a ReleasePath)
 
     def state(self) -> dict:
-        return {**{k: getattr(self, k) for k in self.STATE},
-                "noise": getattr(self, self.NOISE).position()}
+        noise = (self.release.noise_position() if self.NOISE is None
+                 else getattr(self, self.NOISE).position())
+        return {**{k: getattr(self, k) for k in self.STATE}, "noise": noise}
 
     def restore(self, st: dict) -> None:
         for k in self.STATE:
             setattr(self, k, st[k])
-        getattr(self, self.NOISE).seek(st["noise"])
+        if self.NOISE is None:
+            self.release.seek_noise(st["noise"])
+        else:
+            getattr(self, self.NOISE).seek(st["noise"])
 
 
 def gather_ledgers(gather: Star | Any, ledgers: list[Ledger], delta: float | None

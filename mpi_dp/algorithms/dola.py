@@ -15,20 +15,26 @@ neighbours'); the mix never reads an agent's clean iterate. Each record enters e
 per pass, so a single pass gives every record the per-release guarantee (spec §4 (b)) and E passes
 (`Settings.passes`, `PassReader`) compose E releases per record, not T (spec §4 (c)).
 
+Every release goes through the configuration's privacy contract (privacy.contract): the block's
+release path (`Contract.block`) charges each agent's ledger, draws the round's noise from the
+agents' own streams (seed, 'noise', agent, run) and gives each agent's noise scale for the round's
+sensitivity (a `Sensitivity` with the terms alpha, n, L and T that a paper's formula reads); this
+module never sees which rule set the noise.
+
 This module is pure NumPy: a `Block` of agents advances one round at a time and talks to the others
-only through a `net` object (comm.graph.GraphNet under MPI, `LocalNet` here for the single-process
-simulator of all agents). Every agent's arithmetic depends only on its own data, its noise streams
-(keyed by agent and run, never by rank) and the vectors it receives, and the mix sums self first,
-then neighbours by ascending id: the results are bitwise the same on any rank count and layout.
+only through a `net` object (comm.graph_exchange.GraphNet under MPI, `LocalNet` here for the
+single-process simulator of all agents). Every agent's arithmetic depends only on its own data, its
+noise streams (keyed by agent and run, never by rank) and the vectors it receives, and the mix sums
+self first, then neighbours by ascending id: the results are bitwise the same on any rank count and
+layout.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import scipy.sparse as sp
@@ -36,21 +42,16 @@ import scipy.sparse as sp
 from .. import rng
 from ..backend import Backend, backend, to_numpy
 from ..comm import topology as tp
-from ..privacy import Ledger, gaussian_sigma
-from ..privacy.release import BlockRelease, OwnerRelease
+from ..privacy import Ledger
+from ..privacy.calibration import Sensitivity
+from ..privacy.contract import Contract
+from ..privacy.noise_streams import RoundNoise
+from ..privacy.release import BlockRelease
 from .hooks import RunHooks
 
 VARIANTS = ("laplace", "gaussian", "sparse", "minibatch")
-GAUSS_MODES = ("per_record", "total_T", "paper")
-SENS_MODES = ("sound", "paper")
 REG_POINTS = ("mixed", "clean")
 STEPS = ("auto", "strong", "convex")
-#: rounds of noise drawn per call: at most this many doubles per agent, and at most
-#: NOISE_BLOCK_DOUBLES for the whole block (10,000 agents: a few rounds per call). Any chunking
-#: draws the same numbers (each row is one agent's own stream, draws are chunk-invariant,
-#: checked in tests), so the block size never changes the noise.
-NOISE_DOUBLES = 2**16
-NOISE_BLOCK_DOUBLES = 2**22
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,15 +63,14 @@ class Settings:
     h: int  # records per round
     n_features: int
     m: int  # agents
-    eps: tuple[float, ...]  # per agent, per release
     lam: float = 0.1
     radius: float = math.inf  # r of W = {||w|| <= r}
     step: str = "strong"  # strong: 1/(lam t); convex: 1/(2 sqrt t)
     L_data: float = 1.0  # max ||x|| (rows are scaled to norm <= 1 by the data preparation)
-    sens_mode: str = "sound"
-    gauss_mode: str = "per_record"
-    gauss_calibration: str = "auto"
-    delta: float = 1e-4
+    #: what the subgradient bound of the sensitivity adds to L_data for the regulariser: 0 (the
+    #: regulariser is data-independent: the tighter bound) or lam r (the total bound; the method
+    #: entry resolves dola.sens_mode to it)
+    L_reg: float = 0.0
     rho: float = 0.0  # lasso weight (sparse)
     reg_point: str = "mixed"  # minibatch regulariser at the mixed point (sound) or clean w (paper)
     activation: str = "hash"
@@ -85,9 +85,6 @@ class Settings:
     #: passes over each agent's records: round t reads pass t // rounds_per_pass (pass 0 in the
     #: stored order, later passes permuted: PassReader), so each record is in `passes` releases
     passes: int = 1
-    #: per agent: its noise calibration (privacy.contract.Calibration of a per-record plan;
-    #: rule 'paper': eps is per release, the Gaussian from gauss_mode); () before calibration
-    calibration: tuple = ()
     backend: str = "numpy"  # array backend of the round's products and mix (mpi_dp.backend)
 
     @property
@@ -104,25 +101,21 @@ class Settings:
         return t // self.rounds_per_pass if self.passes > 1 else 0
 
     @property
-    def calibrated(self) -> bool:
-        """Whether the noise comes from the job's calibration (pld / basic), not the paper's."""
-        return bool(self.calibration) and self.calibration[0] is not None \
-            and self.calibration[0].rule != "paper"
+    def L(self) -> float:
+        """The subgradient bound the sensitivity uses: L_data (the regulariser is data-
+        independent) or L_data + L_reg (the total bound, L_reg = lam r)."""
+        return self.L_data + self.L_reg if self.L_reg else self.L_data
 
     @property
-    def L(self) -> float:
-        """The subgradient bound the sensitivity uses: L_data (sound; the regulariser is data-
-        independent) or L_data + lam r (paper: the total bound)."""
-        if self.sens_mode == "paper":
-            return self.L_data + (self.lam * self.radius if math.isfinite(self.radius) else 0.0)
-        return self.L_data
+    def mechanism(self) -> str:
+        """The noise of every release: Gaussian in the step (Alg. 2), else Laplace."""
+        return "gaussian" if self.variant == "gaussian" else "laplace"
 
     @property
     def certified(self) -> bool:
-        """False where the release is not shown to have the stated guarantee."""
-        if self.variant == "gaussian" and self.gauss_mode == "paper" and not self.calibrated:
-            return False
-        return not (self.variant == "minibatch" and self.reg_point == "clean")
+        """Whether the algorithm's steps keep the stated guarantee (invariant P); the noise's
+        own flag (a paper formula used outside its proof) is the contract's."""
+        return self.invariant_P
 
     @property
     def invariant_P(self) -> bool:
@@ -141,24 +134,6 @@ def step_size(t1: int, s: Settings) -> float:
 def laplace_sensitivity(alpha: float, n: int, L: float, h: int = 1) -> float:
     """S = 2 alpha sqrt(n) L / h: L1 sensitivity of one release (Lemma 1, Lemma 10)."""
     return 2.0 * alpha * math.sqrt(n) * L / h
-
-
-@functools.lru_cache(maxsize=4096)
-def gauss_std(mode: str, delta2: float, eps: float, delta: float, T: int, *, alpha: float = 0.0,
-              n: int = 1, L: float = 1.0, calibration: str = "auto") -> float:
-    """J of Alg. 2 for the gradient's L2 sensitivity delta2 (spec §2.2)."""
-    if math.isinf(eps):
-        return 0.0
-    if mode == "per_record":
-        return gaussian_sigma(delta2, eps, delta, calibration=calibration)
-    if mode == "total_T":
-        lg = math.log(1.0 / delta)
-        rho_tot = (math.sqrt(lg + eps) - math.sqrt(lg)) ** 2
-        return delta2 * math.sqrt(T / (2.0 * rho_tot))
-    if mode == "paper":
-        return math.sqrt(4 * alpha**2 * n * L**2 * T * math.log(T / delta) * math.log(1 / delta)
-                         ) / eps
-    raise ValueError(f"unknown gauss_mode {mode!r}")
 
 
 def project_ball(V: np.ndarray, r: float) -> np.ndarray:
@@ -198,10 +173,11 @@ class Batch:
         self.device = device
         self.sparse = sp.issparse(X)
         if self.sparse:
-            rows = np.repeat(np.arange(k * h), np.diff(X.indptr))
+            csr = cast("sp.csr_matrix", X)
+            rows = np.repeat(np.arange(k * h), np.diff(csr.indptr))
             self._agent_nz = rows // h
             self._rows_nz = rows
-            self._nonempty = np.diff(X.indptr) > 0
+            self._nonempty = np.diff(csr.indptr) > 0
 
     def dots(self, V: np.ndarray) -> np.ndarray:
         """<V[a, r], x_{a, s}> as (k, R, h)."""
@@ -212,7 +188,7 @@ class Batch:
             return np.matmul(V, self.X.transpose(0, 2, 1))
         k, R, _ = V.shape
         out = np.zeros((self.k * self.h, R))
-        X = self.X
+        X = cast("sp.csr_matrix", self.X)
         if X.nnz:
             vals = V[self._agent_nz, :, X.indices] * X.data[:, None]
             out[self._nonempty] = np.add.reduceat(vals, X.indptr[:-1][self._nonempty], axis=0)
@@ -232,7 +208,7 @@ class Batch:
         if not self.sparse:
             return np.matmul(C, self.X)
         k, R, _ = C.shape
-        X = self.X
+        X = cast("sp.csr_matrix", self.X)
         coef = C.transpose(0, 2, 1).reshape(k * self.h, R)[self._rows_nz] * X.data[:, None]
         rows = (self._agent_nz[:, None] * R + np.arange(R)[None, :]).ravel()
         cols = np.repeat(X.indices, R)
@@ -308,7 +284,10 @@ class Stream:
         yb = y[:, j * h:(j + 1) * h]
         if sp.issparse(X):
             return Batch(X[j * k * h:(j + 1) * k * h], yb, k, h)
-        dev = None if self._dev is None else (self.bk, self._dev[:, j * h:(j + 1) * h, :])
+        dev = None
+        if self._dev is not None:
+            assert self.bk is not None  # _dev is set only on a device backend
+            dev = (self.bk, self._dev[:, j * h:(j + 1) * h, :])
         return Batch(X[:, j * h:(j + 1) * h], yb, k, h, dev)
 
     def _rows(self) -> int:
@@ -377,73 +356,9 @@ def pass_reader(s: Settings, read: Callable[[int, int, int], tuple[Any, np.ndarr
     return PassReader(read, s.rounds_per_pass * s.h, s.seed)
 
 
-class Noise:
-    """Standard Laplace or normal draws (k, R, n) per round for the block's agents, from the
-    streams (seed, 'noise', agent, run) as one `rng.agent_run_streams` (row a R + r: agent a,
-    run r, the bits that agent draws alone): chunks of rounds per call, the same numbers for
-    any chunking and any block (each row is one agent's own stream)."""
-
-    def __init__(self, agents: np.ndarray, run_ids: tuple[int, ...], seed: int, n: int,
-                 kind: str, rounds: int | None = None) -> None:
-        self.kind = kind
-        self.left = rounds  # rounds still to draw (None: unbounded); caps the chunk
-        self.k, self.R, self.n = len(agents), len(run_ids), n
-        self.streams = rng.agent_run_streams(seed, "noise", np.asarray(agents, dtype=np.int64),
-                                             run_ids)
-        # rounds per chunk: as one agent drew them, capped so the block's buffer stays small
-        per_round = max(1, self.R * n)
-        self.C = max(1, min(NOISE_DOUBLES // per_round,
-                            NOISE_BLOCK_DOUBLES // (per_round * max(1, self.k))))
-        self._buf = np.zeros((self.k, self.R, 0, n))
-        self._j = 0
-        self._start = self.streams.position()  # where the buffer's draws began
-
-    def _draw(self, size: int) -> np.ndarray:
-        """(k R, size) draws of every row (advancing the streams)."""
-        s = self.streams
-        return (s.laplace if self.kind == "laplace" else s.standard_normal)(size)
-
-    def next(self) -> np.ndarray:
-        if self._j >= self._buf.shape[2]:
-            C = self.C if self.left is None else max(1, min(self.C, self.left))
-            self._start = self.streams.position()
-            # C order, as one agent's (R, C n) draws were: the round's slice then has the old
-            # strides, so the reductions over it (noise_l1) add in the same order
-            self._buf = np.ascontiguousarray(self._draw(C * self.n)).reshape(
-                self.k, self.R, C, self.n)
-            self._j = 0
-        out = self._buf[:, :, self._j]
-        self._j += 1
-        if self.left is not None:
-            self.left -= 1
-        return out
-
-    def positions(self) -> list:
-        """Every agent's stream position at its next unconsumed draw (a checkpoint; per agent
-        (h, lo) of its R runs, keyed by agent order): the buffer's consumed rounds redrawn from
-        its start (the live streams are left where they are)."""
-        now = self.streams.position()
-        self.streams.seek(self._start)
-        self._draw(self._j * self.n)
-        h, lo = self.streams.position()
-        self.streams.seek(now)
-        h, lo = h.reshape(self.k, self.R), lo.reshape(self.k, self.R)
-        return [(h[a], lo[a]) for a in range(self.k)]
-
-    def seek(self, positions: list, left: int | None) -> None:
-        """Continue every agent's streams at `positions` (from `positions()`), `left` rounds to
-        draw; the draws are the same for any chunking, so the buffer is simply dropped."""
-        shape = (self.k * self.R,)
-        h = np.array([p[0] for p in positions], dtype=np.uint64).reshape(shape)
-        lo = np.array([p[1] for p in positions], dtype=np.uint64).reshape(shape)
-        self.streams.seek((h, lo))
-        self._start = self.streams.position()
-        self._buf, self._j, self.left = np.zeros((self.k, self.R, 0, self.n)), 0, left
-
-
 # -- communication seam --------------------------------------------------------------------------
 class Net(Protocol):
-    """What a block needs from the others (comm.graph.GraphNet under MPI, LocalNet here)."""
+    """What a block needs from the others (comm.graph_exchange.GraphNet under MPI, LocalNet here)."""
 
     agents: np.ndarray  # the block's agents (global ids, ascending)
     ghosts: np.ndarray  # neighbours hosted elsewhere (global ids, ascending): rows k.. of Pub
@@ -495,6 +410,17 @@ class LocalNet:
 
 
 # -- one block of agents -------------------------------------------------------------------------
+def check_contract(s: Settings, contract: Contract) -> None:
+    """The contract must hold the m agents with the streams (seed, runs) of `s`: an agent
+    without a plan, or other streams, would release other noise than the run states."""
+    if contract.owners != s.m:
+        raise ValueError(f"the contract holds {contract.owners} owner(s), the run {s.m} agents")
+    if contract.seed != s.seed or contract.run_ids != tuple(s.run_ids):
+        raise ValueError(f"the contract's streams (seed {contract.seed}, runs "
+                         f"{list(contract.run_ids)}) are not the run's (seed {s.seed}, runs "
+                         f"{list(s.run_ids)})")
+
+
 def _rows_of(ids: np.ndarray, want: np.ndarray) -> np.ndarray:
     """The position in `ids` (distinct, any order) of each entry of `want` (all present)."""
     order = np.argsort(ids, kind="stable")
@@ -510,15 +436,18 @@ class Block:
 
     Pub (k + g, R, n): the released vectors of the k hosted agents, then of the g ghosts (the
     neighbours hosted elsewhere, filled by the exchange). W (k, R, n): the clean iterates (never
-    sent; evaluation only). `on_release` / `on_mix`, when set, see every release and every mix
-    (instrumented runs checking invariant P).
+    sent; evaluation only). `contract` (privacy.contract.Contract of the m agents, its seed and
+    runs those of `s`) gives the hosted agents' release path (`release`) and their round noise
+    (`noise`). `on_release` / `on_mix`, when set, see every release and every mix (instrumented
+    runs checking invariant P).
     """
 
-    def __init__(self, s: Settings, graph: tp.Graph, net: Net, stream: Stream,
-                 w_star: np.ndarray | None = None) -> None:
+    def __init__(self, s: Settings, contract: Contract, graph: tp.Graph, net: Net,
+                 stream: Stream, w_star: np.ndarray | None = None) -> None:
         self.s, self.graph, self.net, self.stream = s, graph, net, stream
         self.agents = np.asarray(net.agents, dtype=np.int64)
         k, R, n = len(self.agents), s.runs, s.n_features
+        check_contract(s, contract)
         self.k = k
         rows_ids = np.concatenate([self.agents, np.asarray(net.ghosts, dtype=np.int64)])
         self.rows_ids = rows_ids
@@ -550,14 +479,12 @@ class Block:
         self.Pub = np.zeros((len(rows_ids), R, n))
         self.W = np.zeros((k, R, n))
         self.Hsum = np.zeros((k, R, n))  # running sum of each agent's iterate (w_hat)
-        self.noise = Noise(self.agents, s.run_ids, s.seed, n,
-                           "normal" if s.variant == "gaussian" else "laplace", rounds=s.T)
-        self.eps = np.asarray(s.eps, dtype=np.float64)[self.agents]
-        # every agent's release path: its calibration (a per-record plan) and ledger
-        self.release = BlockRelease([OwnerRelease(
-            int(a), R, s.calibration[a] if s.calibration else None, certified=s.certified,
-            mechanism="gaussian" if s.variant == "gaussian" else "laplace")
-            for a in self.agents])
+        # every hosted agent's release path (its noise, its ledger of a per-record plan, its
+        # streams) and the block's noise of every round, drawn from the agents' own streams
+        self.release: BlockRelease = contract.block(self.agents.tolist(), certified=s.certified,
+                                                    mechanism=s.mechanism)
+        self.noise: RoundNoise = self.release.round_noise(
+            n, "normal" if s.mechanism == "gaussian" else "laplace", rounds=s.T)
         self.w_star = w_star
         # cumulative per agent and run: own loss, reference-node loss, comparator loss, mistakes
         self.cum = np.zeros((4, k, R))
@@ -639,6 +566,7 @@ class Block:
     def _mix_on_device(self, a_self: np.ndarray, a_nbr: np.ndarray) -> np.ndarray:
         """`mix` on the device backend: the same weighted sums, slot by slot (array API)."""
         bk, (k, width) = self.device, self._slot_rows.shape
+        assert bk is not None  # mix calls this on a device backend only
         xp = bk.xp
         Pub = bk.asarray(np.concatenate([self.Pub, np.zeros((1, *self.Pub.shape[1:]))]))
         w = np.zeros((k, width))
@@ -710,25 +638,7 @@ class Block:
             G = hinge_subgradient(batch, B, batch.dots(B) * batch.y[:, None, :])
             if s.lam:
                 G += s.lam * B
-            delta2 = 2.0 * s.L_data / s.h
-            if s.calibrated:  # each agent's calibrated multiplier x the gradient's sensitivity
-                J, charged = self.release.charge(delta2, record_pass=self.record_pass(t))
-            else:  # the paper's rules (gauss_mode), stated at dola.delta
-                eps_u, which = np.unique(self.eps, return_inverse=True)  # one J per distinct eps
-                J_u = np.array([gauss_std(s.gauss_mode, delta2, float(e), s.delta, s.T,
-                                          alpha=alpha, n=n, L=s.L,
-                                          calibration=s.gauss_calibration) for e in eps_u])
-                J, charged = self.release.charge(delta2, J_u[which.reshape(-1)].tolist(),
-                                                 record_pass=self.record_pass(t), delta=s.delta)
-            Z = self.noise.next() if np.any(J > 0) else None
-            if Z is not None:
-                G = G + J[:, None, None] * Z
-                self.noise_l1 = alpha * J[:, None] * np.abs(Z).sum(axis=2)
-            self.W = project_ball(B - alpha * G, s.radius)
-            self.Pub[: self.k] = self.W
-            self.release.report(self.Pub[: self.k], charged)
-            if self.on_release is not None:
-                self.on_release(t, self.agents, self.Pub[: self.k].copy())
+            self._release_gaussian(alpha, B, G, t)
         # active neighbours per agent: exact small integers in float64, any summation order
         deg_active = np.bincount(self.rows.owner, weights=a_nbr > 0, minlength=self.k
                                  ).astype(np.float64)
@@ -736,21 +646,46 @@ class Block:
         self.t = t1
 
     def _release_laplace(self, S: float, V: np.ndarray, t: int) -> None:
-        """Charge every hosted agent's ledger, then release V + Lap(mu_i)^n: mu_i the agent's
-        calibrated multiplier x S, or the paper's S / eps_i (eps per release)."""
-        paper = None if self.s.calibrated else np.where(np.isinf(self.eps), 0.0, S / self.eps)
-        mu, charged = self.release.charge(S, None if paper is None else paper.tolist(),
-                                          record_pass=self.record_pass(t))
-        if np.any(mu > 0):
-            Z = self.noise.next()
-            noise = mu[:, None, None] * Z
-            self.noise_l1 = np.abs(noise).sum(axis=2)
-            self.Pub[: self.k] = V + noise
-        else:
-            self.Pub[: self.k] = V
-        self.release.report(self.Pub[: self.k], charged)
+        """Release V + Lap(mu_i)^n through the block's release path: every hosted agent's ledger
+        charged for L1 sensitivity S, mu_i its noise's scale for S, the round's standard draws
+        Z taken when some mu_i > 0."""
+        k = self.k
+
+        def update(Z: np.ndarray | None, mu: np.ndarray) -> np.ndarray:
+            if Z is not None:
+                noise = mu[:, None, None] * Z
+                self.noise_l1 = np.abs(noise).sum(axis=2)  # evaluation-only
+                self.Pub[:k] = V + noise
+            else:
+                self.Pub[:k] = V
+            return self.Pub[:k]
+
+        self.release.round(S, update, record_pass=self.record_pass(t))
         if self.on_release is not None:
-            self.on_release(t, self.agents, self.Pub[: self.k].copy())
+            self.on_release(t, self.agents, self.Pub[:k].copy())
+
+    def _release_gaussian(self, alpha: float, B: np.ndarray, G: np.ndarray, t: int) -> None:
+        """Release Pi_W(B - alpha (G + J_i N(0, 1))) (Alg. 2: the noise inside the step) through
+        the block's release path: every hosted agent's ledger charged for the gradient's L2
+        sensitivity delta2 = 2 L_data / h, J_i its noise's scale for the round (the terms
+        alpha, n, L, T a paper's formula reads), the round's standard normal draws taken when
+        some J_i > 0. The released vector is the agent's new iterate."""
+        s, k = self.s, self.k
+        delta2 = 2.0 * s.L_data / s.h
+        sens = Sensitivity.of(delta2, alpha=alpha, n=s.n_features, L=s.L, T=s.T)
+
+        def update(Z: np.ndarray | None, J: np.ndarray) -> np.ndarray:
+            step = G
+            if Z is not None:
+                step = G + J[:, None, None] * Z
+                self.noise_l1 = alpha * J[:, None] * np.abs(Z).sum(axis=2)  # evaluation-only
+            self.W = project_ball(B - alpha * step, s.radius)
+            self.Pub[:k] = self.W
+            return self.Pub[:k]
+
+        self.release.round(sens, update, record_pass=self.record_pass(t))
+        if self.on_release is not None:
+            self.on_release(t, self.agents, self.Pub[:k].copy())
 
 
 # -- metrics and the round loop ------------------------------------------------------------------
@@ -866,12 +801,15 @@ def drive(block: Block, test: tuple[Any, np.ndarray] | Evaluation | None,
     return ev.last
 
 
-def simulate(s: Settings, graph: tp.Graph, read: Callable[[int, int, int], tuple[Any, np.ndarray]],
+def simulate(s: Settings, contract: Contract, graph: tp.Graph,
+             read: Callable[[int, int, int], tuple[Any, np.ndarray]],
              w_star: np.ndarray | None = None, test: tuple[Any, np.ndarray] | None = None,
              on_record: Callable[[int, dict[str, Any]], None] | None = None) -> Block:
-    """The single-process simulator of all m agents (the reference of the MPI runs)."""
+    """The single-process simulator of all m agents (the reference of the MPI runs), releasing
+    under `contract`."""
     net = LocalNet(graph)
-    block = Block(s, graph, net, Stream(net.agents, s.h, s.T, s.n_features,
-                                        pass_reader(s, read), backend_name=s.backend), w_star)
+    block = Block(s, contract, graph, net, Stream(net.agents, s.h, s.T, s.n_features,
+                                                  pass_reader(s, read), backend_name=s.backend),
+                  w_star)
     drive(block, test, on_record)
     return block

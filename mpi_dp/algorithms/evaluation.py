@@ -24,7 +24,7 @@ Implementations (`record(...)` and `final(...)`; their arguments differ by metho
 - `dola.Evaluation` (dola, around `dola.collect`): record(block) -> the round's metrics (and
   the models under '_w_bar', '_w_hat', which are outputs, not metrics); final() -> {'w_hat',
   'w_bar'}, the last record's models;
-- `p2p_eval.Evaluator` (p2p): record(block) -> {'Q', 'test_metric', ...}; final(block,
+- `p2p.evaluation.Evaluator` (p2p): record(block) -> {'Q', 'test_metric', ...}; final(block,
   val=None) -> the final models and their metrics, with `val` as val_metric. The validation
   score itself comes from `validation(block, release_clip)`, kept apart because under a
   private selection (`release_clip` given) it is a release made by each peer, not an

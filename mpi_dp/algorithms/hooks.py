@@ -65,6 +65,12 @@ class RunHooks:
         """Whether records go anywhere on this rank (a recorder is attached)."""
         return self.recorder is not None
 
+    def attrs(self, **values: Any) -> None:
+        """Set attributes of the configuration's group (what the run derives from its contract,
+        e.g. a per-iteration eps) when there is a recorder."""
+        if self.recorder is not None:
+            self.recorder.set_attrs(**values)
+
     def record(self, k: int, values: dict[str, Any]) -> None:
         """Append the record of step k (metric name -> value) when there is a recorder."""
         if self.recorder is not None:

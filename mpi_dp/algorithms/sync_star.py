@@ -2,17 +2,16 @@
 
 Spec: specs/sync-dp-gradient-value-of-collaboration.md. The learner on rank 0 broadcasts theta_{k-1};
 every data owner answers with its clipped mean gradient (L1 sensitivity 2 xi / n_i) plus Laplace
-noise, charging the release to its own ledger first: of scale b_i = nm_i 2 xi / n_i, the noise
-multiplier nm_i that makes its T answers (eps_i, delta_i)-DP by the job's calibration
-(privacy.contract), or the paper's b_i = 2 xi T / (n_i eps_i) (eps_i / T per answer, the basic
-split of Theorem 1) with privacy.calibration = 'paper'; the learner takes a projected step
-(Alg. 1: mu_k = rho/(k T^2); Alg. 2: mu_k = rho/(T sqrt(k)) with polynomial-decay averaging).
-All R Monte-Carlo runs advance together along a leading axis.
+noise through its release path (the configuration's privacy contract: the ledger charged first,
+the noise of its scale b_i for a mean of n_i gradients clipped to xi drawn from its own streams);
+the learner takes a projected step (Alg. 1: mu_k = rho/(k T^2); Alg. 2: mu_k = rho/(T sqrt(k))
+with polynomial-decay averaging). All R Monte-Carlo runs advance together along a leading axis.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from typing import ClassVar
@@ -22,9 +21,10 @@ import numpy as np
 from ..comm.star import Star
 from ..errors import BudgetExceededError, JobError, NumericalError
 from ..models import linear
-from ..privacy import Ledger, l1_sensitivity_mean, lap_scale, tap
-from ..privacy.release import BlockRelease, OwnerRelease
-from ..rng import agent_run_streams, run_streams
+from ..privacy import Ledger, l1_sensitivity_mean, tap
+from ..privacy.calibration import Sensitivity
+from ..privacy.contract import Contract
+from ..privacy.release import OwnerRelease
 from .agent_block import AgentBlock
 from .common import (
     Checkpointed,
@@ -67,9 +67,6 @@ class Settings:
     n: tuple[int, ...]  # per owner
     p: int  # number of features
     schedule: str = "decreasing"  # or "constant" (eps = inf only)
-    #: per owner: its noise calibration (privacy.contract.Calibration; rule 'paper': the paper's
-    #: b_i = 2 xi T / (n_i eps_i)); () before calibration
-    calibration: tuple = ()
     backend: str = "numpy"  # array backend of the owners' clipped gradient passes
 
     @property
@@ -88,14 +85,6 @@ class Settings:
             return self.rho / (k * self.T**2)
         return self.rho / (self.T * math.sqrt(k))
 
-    def noise_scale(self, i: int) -> float:
-        """b_i of owner i: the calibrated multiplier x 2 xi / n_i, or the paper's
-        2 xi T / (n_i eps_i) (rule 'paper' or no calibration); 0 for eps = inf."""
-        cal = self.calibration[i] if self.calibration else None
-        if cal is None or cal.rule == "paper":
-            return lap_scale(self.xi, self.T, self.n[i], self.eps[i])
-        return cal.scale(l1_sensitivity_mean(self.xi, self.n[i]))
-
 
 def default_rho(variant: str, alpha: float, L: float, T: int) -> float:
     """rho giving mu_1 = alpha / L: alg1 rho = alpha T^2 / L; alg2 rho = alpha T / L (c = rho/T)."""
@@ -103,7 +92,8 @@ def default_rho(variant: str, alpha: float, L: float, T: int) -> float:
 
 
 class DataOwner(Checkpointed, ReleasePath):
-    """Owner i: holds its records, clips, adds i.i.d. Laplace noise and charges its own ledger.
+    """Owner i: holds its records, clips, adds i.i.d. Laplace noise through its release path
+    (`release`: the contract's, its ledger charged first, its own noise streams).
 
     Nothing un-noised leaves it through `answer`; `loss_sums` (in the Oracle) is evaluation-only.
     One owner alone; a rank's hosted owners answer together as an `OwnerBlock`, bit for bit as
@@ -111,19 +101,17 @@ class DataOwner(Checkpointed, ReleasePath):
     """
 
     STATE = ("answered", "ledger", "last_clipped")
-    NOISE = "noise_gens"
+    NOISE = None  # the release path's streams
 
-    def __init__(self, shard: LocalShard, eps: float, s: Settings) -> None:
+    def __init__(self, shard: LocalShard, release: OwnerRelease, s: Settings) -> None:
         self.shard = shard
         self.agent = shard.agent
-        self.eps = eps
         self.T = s.T
         self.loss = s.loss
         self.xi = s.xi if s.clip else math.inf
-        self.lap_scale = s.noise_scale(self.agent)
+        self.release = release
         self.sensitivity = l1_sensitivity_mean(s.xi, shard.n)  # replace-one, clipped to xi
-        self.release = owner_release(self.agent, eps, s)
-        self.noise_gens = run_streams(s.seed, "noise", self.agent, s.run_ids)
+        self.lap_scale = release.scale(Sensitivity.mean(s.xi, shard.n))
         self.answered = 0
         self.last_clipped = np.zeros(s.runs)
 
@@ -136,8 +124,7 @@ class DataOwner(Checkpointed, ReleasePath):
         grad_sum, clipped = linear.clipped_grad_sum(self.loss, self.shard.X, self.shard.y, theta,
                                                     self.xi, stats)
         q = grad_sum / self.shard.n
-        response, _ = self.release.laplace(q, self.noise_gens, self.sensitivity,
-                                           scale=self.lap_scale)
+        response, _ = self.release.add_laplace(q, self.sensitivity, scale=self.lap_scale)
         self.answered += 1
         self.last_clipped = clipped.astype(np.float64)
         if not np.all(np.isfinite(response)):
@@ -146,13 +133,9 @@ class DataOwner(Checkpointed, ReleasePath):
         return response
 
 
-def owner_release(agent: int, eps: float, s: Settings) -> OwnerRelease:
-    """Owner `agent`'s release path: its calibration, or the paper's basic budget eps_i."""
-    cal = s.calibration[agent] if s.calibration else None
-    paper = cal is None or cal.rule == "paper"  # the paper's basic budget eps_i
-    return OwnerRelease(agent, s.runs, cal, budget_eps=eps if paper else math.inf,
-                        budget_delta=0.0 if paper else math.inf, certified=s.clip,
-                        clip=s.xi if s.clip else math.inf)
+def owner_release(contract: Contract, agent: int, s: Settings) -> OwnerRelease:
+    """Owner `agent`'s release path in `contract` (its events certified only when clipped)."""
+    return contract.owner(agent, certified=s.clip, clip=s.xi if s.clip else math.inf)
 
 
 class OwnerBlock:
@@ -160,17 +143,17 @@ class OwnerBlock:
     adds its own i.i.d. Laplace noise from its own streams and charges its own ledger, as
     `DataOwner` does one at a time (bit for bit), with the agents as an array axis."""
 
-    def __init__(self, shards: list[LocalShard], s: Settings) -> None:
+    def __init__(self, shards: list[LocalShard], s: Settings, contract: Contract) -> None:
         self.agents = np.array([sh.agent for sh in shards], dtype=np.int64)
         self.data = AgentBlock(shards, s.backend)
         self.T, self.loss, self.R = s.T, s.loss, s.runs
         self.xi = s.xi if s.clip else math.inf
         self.n = self.data.n
-        self.lap_scale = np.array([s.noise_scale(a) for a in self.agents.tolist()])
         self.sensitivity = np.array([l1_sensitivity_mean(s.xi, sh.n) for sh in shards])
-        self.release = BlockRelease([owner_release(a, s.eps[a], s)
-                                     for a in self.agents.tolist()])
-        self.noise = agent_run_streams(s.seed, "noise", self.agents, s.run_ids)
+        self.release = contract.block(self.agents.tolist(), certified=s.clip,
+                                      clip=s.xi if s.clip else math.inf)
+        self.lap_scale = self.release.scales([Sensitivity.mean(s.xi, sh.n) for sh in shards])
+        self.noise = self.release.streams
         self.answered = 0
         self.last_clipped = np.zeros((len(shards), s.runs))
         self.restored: dict[int, Ledger] = {}  # checkpointed ledgers, by block position
@@ -190,8 +173,7 @@ class OwnerBlock:
         grad_sum, clipped = self.data.clipped_grad_sums(self.loss, theta, self.xi,
                                                         self.loss == "squared")
         q = grad_sum / self.n[:, None, None]
-        response, _, _ = self.release.laplace(q, self.noise, self.sensitivity,
-                                              scales=self.lap_scale)
+        response, _, _ = self.release.add_laplace(q, self.sensitivity, scales=self.lap_scale)
         self.answered += 1
         self.last_clipped = clipped.astype(np.float64)
         bad = ~np.isfinite(response).reshape(A, -1).all(axis=1)
@@ -259,12 +241,13 @@ class SyncStarResult(ResultRecord):
     ledgers: list[Ledger] | np.ndarray  # or their privacy/ledger rows (ledger_delta)
 
 
-def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference | None,
-               recorder=None, label: str = "", progress: bool = True,
+def run_config(star: Star, shards: list[LocalShard], s: Settings, contract: Contract,
+               ref: Reference | None, recorder=None, label: str = "", progress: bool = True,
                theta_init: np.ndarray | None = None,
                evalset: EvalSet | None = None, hooks: RunHooks | None = None,
                ledger_delta: float | None = None) -> SyncStarResult | None:
-    """Run one configuration (collective). The learner returns the final arrays
+    """Run one configuration (collective) under `contract` (privacy.contract: every owner's
+    release path). The learner returns the final arrays
     (SyncStarResult), the others None. `ledger_delta`: the owners' ledgers come back as their
     privacy/ledger rows, composed on the ranks hosting them (accountants.in_agent_order).
 
@@ -278,7 +261,7 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
     p = s.p
     n_total = int(sum(s.n))
     weights = np.array(s.n, dtype=np.float64) / n_total  # n_i / n, public
-    owners = OwnerBlock(shards, s)
+    owners = OwnerBlock(shards, s, contract)
     oracle = Oracle(star, shards, s.loss, s.lam, n_total, p, evalset, block=owners.data)
     R = s.runs
     reported = slice(0, R) if s.variant == "alg2" else slice(R, 2 * R)  # rows of [avg, iterate]
@@ -298,6 +281,7 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
         util = oracle.record(both, reported, extra_local=clipped)
         if util is None:
             return None
+        assert ref is not None  # needed on the learner (util is not None there)
         f, clip_total = util.pop("objective"), util.pop("extra")
         f_avg, f_it = f[:R], f[R:]
         report = f_avg if s.variant == "alg2" else f_it
@@ -322,11 +306,13 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
         if s.aggregate == "gather":  # line 7: every answer reaches the learner individually
             responses = star.gather_agents(responses_local, (R, p))
             if star.is_learner:  # line 8, fixed owner order
+                assert responses is not None  # gathered on the learner
                 d = ordered_total(s.lam * theta, responses, weights)
         else:  # optional: Reduce of pre-weighted answers (sum order depends on the rank count)
             part = agent_order_sum(weights[owners.agents][:, None, None] * responses_local)
             total = star.reduce_sum(part)
             if star.is_learner:
+                assert total is not None  # reduced on the learner
                 d = s.lam * theta + total
         if star.is_learner:
             theta = linear.project_box(theta - mu * d, s.theta_max)  # line 9
@@ -343,11 +329,12 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, ref: Reference
             psi = record(k, mu)
             save_checkpoint(star, hooks, k, s.T, owners.owners(), theta=theta, theta_avg=theta_avg,
                             step_sum=step_sum)
-            hooks.progress(k, lambda psi=psi: _median_psi(psi))
+            hooks.progress(k, functools.partial(_median_psi, psi))
 
     ledgers = gather_ledgers(star, owners.ledgers, ledger_delta)
     if not star.is_learner:
         return None
+    assert ledgers is not None  # the learner gathers them
     return SyncStarResult(final=theta_avg if s.variant == "alg2" else theta,
                           final_iterate=theta, ledgers=ledgers)
 

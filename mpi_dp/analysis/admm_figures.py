@@ -27,6 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from mpi_dp.analysis.guarantee import shown_totals  # noqa: E402
 from mpi_dp.analysis.load import ConfigView, Result, ResultFileError  # noqa: E402
 from mpi_dp.analysis.style import DPI, aligned, cell, on_eps_axis, title  # noqa: E402
 from mpi_dp.analysis.table import FLAG, beats, ref_scalar  # noqa: E402
@@ -192,14 +193,15 @@ def admm_table(result: Result) -> list[dict[str, Any]]:
 
 
 def _pld_total(c: ConfigView) -> float | None:
-    """The largest tight (PLD) total over agents from the ledger (None without one)."""
+    """The largest tight (PLD) total over agents from the ledger, inf where an agent trained
+    without noise (mpi_dp.analysis.guarantee; None without a ledger)."""
     try:
         led = c.ledger()
     except (OSError, KeyError, TypeError, ValueError):
         return None
     if led is None or not len(led) or "eps_pld" not in (led.dtype.names or ()):
         return None
-    return float(np.max(led["eps_pld"]))
+    return float(np.max(shown_totals(led)["eps_pld"]))
 
 
 def _groups(result: Result) -> dict[float, dict[str, list[ConfigView]]]:

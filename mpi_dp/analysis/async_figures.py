@@ -148,7 +148,7 @@ def _declines_run0(c: ConfigView) -> tuple[np.ndarray, np.ndarray]:
     """(k, owner) of the declined queries of run 0, empty when not recorded."""
     d = _dataset(c, "schedule/declines")
     names = d.dtype.names if d is not None else None
-    if not names or not {"run", "k", "owner"} <= set(names) or d.size == 0:
+    if d is None or not names or not {"run", "k", "owner"} <= set(names) or d.size == 0:
         return np.zeros(0), np.zeros(0)
     d = np.atleast_1d(d)
     sel = d["run"] == 0
@@ -349,7 +349,7 @@ def facility_gains(result: Result) -> list[dict[str, Any]]:
     Keys: eps, mean, se, owners (N), count (owners gaining), gaining (0-based indices, ascending).
     Sorted by eps.
     """
-    rows = []
+    rows: list[dict[str, Any]] = []
     for _, eps, mean, se, iso in _facility_configs(result):
         gaining = np.flatnonzero(iso > mean)
         rows.append({"eps": eps, "mean": mean, "se": se, "owners": int(iso.size),

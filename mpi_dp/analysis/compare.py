@@ -16,14 +16,18 @@ import math
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import h5py
 import numpy as np
 
+from mpi_dp.analysis.guarantee import NO_NOISE, judge_rows
 from mpi_dp.analysis.load import ConfigView, Result, open_result
 from mpi_dp.analysis.style import DPI, EPS_AXIS_MAX, aligned, cell, on_eps_axis
 from mpi_dp.errors import MpiDpError, unwritable_why
+
+if TYPE_CHECKING:
+    from matplotlib.colors import ListedColormap
 
 METRICS = ("auto", "test_error", "rmse")
 #: the task whose utility each metric measures
@@ -61,7 +65,7 @@ class Row:
     eps: float  # the largest owner total (inf: no noise); NaN: unknown
     delta: float | None
     scope: str
-    flagged: bool  # some owner's noise is uncertified or set from private data
+    flagged: bool  # no finite, certified guarantee for another reason than eps = inf
     utility: Utility | None
     missing: str | None  # why there is no utility (the footnote)
     config_s: float | None
@@ -157,10 +161,13 @@ def privacy(c: ConfigView) -> tuple[float, float | None, str, bool, str | None]:
     """(eps, delta, scope, flagged, note) of a configuration from its privacy ledger.
 
     eps is the largest total over owners of what each owner's guarantee composes (scope
-    configuration, record or selection), by the ledger's PLD accountant (inf for an owner whose
-    target is eps = inf: its releases carry no noise, or none are recorded); delta the largest
-    owner delta. flagged: some owner's noise is uncertified or was set from private data.
-    Without a ledger, the configuration's eps attribute (note says so).
+    configuration, record or selection), by the ledger's PLD accountant, inf where an owner
+    trained without noise (its target is eps = inf, or no owner made a noisy release: p2p's
+    eps = inf rows record a PLD total of 0); delta the largest owner delta. flagged: the
+    guarantee is not finite and certified for another reason than eps = inf (uncertified noise,
+    noise set from private data, an owner without a noisy release), which the note says
+    (mpi_dp.analysis.guarantee, the rule of every view). Without a ledger, the configuration's
+    eps attribute (note says so).
     """
     try:
         led = c.ledger()
@@ -172,17 +179,15 @@ def privacy(c: ConfigView) -> tuple[float, float | None, str, bool, str | None]:
         eps = float(np.max(c.eps)) if c.eps.size else math.nan
         return eps, None, "-", False, "no privacy ledger: eps is the job's, not a ledger total"
     led = np.atleast_1d(led)
-    totals = np.asarray(led[total], dtype=float)
-    if "target_eps" in names:  # an owner promised eps = inf releases without noise: no DP
-        totals = np.where(np.isinf(np.asarray(led["target_eps"], dtype=float)), np.inf, totals)
-    eps = float(np.max(totals))
+    verdict = judge_rows(led)
+    eps = verdict.eps
     dname = next((n for n in ("delta", "target_delta", "budget_delta") if n in names), None)
     delta = float(np.max(led[dname])) if dname else _finite(c.attrs.get("delta"))
     scope = "/".join(sorted({_text(s) for s in led["scope"]})) if "scope" in names else "-"
-    flagged = bool(("certified" in names and not np.all(led["certified"]))
-                   or ("data_dependent" in names and np.any(led["data_dependent"] > 0)))
-    note = None if total == "eps_pld" else f"ledger without PLD totals: eps is its {total}"
-    return eps, delta, scope, flagged, note
+    other = [r for r in verdict.reasons if not r.startswith(NO_NOISE)]
+    notes = [] if total == "eps_pld" else [f"ledger without PLD totals: eps is its {total}"]
+    notes += [f"NOT private: {r}" for r in other]
+    return eps, delta, scope, bool(other), "; ".join(notes) or None
 
 
 def _variant(result: Result, c: ConfigView) -> str:
@@ -314,7 +319,9 @@ def compare_text(rows: list[Row], heads: list[str], metric: str) -> str:
               "eps, delta: the largest total over owners of what each owner's guarantee "
               "composes (scope: configuration; record for dola: per record; selection for "
               "p2p.select), by the ledger's PLD accountant at the owner's delta; inf = no "
-              "noise; ! = some owner's noise is uncertified or set from private data.",
+              "noise (not private); ! = no finite, certified guarantee (uncertified noise, "
+              "noise set from private data, an owner without a noisy release): the note says "
+              "why.",
               f"{trivial}: " + ("error of always predicting the most frequent training label "
                                 if metric == "test_error" else "RMSE of always predicting the "
                                 "training mean ")
@@ -401,20 +408,27 @@ def plot_compare(rows: list[Row], metric: str, path: str | Path) -> Path:
     hi = max(hi, lo * 10)
     x_inf = hi * 10  # eps = inf: one decade right of the finite points
     fig, ax = plt.subplots(figsize=(10, 5.5))
-    colors = plt.get_cmap("tab10").colors
+    # a listed colormap: its colors a tuple of RGB tuples
+    colors = cast("tuple[Any, ...]", cast("ListedColormap", plt.get_cmap("tab10")).colors)
     files = list(dict.fromkeys(r.tag for r in rows))
     groups = _series(drawn)
     markers = "osD^vP"
     series: list[str] = []
+
+    def run_values(r: Row) -> np.ndarray:
+        v = r.value(metric)
+        assert v is not None  # drawn holds the rows with values
+        return v
+
     for j, ((tag, variant), rs) in enumerate(groups.items()):
         color = colors[files.index(tag) % len(colors)]
         by_eps: dict[float, list[Row]] = {}
         for r in sorted(rs, key=lambda r: r.eps):
             by_eps.setdefault(r.eps, []).append(r)
         # per eps: the median of the configurations' medians, bars min..max over all their runs
-        stats = np.array([[float(np.median([np.median(r.value(metric)) for r in at])),
-                           min(float(r.value(metric).min()) for r in at),
-                           max(float(r.value(metric).max()) for r in at)]
+        stats = np.array([[float(np.median([np.median(run_values(r)) for r in at])),
+                           min(float(run_values(r).min()) for r in at),
+                           max(float(run_values(r).max()) for r in at)]
                           for at in by_eps.values()])
         eps = np.array(list(by_eps))
         xs = np.where(np.isinf(eps), x_inf, eps)
@@ -422,18 +436,21 @@ def plot_compare(rows: list[Row], metric: str, path: str | Path) -> Path:
         yerr = np.vstack([stats[:, 0] - stats[:, 1], stats[:, 2] - stats[:, 0]])
         marker = markers[j % len(markers)]
         pooled = len({r.variant for r in rs})
+        u0 = rs[0].utility
+        assert u0 is not None  # a row with values has a utility
         label = f"{tag} {rs[0].method} {variant}".strip() + (
             f" ({pooled} variants pooled)" if pooled > 1 else "") + (
-            " [train]" if rs[0].utility.on == "train" else "")
+            " [train]" if u0.on == "train" else "")
         series.append(label)
+        legend: str | None = label  # the series' first errorbar carries its legend entry
         if fin.any():
             ax.errorbar(xs[fin], stats[fin, 0], yerr=yerr[:, fin], color=color, marker=marker,
-                        ms=5, lw=1.4, capsize=3, label=label)
-            label = None
+                        ms=5, lw=1.4, capsize=3, label=legend)
+            legend = None
         if (~fin).any():
             ax.errorbar(xs[~fin], stats[~fin, 0], yerr=yerr[:, ~fin], color=color,
                         marker=marker, ms=9, mfc="none", mew=1.6, ls="none", capsize=3,
-                        label=label)
+                        label=legend)
     styles = {"trivial": ("--", TRIVIAL[metric]), "zero": (":", "zero"),
               "optimum": ("-.", "optimum")}
     for tag in files:

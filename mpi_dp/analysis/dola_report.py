@@ -22,8 +22,9 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import matplotlib
 
@@ -33,6 +34,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.collections import LineCollection  # noqa: E402
+from matplotlib.colors import ListedColormap  # noqa: E402
 
 from mpi_dp.analysis import table  # noqa: E402
 from mpi_dp.analysis.load import ConfigView, Result, ResultFileError  # noqa: E402
@@ -54,7 +56,14 @@ TABLE3_CAVEAT = (
     "linear SVMs usually reach ~95%+ on rcv1.binary): compare TRENDS, not values (accuracy falls as "
     "eps falls and as m grows)")
 MAX_GRAPH_PANELS = 4
-COLORS = plt.get_cmap("tab10").colors + plt.get_cmap("Dark2").colors
+
+
+def _listed_colors(name: str) -> tuple[Any, ...]:
+    """The colors of a listed colormap (a tuple of RGB tuples)."""
+    return cast("tuple[Any, ...]", cast(ListedColormap, plt.get_cmap(name)).colors)
+
+
+COLORS = _listed_colors("tab10") + _listed_colors("Dark2")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -622,7 +631,9 @@ def plot_graph(result: Result, path: Path) -> Path | None:
     fig, axes = plt.subplots(1, n, figsize=(5.0 * n, 5.4), squeeze=False)
     for ax, (pos, edges, info) in zip(axes.flat, graphs.values(), strict=True):
         if edges.size:
-            ax.add_collection(LineCollection(pos[edges], colors="0.6", linewidths=0.8, zorder=1))
+            # cast: an (E, 2, 2) array is a sequence of segments (the stubs want a Sequence)
+            segments = cast(Sequence[Any], pos[edges])
+            ax.add_collection(LineCollection(segments, colors="0.6", linewidths=0.8, zorder=1))
         ax.scatter(pos[:, 0], pos[:, 1], s=30 if len(pos) <= 64 else 10, color="tab:blue",
                    zorder=2)
         if len(pos) <= 32:

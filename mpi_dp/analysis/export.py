@@ -13,20 +13,34 @@ A configuration column whose name is also a metric's, a ledger field's, or `conf
 `run`, is named `config.<name>`. CSV floats are written as their shortest round-trip text, so
 `pd.read_csv` gives back the same float64 bits (NaN as an empty cell, inf as `inf`).
 
+The ledger table shows the totals of an owner that trained without noise (target eps = inf, or
+a configuration none of whose owners made a noisy release) as inf, whatever the file recorded
+(mpi_dp.analysis.guarantee.shown_totals: p2p's eps = inf rows record eps_pld 0); every other
+value is the file's.
+
 Release (`export_release`): the root attributes, /provenance, each group's attributes minus the
 names its attribute `evaluation_only_attrs` (JSON list) lists, the attributes kept as datasets
 `G/arrays/<name>` by the same rule, and only the datasets whose attribute `evaluation_only` is
-present and false (a dataset without it is not released). Dimension scales are re-attached
-where both the dataset and its scale are released.
+present and false (a dataset without it is not released). Of a configuration whose guarantee is
+not finite and certified (mpi_dp.analysis.guarantee: eps = inf, uncertified noise, no ledger)
+it keeps only its attributes and what states its guarantee (GUARANTEE_PATHS: the ledger, the
+owners' target eps and the agent coordinate they are indexed by): its models and every other
+value computed from the owners' records are left out, and the root attribute
+`release_nonprivate` (strict JSON) lists those configurations, why and what was left out;
+`include_nonprivate` keeps them and writes the root attribute `release_warning`. Dimension
+scales are re-attached where both the dataset and its scale are released.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import itertools
 import json
 import math
 import os
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +50,7 @@ import numpy as np
 from .. import strict_json
 from ..errors import MpiDpError
 from ..results.recorder import ARRAYS
+from .guarantee import Guarantee, judge_group, ledger_table, shown_totals
 
 #: columns of the metrics table that are not configuration columns or metrics
 RESERVED = ("config", "iteration", "run")
@@ -57,6 +72,28 @@ RELEASE_NOTE = (
     "values computed from private records without noise, e.g. metrics measured on the owners' "
     "records, reference optima and baselines, or not marked at all) and {n_attrs} attribute(s) "
     "named in evaluation_only_attrs; their names are in the root attribute release_removed.")
+
+
+#: what a release keeps of a configuration without a finite, certified guarantee besides its
+#: attributes (paths relative to its group, shell patterns): what states the guarantee, so that
+#: a reader of the release sees why the rest is missing (the compound ledger, its per-field
+#: columns, the owners' target eps) and the agent coordinate those are indexed by. Nothing here
+#: is computed from the owners' records: the ledger and eps are the job's plan and its
+#: accounting, the agent ids are 0..N-1.
+GUARANTEE_PATHS = ("privacy/ledger", "ledger/*", "eps", "agent")
+NONPRIVATE_NOTE = (
+    " Configurations without a finite, certified DP guarantee ({which}): of them the release "
+    "keeps only the attributes and what states the guarantee ({paths}); their models and every "
+    "other value ({n_ds} dataset(s)) were left out. The root attribute release_nonprivate says "
+    "which configurations, why and what was left out; `mpi-dp export --release "
+    "--include-nonprivate` keeps them (with a warning).")
+INCLUDED_NOTE = (
+    " WARNING: configurations without a finite, certified DP guarantee ({which}) are included "
+    "as they are (--include-nonprivate): see the root attribute release_warning.")
+RELEASE_WARNING = (
+    "contains models of configurations without a finite, certified DP guarantee: {which}. "
+    "They are not covered by any privacy guarantee (--include-nonprivate): do not share this "
+    "file as a DP release of them; release_nonprivate lists them and why.")
 
 
 class ExportError(MpiDpError, ValueError):
@@ -193,9 +230,11 @@ def _clash_names(res: Any) -> set[str]:
     names = set(RESERVED)
     for c in res.configs:
         names.update(_metric_datasets(c)[1])
-        table = _ledger_table(c.group)
+        table = ledger_table(c.group)
         if table is not None:
-            names.update(table.dtype.names)
+            table_fields = table.dtype.names
+            assert table_fields is not None  # a ledger table is a structured array
+            names.update(table_fields)
     return names
 
 
@@ -240,7 +279,8 @@ def metrics_frame(res: Any) -> Any:
     """The metrics table of an open result (mpi_dp.analysis.load.Result) as a DataFrame."""
     clash = _clash_names(res)
     columns = config_columns(res)
-    parts, metric_names = [], set()
+    parts: list[dict[str, Any]] = []
+    metric_names: set[str] = set()
     for c in res.configs:
         it, found = _metric_datasets(c)
         n = len(it)
@@ -260,46 +300,31 @@ def metrics_frame(res: Any) -> Any:
     return _frame(parts, ["config"], ["iteration", "run"] + sorted(metric_names))
 
 
-def _ledger_table(g: h5py.Group) -> np.ndarray | None:
-    """A configuration's ledger as a structured array: the compound G/privacy/ledger, else the
-    per-field datasets G/ledger/<field>; None when it has neither."""
-    led = g.get("privacy/ledger")
-    if isinstance(led, h5py.Dataset) and led.dtype.names:
-        return np.atleast_1d(led[()])
-    cols = g.get("ledger")
-    if not isinstance(cols, h5py.Group):
-        return None
-    fields = {k: np.atleast_1d(d[()]) for k, d in cols.items()
-              if isinstance(d, h5py.Dataset) and d.ndim == 1 and not d.attrs.get("CLASS")}
-    if not fields or len({len(v) for v in fields.values()}) != 1:
-        return None
-    out = np.zeros(len(next(iter(fields.values()))), dtype=[(k, v.dtype) for k, v in
-                                                           fields.items()])
-    for k, v in fields.items():
-        out[k] = v
-    return out
-
-
 def ledger_frame(res: Any) -> Any:
     """The privacy ledger table of an open result as a DataFrame."""
     clash = _clash_names(res)
     columns = config_columns(res)
     parts, fields = [], []
     for c in res.configs:
-        table = _ledger_table(c.group)
+        table = ledger_table(c.group)
         if table is None:
             continue
         block: dict[str, Any] = {"config": np.full(len(table), c.index, dtype=np.int64)}
         for k, v in _renamed(columns[c.index], clash).items():
             block[k] = [v] * len(table)
-        for f in table.dtype.names:
+        shown = shown_totals(table)  # a no-noise row's totals: inf (guarantee.py)
+        table_fields = table.dtype.names
+        assert table_fields is not None  # a ledger table is a structured array
+        for f in table_fields:
             fields += [f] if f not in fields else []
-            col = table[f]
+            col = shown.get(f, table[f])
             if col.dtype.kind == "S" or col.dtype.kind == "O":
-                col = [x.decode("utf-8", "replace") if isinstance(x, bytes) else x for x in col]
+                block[f] = [x.decode("utf-8", "replace") if isinstance(x, bytes) else x
+                            for x in col]
             elif col.ndim > 1:  # a sub-array field: one JSON list per cell
-                col = [json.dumps(x.tolist()) for x in col]
-            block[f] = col
+                block[f] = [json.dumps(x.tolist()) for x in col]
+            else:
+                block[f] = col
         parts.append(block)
     return _frame(parts, ["config"], fields)
 
@@ -424,7 +449,7 @@ def evaluation_only_attrs(group: h5py.Group) -> set[str]:
 
 
 def _copy_attrs(src: h5py.Group | h5py.Dataset, dst: h5py.Group | h5py.Dataset,
-                drop: set[str] = frozenset()) -> list[str]:
+                drop: AbstractSet[str] = frozenset()) -> list[str]:
     """Copy attributes with their HDF5 types, except dimension-scale bookkeeping, attributes
     holding object references, and `drop`; returns the names dropped by `drop`."""
     dropped = []
@@ -457,11 +482,105 @@ def _copy_dataset(src: h5py.Dataset, dst_parent: h5py.Group, name: str) -> h5py.
     return ds
 
 
-def write_release(src: h5py.File, dst: h5py.File, source_name: str) -> dict[str, list[str]]:
-    """Copy what a release keeps from `src` into the empty `dst`; returns what was removed
-    {"datasets": paths, "attrs": 'group:name' items}."""
+@dataclass
+class NonPrivate:
+    """A configuration whose guarantee is not finite and certified, as a release treats it."""
+
+    index: int
+    group: str  # its HDF5 group: /configs/<i>, or / for a single configuration
+    label: str
+    guarantee: Guarantee
+    left_out: list[str] = field(default_factory=list)  # released datasets not copied
+
+    @property
+    def line(self) -> str:
+        """'#3 (eps=inf, n=4000): eps = inf: trained without noise (...)'."""
+        return f"#{self.index} ({self.label}): {self.guarantee.reason}"
+
+    def record(self, included: bool) -> dict[str, Any]:
+        return {"config": self.index, "group": self.group, "label": self.label,
+                "eps": self.guarantee.eps, "reason": self.guarantee.reason,
+                "included": included, "left_out": self.left_out}
+
+
+@dataclass
+class ReleaseReport:
+    """What `write_release` did: the datasets and attributes removed as evaluation-only, and the
+    configurations without a finite, certified guarantee (left out, or kept with a warning)."""
+
+    evaluation_only: list[str]
+    attrs: list[str]
+    nonprivate: list[NonPrivate]
+    included: bool
+
+    @property
+    def datasets(self) -> list[str]:
+        """Every dataset of the source the release does not hold."""
+        return sorted(set(self.evaluation_only).union(*(n.left_out for n in self.nonprivate)))
+
+    def __getitem__(self, key: str) -> list[str]:  # the former {"datasets", "attrs"} dict
+        return {"datasets": self.datasets, "attrs": self.attrs}[key]
+
+
+def _text_attr(v: Any, default: str) -> str:
+    t = _plain(v)
+    return default if t is None else str(t)
+
+
+def config_groups(f: h5py.File) -> dict[str, h5py.Group]:
+    """{group name: group} of the configurations of a result file: /configs/<i>, or the root for
+    a single configuration (as mpi_dp.analysis.load reads them)."""
+    configs = f.get("configs")
+    if isinstance(configs, h5py.Group):
+        return {g.name: g for g in configs.values() if isinstance(g, h5py.Group)}
+    return {"/": f}
+
+
+def nonprivate_configs(f: h5py.File) -> dict[str, NonPrivate]:
+    """The configurations of `f` whose guarantee is not finite and certified, by group name."""
+    out = {}
+    for k, (name, g) in enumerate(sorted(config_groups(f).items())):
+        verdict = judge_group(g)
+        if verdict.private:
+            continue
+        index = int(_plain(g.attrs.get("config_index", k)) or 0)
+        out[name] = NonPrivate(index, name, _text_attr(g.attrs.get("label"), f"config {index}"),
+                               verdict)
+    return out
+
+
+def _configuration_of(path: str, groups: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(group, path relative to it) of the configuration a dataset belongs to, or None (the
+    provenance, anything outside the configurations)."""
+    if path.startswith("/provenance/"):
+        return None
+    if "/" in groups:
+        return "/", path[1:]
+    parts = path.split("/", 3)  # "", "configs", "<i>", rest
+    if len(parts) == 4 and parts[1] == "configs" and f"/configs/{parts[2]}" in groups:
+        return f"/configs/{parts[2]}", parts[3]
+    return None
+
+
+def write_release(src: h5py.File, dst: h5py.File, source_name: str,
+                  include_nonprivate: bool = False) -> ReleaseReport:
+    """Copy what a release keeps from `src` into the empty `dst`; returns what was removed and
+    the configurations without a finite, certified guarantee (whose models and values are left
+    out unless `include_nonprivate`)."""
     removed: dict[str, list[str]] = {"datasets": [], "attrs": []}
     kept: dict[str, tuple[h5py.Dataset, h5py.Dataset]] = {}  # path -> (src, dst)
+    nonprivate = nonprivate_configs(src)
+
+    def withheld(path: str) -> bool:
+        """A released dataset of a configuration without a guarantee, left out (recorded)."""
+        where = _configuration_of(path, nonprivate)
+        if include_nonprivate or where is None:
+            return False
+        group, rel = where
+        if any(fnmatch.fnmatchcase(rel, p) for p in GUARANTEE_PATHS):
+            return False
+        nonprivate[group].left_out.append(path)
+        return True
 
     def walk(g: h5py.Group, out: h5py.Group, drop_attrs: set[str]) -> None:
         removed["attrs"] += [f"{g.name}:{k}" for k in _copy_attrs(g, out, drop_attrs)]
@@ -485,10 +604,10 @@ def write_release(src: h5py.File, dst: h5py.File, source_name: str) -> dict[str,
                 if not len(sub) and not _keep_empty_group(obj):
                     del out[name]
             elif isinstance(obj, h5py.Dataset):
-                if released(obj):
-                    kept[path] = (obj, _copy_dataset(obj, out, name))
-                else:
+                if not released(obj):
                     removed["datasets"].append(path)
+                elif not withheld(path):
+                    kept[path] = (obj, _copy_dataset(obj, out, name))
 
     walk(src, dst, evaluation_only_attrs(src))
     # dimension scales: mark the released scales, then attach them where they were attached
@@ -509,12 +628,27 @@ def write_release(src: h5py.File, dst: h5py.File, source_name: str) -> dict[str,
                     if scale.name not in placeholders:
                         placeholders[scale.name] = _dimension_only(dst, scale)
                     d.dims[i].attach_scale(placeholders[scale.name])
-    removed["datasets"].sort()
+    report = ReleaseReport(sorted(removed["datasets"]), removed["attrs"],
+                           [nonprivate[k] for k in sorted(nonprivate)], include_nonprivate)
+    for n in report.nonprivate:
+        n.left_out.sort()
+    left_out = sorted(p for n in report.nonprivate for p in n.left_out)
+    which = "; ".join(n.line for n in report.nonprivate)
+    note = RELEASE_NOTE.format(source=source_name, n_ds=len(removed["datasets"]),
+                               n_attrs=len(removed["attrs"]))
+    if report.nonprivate:
+        note += (INCLUDED_NOTE.format(which=which) if include_nonprivate else
+                 NONPRIVATE_NOTE.format(which=which, paths=", ".join(GUARANTEE_PATHS),
+                                        n_ds=len(left_out)))
     dst.attrs["release"] = True
-    dst.attrs["release_note"] = RELEASE_NOTE.format(
-        source=source_name, n_ds=len(removed["datasets"]), n_attrs=len(removed["attrs"]))
-    dst.attrs["release_removed"] = json.dumps(removed)
-    return removed
+    dst.attrs["release_note"] = note
+    dst.attrs["release_removed"] = json.dumps({"datasets": report.datasets,
+                                               "attrs": report.attrs, "nonprivate": left_out})
+    dst.attrs["release_nonprivate"] = strict_json.dumps(
+        [n.record(include_nonprivate) for n in report.nonprivate])
+    if include_nonprivate and report.nonprivate:
+        dst.attrs["release_warning"] = RELEASE_WARNING.format(which=which)
+    return report
 
 
 #: the NAME of a dimension scale that is a dimension only (the netCDF-4 convention)
@@ -542,8 +676,10 @@ def _keep_empty_group(g: h5py.Group) -> bool:
 
 
 def export_release(result: str | Path, out: str | Path | None = None, overwrite: bool = False,
-                   force: bool = False) -> tuple[Path, dict[str, list[str]]]:
-    """Write the release file of `result`; returns (its path, what was removed)."""
+                   force: bool = False, include_nonprivate: bool = False
+                   ) -> tuple[Path, ReleaseReport]:
+    """Write the release file of `result`; returns (its path, what was removed and the
+    configurations without a finite, certified guarantee)."""
     from .load import open_result
 
     with open_result(result) as res:
@@ -560,8 +696,8 @@ def export_release(result: str | Path, out: str | Path | None = None, overwrite:
     try:
         with h5py.File(src_path, "r", locking=False) as src, \
                 h5py.File(tmp, "w", libver=("v108", "latest"), locking=False) as dst:
-            removed = write_release(src, dst, Path(result).name)
+            report = write_release(src, dst, Path(result).name, include_nonprivate)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    return path, removed
+    return path, report

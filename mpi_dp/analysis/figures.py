@@ -89,8 +89,9 @@ def plot_vs(
     dse = _diff_se(fm, floor)
     x_all, key_all = (e0, n0) if along == "eps" else (n0, e0)
     keys = np.unique(key_all[finite])
-    groups = [np.flatnonzero(finite & (key_all == kv)) for kv in keys]
-    groups = [(kv, g) for kv, g in zip(keys, groups, strict=True) if np.unique(x_all[g]).size >= 2]
+    members = [np.flatnonzero(finite & (key_all == kv)) for kv in keys]
+    groups = [(kv, g) for kv, g in zip(keys, members, strict=True)
+              if np.unique(x_all[g]).size >= 2]
     if not groups:
         return None
     fig, ax = plt.subplots(figsize=(7.5, 5.5))

@@ -122,7 +122,8 @@ def _equal_rows(fm: FinalMeans) -> np.ndarray:
 
 def _floor_index(fm: FinalMeans) -> np.ndarray:
     """For each row, the row of the all-eps-inf configuration with the same n vector, or -1."""
-    inf_rows = np.flatnonzero(np.all(np.isinf(fm.eps), axis=1)) if fm.eps.size else []
+    inf_rows: np.ndarray | list[int] = (
+        np.flatnonzero(np.all(np.isinf(fm.eps), axis=1)) if fm.eps.size else [])
     idx = np.full(fm.eps.shape[0], -1)
     for r in range(fm.eps.shape[0]):
         for j in inf_rows:

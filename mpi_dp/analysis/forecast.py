@@ -405,13 +405,13 @@ def fit_bound(
     for item in items:
         res = open_result(item) if isinstance(item, str | Path) else item
         try:
-            p, f, iso, inc = collect_points(res, metric)
+            pts, f, iso, inc = collect_points(res, metric)
             sources.append(str(res.path))
             algorithms.append(res.algorithm + (f"/{res.variant}" if res.variant else ""))
         finally:
             if res is not item:
                 res.close()
-        points += p
+        points += pts
         floors += f
         pairs += [x for x in iso if x not in pairs]
         incomplete += inc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,9 @@ from mpi_dp.errors import MpiDpError, ResultError
 from mpi_dp.results.output import partial_path, progress_text, writer_gone
 from mpi_dp.results.recorder import ARRAYS
 
-try:  # Python >= 3.11
+if sys.version_info >= (3, 11):
     import tomllib as _toml
-except ImportError:  # pragma: no cover - Python 3.10: the same parser as tomli
+else:  # pragma: no cover - Python 3.10: the same parser as tomli
     import tomli as _toml
 
 FORMAT = "mpi_dp.results"

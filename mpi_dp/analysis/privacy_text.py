@@ -11,6 +11,12 @@ one line per configuration: the target, the rule and the achieved tight total (m
 Files from before the contract record a budget and its basic spend; they are shown as they are.
 Agents whose rows are identical (apart from the agent index) share one line: `owners 0-2`,
 `owners 0,2`, `owner 1`.
+
+Whether a configuration is private is mpi_dp.analysis.guarantee's verdict, the one every view
+uses: a configuration without a finite, certified guarantee gets "NOT private: <why>" on its
+contract line, and an owner that trained without noise (target eps = inf, or no owner of the
+configuration made a noisy release) shows every total as inf and the flag "no noise (eps = inf)"
+whatever the file recorded (p2p's eps = inf rows record eps_pld 0).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from mpi_dp.analysis.guarantee import NO_NOISE, Guarantee, judge_rows, no_noise_rows, shown_totals
 from mpi_dp.analysis.load import ConfigView, Result
 from mpi_dp.analysis.style import aligned
 
@@ -44,7 +51,8 @@ def _num(value: Any) -> str:
 def _ranges(values: list[int]) -> str:
     """'0-2', '0,2', '0-2,5,7-9' for sorted distinct integers."""
     parts: list[str] = []
-    start = prev = None
+    start: int | None = None
+    prev = 0  # read only once start is set (then it is set too)
     for v in values:
         if start is None:
             start = prev = v
@@ -121,9 +129,14 @@ class _Config:
             self.problem = "privacy ledger is empty"
             return
         rows = []
+        totals = shown_totals(led)  # a no-noise owner's totals: inf, whatever the file says
+        no_noise = no_noise_rows(led)
         for i, rec in enumerate(led):
             row = {k: _plain(rec[k]) for k in names}
+            row.update((k, float(v[i])) for k, v in totals.items())
             row["agent"] = int(row.get("agent", i))
+            if no_noise[i]:
+                row[NO_NOISE_KEY] = True
             if "delta" not in row and "delta" in self.attrs:
                 row["delta"] = float(self.attrs["delta"])
             rows.append(row)
@@ -139,8 +152,12 @@ class _Config:
         return {k for _, row in self.groups for k in row}
 
 
+#: the key a row carries (only) when its owner trained without noise: the flag, not a column
+NO_NOISE_KEY = "_no_noise"
+
+
 def _flags(row: dict[str, Any]) -> str:
-    flags = []
+    flags = ["no noise (eps = inf)"] if row.get(NO_NOISE_KEY) else []
     if "certified" in row and not bool(row["certified"]):
         flags.append("NOT certified")
     dd = int(row.get("data_dependent", 0) or 0)
@@ -231,8 +248,10 @@ def contract_lines(configs: list[_Config]) -> list[str]:
         which = (f"#{idx} {label}" if isinstance(idx, int) else
                  f"#{_ranges(idx)} ({len(idx)} configurations)")
         extra = f"; all releases composed: PLD {_num(every)}" if every > pld * (1 + 1e-9) else ""
+        achieved = f"{pld:.6g}" + (", no noise" if math.isinf(pld) and verdict.startswith(
+            f"NOT private: {NO_NOISE}") else "")
         out.append(f"  {which}: target eps={tgt}, delta={dl} per owner and {scopes}, "
-                   f"calibration {rules}; achieved PLD {pld:.6g} (RDP {_num(rdp)}, basic "
+                   f"calibration {rules}; achieved PLD {achieved} (RDP {_num(rdp)}, basic "
                    f"{_num(basic)}){extra}: {verdict}")
     if out:
         out.insert(0, "privacy contract (per configuration; achieved: the largest total over "
@@ -252,25 +271,35 @@ def _contract_entries(configs: list[_Config]) -> list[tuple]:
         deltas = sorted({float(r["target_delta"]) for r in rows})
         rules = sorted({_text(r.get("calibration")) for r in rows})
         scopes = sorted({_text(r.get("scope")) for r in rows})
-        pld = max(float(r["eps_pld"]) for r in rows)
-        rdp = max(float(r["eps_rdp"]) for r in rows)
-        basic = max(float(r["eps_basic"]) for r in rows)
+        every_owner = [{**r, "agent": a} for agents, r in c.groups for a in agents]
+        verdict_of: Guarantee = judge_rows(every_owner)
+        shown = shown_totals(rows)  # inf for an owner that trained without noise
+
+        pld, rdp, basic = (_most(shown, k) for k in ("eps_pld", "eps_rdp", "eps_basic"))
         tgt = _num(targets[0]) if len(targets) == 1 else f"{_num(targets[0])}..{_num(targets[-1])}"
         dl = _num(deltas[0]) if len(deltas) == 1 else f"{_num(deltas[0])}..{_num(deltas[-1])}"
-        if all(math.isinf(t) for t in targets):
-            verdict = "no privacy (eps = inf)"
-        else:
-            met = all(float(r["eps_pld"]) <= float(r["target_eps"]) * (1 + MET_RTOL)
-                      for r in rows)
-            verdict = "met" if met else "NOT met"
-            if not met and any(x.startswith("paper:") for x in rules):
-                verdict += " (the paper's rule reads eps in its own unit)"
-            if not all(bool(r.get("certified", True)) for r in rows):
-                verdict += "; NOT certified"
-        every = max(float(r.get("eps_pld_all", r["eps_pld"])) for r in rows)
+        verdict = _verdict(rows, rules, verdict_of)
+        every = _most(shown, "eps_pld_all" if "eps_pld_all" in shown else "eps_pld")
         out.append((c.index, c.label, (tgt, dl, "/".join(scopes), ", ".join(rules), verdict),
                     pld, rdp, basic, every))
     return out
+
+
+def _most(shown: dict[str, np.ndarray], field: str) -> float:
+    """The largest of a total over owners (NaN when the ledger has no such field)."""
+    return float(np.max(shown[field])) if field in shown else math.nan
+
+
+def _verdict(rows: list[dict[str, Any]], rules: list[str], g: Guarantee) -> str:
+    """'met' / 'NOT met' against the target, and 'NOT private: <why>' unless the guarantee is
+    finite and certified (a configuration trained without noise: that alone)."""
+    if g.without_noise and all(r.startswith(NO_NOISE) for r in g.reasons):
+        return f"NOT private: {g.reason}"
+    met = all(float(r["eps_pld"]) <= float(r["target_eps"]) * (1 + MET_RTOL) for r in rows)
+    verdict = "met" if met else "NOT met"
+    if not met and any(x.startswith("paper:") for x in rules):
+        verdict += " (the paper's rule reads eps in its own unit)"
+    return verdict if g.private else f"{verdict}; NOT private: {g.reason}"
 
 
 def _notes(configs: list[_Config], attr: str, name: str, skip_if: str | None = None) -> list[str]:

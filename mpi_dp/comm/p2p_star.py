@@ -291,7 +291,7 @@ class P2PStar:
             self._req_recv.Free()
             self._req_recv = None
         self.stop_hosts()
-        acks = {}
+        acks: dict[int, np.ndarray] = {}
         while len(acks) < self.size - 1:
             st = wait_message(self.comm, MPI.ANY_SOURCE, MPI.ANY_TAG)
             buf = recv_pending(self.comm, st)
@@ -366,9 +366,9 @@ class P2PStar:
                     waiter.answered(a)
                     clocks.served_one(a, status, self.now())
                 else:
-                    owners, status = self._answer_query(slot.qbuf[:count].copy(), answer)
+                    owners, statuses = self._answer_query(slot.qbuf[:count].copy(), answer)
                     waiter.answered(int(owners[0]))
-                    clocks.served(owners, status, self.now())
+                    clocks.served(owners, statuses, self.now())
             elif tag == POLL:
                 claim[0], claim[1] = slot.qbuf[0], float(clocks.claim(self.now()))
                 self.comm.Send([claim, MPI.DOUBLE], dest=0, tag=CLAIM)

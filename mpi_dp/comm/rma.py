@@ -54,14 +54,14 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import scipy.sparse as sp
 from mpi4py import MPI
 
 from .agree import collective
-from .graph import block_starts
+from .graph_exchange import block_starts
 
 T_ = TypeVar("T_")
 
@@ -73,7 +73,7 @@ NAP_S = 1e-4
 
 def allocate_window(nbytes: int, comm: MPI.Comm) -> MPI.Win:
     """MPI.Win.Allocate with 8-byte displacement units (a seam for tests)."""
-    return MPI.Win.Allocate(max(8, nbytes), 8, comm=comm)
+    return MPI.Win.Allocate(max(8, nbytes), 8, comm=cast(MPI.Intracomm, comm))
 
 
 def slot_disp(W: sp.csr_matrix, starts: np.ndarray, i: int, j: int, item: int) -> int:
@@ -167,10 +167,12 @@ class Mailboxes:
         col_owner = owner[cols]
         self.peers = np.unique(col_owner).tolist()
         weights = [int(np.sum(col_owner == q)) for q in self.peers]
-        self.dgraph = comm.Create_dist_graph_adjacent(self.peers, self.peers, sourceweights=weights,
-                                                      destweights=weights, reorder=False)
+        self.dgraph = cast(MPI.Intracomm, comm).Create_dist_graph_adjacent(
+            self.peers, self.peers, sourceweights=weights, destweights=weights, reorder=False)
         self.win: MPI.Win | None = allocate_window(n_slots * self.width * 8, comm)
-        self._mem = np.frombuffer(self.win.tomemory(), dtype=np.float64)[:n_slots * self.width] \
+        # cast: numpy's stubs do not take mpi4py's buffer (it has the buffer protocol)
+        self._mem = np.frombuffer(cast(memoryview, self.win.tomemory()),
+                                  dtype=np.float64)[:n_slots * self.width] \
             .reshape(n_slots, self.width)
         self.win.Lock(self.rank, MPI.LOCK_EXCLUSIVE)
         self._mem[:, 0] = -1.0

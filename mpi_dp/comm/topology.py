@@ -1,6 +1,6 @@
 """Agent graphs and time-varying doubly stochastic mixing (seed 003, spec §3). Pure NumPy, no MPI.
 
-The graph type itself is mpi_dp.graphs.Graph (one for both peer methods), re-exported here.
+The graph type itself is mpi_dp.agent_graph.Graph (one for both peer methods), re-exported here.
 
 The graph construction of both peer methods lives here (`make_graph`): dola's kinds and the
 spellings shared with p2p's `p2p.graph` (`parse_graph_spec`: "shard", "knn:K", "complete",
@@ -31,8 +31,8 @@ from scipy.spatial import cKDTree
 from scipy.spatial.distance import cdist
 
 from mpi_dp import rng
+from mpi_dp.agent_graph import Graph  # the one graph type (re-exported: dola's code names tp.Graph)
 from mpi_dp.errors import JobError
-from mpi_dp.graphs import Graph  # the one graph type (re-exported: dola's code names tp.Graph)
 
 #: mean degree of the random geometric graphs standing in for the paper's T1/T2/T3
 RGG_DEGREE = {"sparse": 4.0, "medium": 10.0, "dense": 24.0}
@@ -244,9 +244,9 @@ def from_file(path: str | Path, m: int) -> Graph:
         weighted |= len(parts) == 3
         pairs.append((min(i, j), max(i, j)))
         weights.append(w)
-    e = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    edges = np.array(pairs, dtype=np.int64).reshape(-1, 2)
     if not weighted:
-        return Graph(m, e, "from_file", info={"path": str(p)})
+        return Graph(m, edges, "from_file", info={"path": str(p)})
     seen: dict[tuple[int, int], float] = {}
     for pair, w in zip(pairs, weights, strict=True):
         if seen.setdefault(pair, w) != w:

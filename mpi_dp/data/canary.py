@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import shutil
+from typing import cast
 
 import h5py
 import numpy as np
@@ -61,7 +62,7 @@ def _replace_record(path: pathlib.Path, owner: int, record: int, x: np.ndarray, 
     """Overwrite record `record` of `owner` in the shard file at `path` (a private copy)."""
     with ShardFile(path) as shard:
         X, yy = shard.read_agent(owner)
-    X = X.tolil(copy=True) if sp.issparse(X) else X.copy()
+    X = cast(sp.csr_matrix, X).tolil(copy=True) if sp.issparse(X) else X.copy()
     X[record] = x
     yy = yy.copy()
     yy[record] = y

@@ -34,7 +34,7 @@ class Prepared:
     feature_names: list[str]
     public: Pair | None = None
     public_extra: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
-    tests: list[Pair | None] | None = None
+    tests: Sequence[Pair | None] | None = None
     test_global: Pair | None = None
     agent_extra: list[dict[str, np.ndarray]] | None = None
     steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -113,7 +113,8 @@ def write_prepared(prep: Prepared, out: str | os.PathLike[str], *, recipe: str,
     }
     if prep.decisions:
         attrs["decisions"] = _json(prep.decisions)
-    names: list[str] | None = list(prep.feature_names)
+    names: list[str] | None
+    names = list(prep.feature_names)
     if sum(len(n) + 1 for n in names) > 32_768:  # HDF5 attributes are limited to 64 KiB
         attrs["feature_names_omitted"] = (f"{len(names)} names, too long for an attribute; "
                                           f"they run {names[0]}, {names[1]}, ... {names[-1]}")
@@ -151,7 +152,7 @@ def _rows(X: Any) -> int:
     return int(X.shape[0])
 
 
-def _human(nbytes: int) -> str:
+def _human(nbytes: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if nbytes < 1024 or unit == "GiB":
             return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
@@ -335,7 +336,7 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
     """How a prepared shard file was made (its provenance attributes, decoded)."""
     with ShardFile(path) as f:
         a = f.attrs
-    out = {}
+    out: dict[str, Any] = {}
     for k in ("recipe", "options", "source_files", "preprocessing", "partition", "notes", "decisions"):
         if k in a:
             out[k] = json.loads(a[k]) if isinstance(a[k], str) and k != "recipe" else a[k]

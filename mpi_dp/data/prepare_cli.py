@@ -91,7 +91,7 @@ source files (SHA-256), preprocessing steps, partition and decisions as attribut
 """
 
 #: --opt keys of the file paths, with the type each value must have
-FILE_OPTS: dict[str, dict[str, type]] = {
+FILE_OPTS: dict[str, dict[str, type[Any]]] = {
     "csv": {"delimiter": str, "onehot_max_levels": int},
     "libsvm": {"n_features": int},
 }
@@ -407,7 +407,7 @@ def _read(args: argparse.Namespace, path: Path) -> readers.Table:
         return readers.read_libsvm(path, n_features=opts.get("n_features"))
     if not args.target:
         raise DataError("'data prepare csv' needs --target COLUMN")
-    cat = {"auto": "auto", "none": None}.get(args.categorical, None)
+    cat: str | list[str] | None = {"auto": "auto", "none": None}.get(args.categorical, None)
     if args.categorical not in ("auto", "none"):
         cat = [c.strip() for c in args.categorical.split(",") if c.strip()]
     return readers.read_csv(

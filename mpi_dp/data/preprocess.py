@@ -10,14 +10,14 @@ stays CSR wherever the transform keeps zeros at zero. Inputs are never modified 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias, cast
 
 import numpy as np
 import scipy.sparse as sp
 
 from mpi_dp.errors import DataError
 
-Matrix = np.ndarray | sp.csr_matrix
+Matrix: TypeAlias = np.ndarray | sp.csr_matrix
 
 
 def _as_matrix(X: Any, what: str = "X") -> Matrix:
@@ -33,7 +33,7 @@ def _as_matrix(X: Any, what: str = "X") -> Matrix:
 
 def _values(X: Matrix) -> np.ndarray:
     """The stored values of X (all entries when dense, the non-zeros when sparse)."""
-    return X.data if sp.issparse(X) else X
+    return cast(np.ndarray, X.data) if sp.issparse(X) else X
 
 
 def _check_finite(X: Matrix, what: str) -> None:
@@ -92,7 +92,7 @@ def fit_standardise(X: Any, rows: np.ndarray | None = None) -> dict[str, np.ndar
     sub = _select_rows(X, rows)
     if sp.issparse(sub):
         mean = _colvec(sub.mean(axis=0))
-        var = np.maximum(_colvec(sub.multiply(sub).mean(axis=0)) - mean**2, 0.0)
+        var = np.maximum(_colvec(cast(sp.csr_matrix, sub).multiply(sub).mean(axis=0)) - mean**2, 0.0)
         std = np.sqrt(var)
         constant = _colvec(sub.max(axis=0).toarray()) == _colvec(sub.min(axis=0).toarray())
     else:

@@ -13,13 +13,14 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+import scipy.sparse as sp
 
-from mpi_dp.data import graphs, readers
 from mpi_dp.data import partition as part
 from mpi_dp.data import preprocess as pre
+from mpi_dp.data import readers, shard_graph
 from mpi_dp.data.prepare import Prepared, as_pairs, reader_decisions
 from mpi_dp.errors import DataError
 from mpi_dp.rng import stream
@@ -264,7 +265,7 @@ def build_reuters(paths: list[Path], o: dict[str, Any]) -> Prepared:
     test = readers.read_libsvm(paths[1], n_features=train.X.shape[1])
     steps: list[dict[str, Any]] = [{"step": "read_libsvm", "sparse": True}]
     X, Xt = train.X, test.X
-    norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
+    norms = np.sqrt(np.asarray(cast(sp.csr_matrix, X).multiply(X).sum(axis=1)).ravel())  # libsvm: CSR
     if norms.max() > 1 + 1e-9:
         X, Xt = pre.row_normalise(X, "l2"), pre.row_normalise(Xt, "l2")
         steps.append({"step": "row_normalise", "norm": "l2"})
@@ -503,7 +504,7 @@ def build_movielens(paths: list[Path], o: dict[str, Any]) -> Prepared:
     for u, idx in enumerate(tr):
         R[u, ml.item[idx]] = ml.rating[idx] - means[u]
     edges = knn_graph(R, k)
-    graph = graphs.graph_arrays(graphs.graph_matrix(  # DataError if disconnected
+    graph = shard_graph.graph_arrays(shard_graph.graph_matrix(  # DataError if disconnected
         edges, np.ones(len(edges)), n_users, where="movielens kNN graph"))
     deg = np.bincount(edges.ravel(), minlength=n_users)
     item_norm_max = float(np.linalg.norm(Q, axis=1).max())

@@ -53,6 +53,8 @@ re-exports all three modules' names.
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -73,5 +75,5 @@ RESERVED_ATTRS = frozenset(
 META_SUFFIX = "_meta"
 
 #: A feature matrix as read back: dense float64 array or CSR matrix (sparse files).
-Matrix = np.ndarray | sp.csr_matrix
+Matrix: TypeAlias = np.ndarray | sp.csr_matrix
 ArrayPair = tuple[Matrix, np.ndarray]

@@ -22,7 +22,7 @@ import json
 import os
 import pathlib
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import h5py
 import numpy as np
@@ -318,7 +318,7 @@ class ShardFile:
         shape = tuple(int(v) for v in np.asarray(obj.attrs["shape"]).ravel())
         if len(shape) != 2:
             raise self._fail(f"{what}: CSR {name} has shape attribute {shape}, expected (n, p)")
-        return shape  # type: ignore[return-value]
+        return shape
 
     def _check_matrix(self, parent: h5py.Group, name: str, what: str) -> int:
         """Check X `name` (dense or CSR, as the file's storage says) reading no records; rows."""
@@ -613,7 +613,7 @@ class ShardFile:
         if self._off is None:
             return [self.read_agent(int(i), int(k)) for i, k in zip(a, want, strict=True)]
         got: dict[int, ArrayPair] = {}
-        todo = {}
+        todo: dict[int, int] = {}
         for i, k in zip(a.tolist(), want.tolist(), strict=True):
             kept = self._kept.get(i)
             if kept is None or k > kept[0].shape[0]:
@@ -945,12 +945,12 @@ class ShardFile:
             if off is None:
                 continue
             sel = u[off[u + 1] > off[u]] if test else u
-            for block, values, parts, y in self._read_many(sel, off[sel + 1] - off[sel], test):
+            for block, values, pairs, y in self._read_many(sel, off[sel + 1] - off[sel], test):
                 if not (np.isfinite(values).all() and np.isfinite(y).all()):
-                    bad.update(int(i) for i, (X, yi) in zip(block, parts, strict=True)
+                    bad.update(int(i) for i, (X, yi) in zip(block, pairs, strict=True)
                                if not (np.isfinite(X.data if sp.issparse(X) else X).all()
                                        and np.isfinite(yi).all()))
-                for i, pair in zip(block.tolist(), parts, strict=True):
+                for i, pair in zip(block.tolist(), pairs, strict=True):
                     budget = self._keep(i, None if test else pair, pair if test else None,
                                         budget)
         if bad:  # the first bad owner in the order of `ids`, named as the group layout names it
@@ -984,7 +984,7 @@ class ShardFile:
             data = X.data if sp.issparse(X) else X
             if not np.all(np.isfinite(data)):
                 if sp.issparse(X):
-                    coo = X.tocoo()
+                    coo = cast(sp.csr_matrix, X).tocoo()
                     k = int(np.flatnonzero(~np.isfinite(coo.data))[0])
                     r, c = int(coo.row[k]), int(coo.col[k])
                 else:

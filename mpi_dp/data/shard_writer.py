@@ -16,7 +16,7 @@ import os
 import pathlib
 import tempfile
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import h5py
 import numpy as np
@@ -150,14 +150,15 @@ def _write_matrix(group: h5py.Group, name: str, X: Matrix) -> None:
     if not sp.issparse(X):
         group.create_dataset(name, data=X, chunks=(_chunk_rows(n, p), p))
         return
+    csr = cast(sp.csr_matrix, X)
     g = group.create_group(name)
     g.attrs["format"] = "csr"
     g.attrs["shape"] = np.array([n, p], dtype=np.int64)
     index_dtype = np.int32 if p <= np.iinfo(np.int32).max else np.int64
-    chunks = {"chunks": (min(X.nnz, CSR_CHUNK),)} if X.nnz else {}
-    g.create_dataset("data", data=np.asarray(X.data, dtype=np.float64), **chunks)
-    g.create_dataset("indices", data=np.asarray(X.indices, dtype=index_dtype), **chunks)
-    g.create_dataset("indptr", data=np.asarray(X.indptr, dtype=np.int64),
+    chunks = {"chunks": (min(csr.nnz, CSR_CHUNK),)} if csr.nnz else {}
+    g.create_dataset("data", data=np.asarray(csr.data, dtype=np.float64), **chunks)
+    g.create_dataset("indices", data=np.asarray(csr.indices, dtype=index_dtype), **chunks)
+    g.create_dataset("indptr", data=np.asarray(csr.indptr, dtype=np.int64),
                      chunks=(min(n + 1, CSR_CHUNK),))
 
 
@@ -176,7 +177,8 @@ def _write_array(group: h5py.Group, name: str, a: np.ndarray) -> None:
 def _write_concat(ds: h5py.Dataset, parts: Sequence[np.ndarray]) -> None:
     """`parts` one after another along axis 0 of `ds`, written in slices of about _WRITE_BYTES
     (the writer never holds a second copy of every owner's records)."""
-    lo, batch, size = 0, [], 0
+    batch: list[np.ndarray] = []
+    lo, size = 0, 0
 
     def flush() -> None:
         nonlocal lo, batch, size
@@ -195,7 +197,7 @@ def _write_concat(ds: h5py.Dataset, parts: Sequence[np.ndarray]) -> None:
     flush()
 
 
-def _offsets(counts: Sequence[int]) -> np.ndarray:
+def _offsets(counts: Sequence[int] | np.ndarray) -> np.ndarray:
     """Row offsets (int64, len(counts) + 1) of arrays of `counts` rows stored one after another."""
     out = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(np.asarray(counts, dtype=np.int64), out=out[1:])
@@ -209,9 +211,10 @@ def _write_matrix_block(group: h5py.Group, name: str, mats: Sequence[Matrix], p:
     if not mats or not sp.issparse(mats[0]):
         ds = group.create_dataset(name, shape=(n, p), dtype=np.float64,
                                   chunks=(_chunk_rows(n, p), p) if n else None)
-        _write_concat(ds, mats)  # type: ignore[arg-type]
+        _write_concat(ds, mats)
         return
-    nnz = _offsets([int(X.nnz) for X in mats])
+    csrs = cast("Sequence[sp.csr_matrix]", mats)  # all CSR here
+    nnz = _offsets([int(X.nnz) for X in csrs])
     g = group.create_group(name)
     g.attrs["format"] = "csr"
     g.attrs["shape"] = np.array([n, p], dtype=np.int64)
@@ -219,13 +222,13 @@ def _write_matrix_block(group: h5py.Group, name: str, mats: Sequence[Matrix], p:
     total = int(nnz[-1])
     chunks = {"chunks": (min(total, CSR_CHUNK),)} if total else {}
     _write_concat(g.create_dataset("data", shape=(total,), dtype=np.float64, **chunks),
-                  [np.asarray(X.data, dtype=np.float64) for X in mats])
+                  [np.asarray(X.data, dtype=np.float64) for X in csrs])
     _write_concat(g.create_dataset("indices", shape=(total,), dtype=index_dtype, **chunks),
-                  [np.asarray(X.indices, dtype=index_dtype) for X in mats])
+                  [np.asarray(X.indices, dtype=index_dtype) for X in csrs])
     indptr = g.create_dataset("indptr", shape=(n + 1,), dtype=np.int64,
                               chunks=(min(n + 1, CSR_CHUNK),))
     _write_concat(indptr, [np.zeros(1, np.int64)] + [
-        np.asarray(X.indptr[1:], dtype=np.int64) + nnz[k] for k, X in enumerate(mats)])
+        np.asarray(X.indptr[1:], dtype=np.int64) + nnz[k] for k, X in enumerate(csrs)])
 
 
 def _concatenable(arrays: Sequence[np.ndarray]) -> bool:
@@ -350,9 +353,9 @@ def write_shards(
     if test is not None:
         if len(test) != len(pairs):
             raise DataError(f"test has {len(test)} entries but there are {len(pairs)} agents")
-        for i, pair in enumerate(test):
-            if pair is not None:
-                tests[i] = _as_pair(pair[0], pair[1], f"agent {i} test set", p, task)
+        for i, test_pair in enumerate(test):
+            if test_pair is not None:
+                tests[i] = _as_pair(test_pair[0], test_pair[1], f"agent {i} test set", p, task)
     pub = None if public is None else _as_pair(public[0], public[1], "public", p, task)
     glob = (None if test_global is None
             else _as_pair(test_global[0], test_global[1], "global test set", p, task))

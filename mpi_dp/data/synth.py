@@ -6,7 +6,7 @@ owners or resizing one owner never changes another owner's records. Each record'
 noise are drawn together as one row, so an owner with n records gets exactly the first n records
 of the same owner with more records (a sweep over n can generate once and read prefixes).
 The personalised P2P task (`p2p_instance`) draws agent i's targets from (seed, "graph", i) and
-its records from (seed, "data", i); its graph follows mpi_dp.data.graphs.
+its records from (seed, "data", i); its graph follows mpi_dp.data.shard_graph.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import argparse
 import os
 import pathlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -23,7 +23,7 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
 from mpi_dp import rng
-from mpi_dp.data.graphs import graph_arrays, laplacian_lambda2
+from mpi_dp.data.shard_graph import graph_arrays, laplacian_lambda2
 from mpi_dp.data.shards import ShardFile, write_shards
 from mpi_dp.errors import DataError
 
@@ -205,6 +205,7 @@ def write_synth(
         return _write_online(path, n_agents, records, dim, noise, seed, public)
     if task == "multiclass":
         return _write_multiclass(path, n_agents, records, dim, noise, seed, public, **kw)
+    gen: Callable[..., dict[str, Any]]
     if task == "regression":
         gen, generator = synth_regression, "synth_regression"
     elif task == "binary":
@@ -498,7 +499,7 @@ def _p2p_instance(n: int, p: int, seed: int, min_records: int, max_records: int,
 def write_p2p(path: str | os.PathLike[str], n: int = 100, p: int = 100, seed: int = 0,
               **kw: Any) -> pathlib.Path:
     """Write `p2p_instance(n, p, seed, **kw)` as a shard file: per-agent X, y, X_test, y_test;
-    /public/graph_edges, graph_weights (see mpi_dp.data.graphs) and targets; the generator's
+    /public/graph_edges, graph_weights (see mpi_dp.data.shard_graph) and targets; the generator's
     options in the "synth" attribute (with the range and total of the record counts: each
     agent's own count is its group's "n") and the threshold in the "graph" attribute."""
     defaults = {"min_records": 10, "max_records": 100, "test_records": 100, "flip": 0.05,
@@ -618,7 +619,7 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_p2p(args: argparse.Namespace) -> pathlib.Path:
-    given = getattr(args, "given_options", set())
+    given: set[str] = getattr(args, "given_options", set())
     wrong = sorted({"records", "public"} & given)
     if wrong:
         raise DataError(f"--task p2p takes no --{' / --'.join(wrong)}: it draws m_i ~ "

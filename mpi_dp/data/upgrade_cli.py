@@ -59,7 +59,7 @@ def check_same_records(src: Path, dst: Path) -> int:
                 raise DataError(f"{dst}: owner {i}'s records differ from {src}'s")
         for i, (ta, tb) in enumerate(zip(a.read_agents_test(ids), b.read_agents_test(ids),
                                          strict=True)):
-            if (ta is None) != (tb is None) or (ta is not None and not (
+            if (ta is None) != (tb is None) or (ta is not None and tb is not None and not (
                     _same(ta[0], tb[0]) and _same(ta[1], tb[1]))):
                 raise DataError(f"{dst}: owner {i}'s test set differs from {src}'s")
         return a.n_agents

@@ -21,16 +21,20 @@ from ..data.bounds import row_norm_bound
 from ..errors import JobError
 from ..jobspec import CommKeys, Section, err, key
 from ..models import multinomial
-from ..privacy import GAUSSIAN_CALIBRATIONS, contract, tap
+from ..privacy import GAUSSIAN_CALIBRATIONS, rules, tap
+from ..privacy.contract import Contract
 from .base import (
+    Configured,
     Context,
     Method,
     Outcome,
     Resolved,
     RunHooks,
+    Signal,
     backend_for,
-    calibration_attrs,
     default_of,
+    default_records,
+    footprint_of,
     ledger_delta,
     owner_plans,
     settings_attrs,
@@ -188,7 +192,6 @@ class Admm(Method[Prepared, _S]):
                     "perturbation, decreasing variance)")
     reads = ("comm.aggregate", "backend")
     sections = {"admm": AdmmKeys.keys()}
-    takes_hooks = True
     legacy_keys = {"admm.method": "variant", "sweep.method": "sweep.variant"}
     variant_aliases = {"iadmm": None}
     label_variant = True
@@ -197,7 +200,6 @@ class Admm(Method[Prepared, _S]):
                 "the per-iteration eps_bar is calibrated from it: attribute eps_bar)"}
     paper_rule = ("eps is eps_bar, every agent's budget PER ITERATION (the paper's statement; "
                   "its T releases compose to far more: see privacy/ledger)")
-    paper_rule_name = "per_iteration"
     default_metric = "test_error"
 
     def model_size(self, ctx: Context, prep: Prepared) -> int:
@@ -269,7 +271,11 @@ class Admm(Method[Prepared, _S]):
     def header(self, ctx: Context, prep: Prepared) -> str:
         return f"J={ctx.shard.n_features}, K={prep.K}"
 
-    def settings(self, ctx: Context, prep: Prepared, rc: Resolved) -> _S:
+    def configure(self, ctx: Context, prep: Prepared, rc: Resolved) -> Configured[_S]:
+        """The settings (no calibration: eps_bar comes from the contract at run time), T
+        releases per agent (one per iteration) at one delta for every agent (the smallest of
+        theirs: the rho schedule (21) and OutP's steps read one per-iteration eps), the paper
+        rule with the job's knobs (seed 002: eps_bar per iteration)."""
         job = ctx.job
         k, g = job.section(AdmmKeys), job.generic
         if len(set(rc.eps)) != 1:
@@ -282,6 +288,7 @@ class Admm(Method[Prepared, _S]):
             rho, rule = "dynamic_1", ("(21) with rho_c1, rho_c2, rho_tc: the shard has no public "
                                       "row-norm bound for rho = 'auto'")
         elif auto_rho:
+            assert B is not None  # auto_rho: the shard has B
             rho = B * B * max(rc.n) / (2.0 * sum(rc.n))
             rule = (f"auto: B^2 max_p n_p / (2 I) with the shard's public row-norm bound B = "
                     f"{B:g}, plus b sqrt(J K / P) (b: ObjT/ObjP's Laplace scale)")
@@ -292,8 +299,8 @@ class Admm(Method[Prepared, _S]):
             raise JobError(f"job file {job.path}: key 'admm.sens_mode': 'bound' needs the shard's "
                            f"public row-norm bound (/public/row_norm_max), which {ctx.shard.path} "
                            "lacks (prepare it with --row-norm l2), or use 'global'")
-        return _S(
-            rho_rule=rule, method=rc.variant, T=g.T, eps_bar=float(rc.eps[0]), n=tuple(rc.n),
+        s = _S(
+            rho_rule=rule, method=rc.variant, T=g.T, n=tuple(rc.n),
             J=ctx.shard.n_features, K=prep.K, gamma=float(k.gamma),
             rho_mode="auto" if auto_rho else rho if isinstance(rho, str) else "static",
             row_bound=math.inf if B is None else B,
@@ -305,58 +312,49 @@ class Admm(Method[Prepared, _S]):
             budget_eps=float(k.budget_eps), seed=g.seed, run_ids=ctx.run_ids,
             record_every=g.record_every, aggregate=job.section(CommKeys).aggregate,
             backend=backend_for(ctx, rc.n))
-
-    def plans(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S) -> list[contract.Plan]:
-        """T releases per agent (one per iteration), at one delta for every agent (the smallest
-        of theirs: the rho schedule (21) and OutP's steps read one per-iteration eps)."""
-        mech = "gaussian" if s.method == "outp" else "laplace"
-        plans = owner_plans(ctx, rc, rc.n, mech, s.T)
+        outp = s.method == "outp"
+        plans = owner_plans(ctx, rc, rc.n, "gaussian" if outp else "laplace", s.T)
         delta = min(p.delta for p in plans)
-        return [dataclasses.replace(p, delta=delta) for p in plans]
+        plans = [dataclasses.replace(p, delta=delta) for p in plans]
+        # ObjT/ObjP perturb agent p's gradient of its share of F, a sum of n_p per-record terms
+        # over I: sensitivity 2 / n_p of its bound. OutP perturbs the model itself: not defined.
+        signal = None if outp else Signal(tuple(2.0 / n for n in rc.n[: len(rc.eps)]),
+                                          s.J * s.K)
+        records = default_records(ctx)
+        attrs = {**settings_attrs(s),
+                 "n_test": 0 if prep.test is None else len(prep.test[1]),
+                 "eval_set": _eval_set_text(ctx.shard, prep.test),
+                 "prediction": PREDICTION_RULE,
+                 "dp_strict": s.sens_mode in ("global", "bound") or outp,
+                 **({"classes": "binary shard: label -1 is class 0, +1 is class 1 (K = 2)"}
+                    if ctx.shard.task == "binary" else {}),
+                 "evaluation_only": EVALUATION_ONLY}
+        paper = rules.PerIteration(gaussian_calibration=s.outp_calibration, dp_delta=s.dp_delta,
+                                   budget_eps=s.budget_eps)
+        return Configured(rc, s, tuple(plans),
+                          footprint_of(ctx, records, self.model_size(ctx, prep)), records,
+                          attrs, signal, paper)
 
-    def calibrated(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S, cals: list) -> _S:
-        cal = cals[0]
-        if cal.rule == "paper":
-            return dataclasses.replace(s, calibration=tuple(cals))
-        nm = cal.noise_multiplier
-        if math.isinf(s.eps_bar) or nm == 0:
-            eps_bar = math.inf
-        elif s.method == "outp":  # the per-iteration eps whose classical sigma is the calibrated
-            eps_bar = math.sqrt(2 * math.log(1.25 / s.dp_delta)) / nm
-        else:
-            eps_bar = 1.0 / nm
-        return dataclasses.replace(s, eps_bar=eps_bar, noise_multiplier=nm,
-                                   calibration=tuple(cals))
-
-    def release_signal(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S
-                       ) -> tuple[list[float], int] | None:
-        """ObjT/ObjP perturb agent p's gradient of its share of F, a sum of n_p per-record terms
-        over I: sensitivity 2 / n_p of its bound. OutP perturbs the model itself: not defined."""
-        if s.method == "outp":
-            return None
-        return [2.0 / n for n in rc.n[: len(rc.eps)]], s.J * s.K
-
-    def record_attrs(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S) -> dict[str, Any]:
-        if s.calibrated:
-            what = (f"each agent's T = {s.T} releases are (eps, delta)-DP in total (eps the "
-                    "job's, delta the ledger's), calibrated by "
-                    f"{s.calibration[0].rule}; eps_bar is the per-iteration eps it gives")
-        else:
+    def run(self, ctx: Context, prep: Prepared, c: Configured[_S], contract: Contract,
+            hooks: RunHooks) -> Outcome | None:
+        s, rc = c.settings, c.resolved
+        # what the contract sets: the per-iteration eps_bar and the noise it comes from
+        noise = contract.noise(0)
+        eps_bar = admm.iteration_eps(contract, s)
+        if contract.rule.paper:
             what = ("(eps_bar, delta)-DP per iteration (Gaussian)" if s.method == "outp"
                     else "eps_bar-DP per iteration (Laplace objective perturbation)")
-        return {**settings_attrs(s), **calibration_attrs(list(s.calibration)),
-                "n_test": 0 if prep.test is None else len(prep.test[1]),
-                "eval_set": _eval_set_text(ctx.shard, prep.test), "prediction": PREDICTION_RULE,
-                "dp_strict": s.sens_mode in ("global", "bound") or s.method == "outp",
-                **({"classes": "binary shard: label -1 is class 0, +1 is class 1 (K = 2)"}
-                   if ctx.shard.task == "binary" else {}),
-                "privacy": what, "evaluation_only": EVALUATION_ONLY}
-
-    def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S, recorder: Any,
-                   label: str, hooks: RunHooks | None = None) -> Outcome | None:
+        else:
+            what = (f"each agent's T = {s.T} releases are (eps, delta)-DP in total (eps the "
+                    "job's, delta the ledger's), calibrated by "
+                    f"{contract.rule.name}; eps_bar is the per-iteration eps it gives")
+        hooks.attrs(eps_bar=eps_bar,
+                    noise_multiplier=math.nan if noise is None else noise.noise_multiplier,
+                    privacy=what)
         # the hosted agents step as one block (their records stacked by record count)
-        agents = ctx.agree(lambda: admm.AgentBlock([admm.Agent(i, X[: rc.n[i]], y[: rc.n[i]], s)
-                                                    for i, (X, y) in prep.local.items()], s))
+        agents = ctx.agree(lambda: admm.AgentBlock(
+            [admm.Agent(i, X[: rc.n[i]], y[: rc.n[i]], s, contract)
+             for i, (X, y) in prep.local.items()], s, contract))
         w_star = star_err = None
         iters = ctx.job.section(AdmmKeys).reference_iters
         if tap.evaluating() and iters > 0:
@@ -365,22 +363,21 @@ class Admm(Method[Prepared, _S]):
                 w, nit, grad = admm.reference_optimum(ctx.star, agents, s, iters)
                 prep.optima[optimum] = (w, admm.train_error(ctx.star, agents, s, w), nit, grad)
             w_star, star_err, nit, grad = prep.optima[optimum]
-        out = admm.run_config(ctx.star, agents, s, prep.test, recorder, label=label,
-                              progress=ctx.progress, hooks=hooks,
+        out = admm.run_config(ctx.star, agents, s, contract, prep.test, hooks=hooks,
                               ledger_delta=ledger_delta(ctx, rc))
         if out is None:
             return None
-        if s.calibrated:
-            guarantee = (f"each agent's T releases of z_p (ObjT/ObjP: Laplace objective "
-                         "perturbation; OutP: Gaussian output perturbation) together are (eps, "
-                         "delta)-DP for its records (replace-one), the noise calibrated by "
-                         f"{s.calibration[0].rule} ({contract.RULE_TEXT[s.calibration[0].rule]}); "
-                         "eps_pld is the tight total")
-        else:
+        if contract.rule.paper:
             guarantee = ("the paper's rule: per iteration, each released z_p is eps_bar-DP "
                          "(ObjT/ObjP, Laplace) or (eps_bar, dp_delta)-DP (OutP, Gaussian) for "
                          "agent p's data; it composes nothing across iterations, the totals here "
                          "compose all of an agent's releases")
+        else:
+            guarantee = (f"each agent's T releases of z_p (ObjT/ObjP: Laplace objective "
+                         "perturbation; OutP: Gaussian output perturbation) together are (eps, "
+                         "delta)-DP for its records (replace-one), the noise calibrated by "
+                         f"{contract.rule.name} ({contract.rule.text}); eps_pld is the tight "
+                         "total")
         res = Outcome(out.ledgers, guarantee=guarantee)
         res.add("models/final", out.final)
         for name, value in out.baselines.items():

@@ -16,17 +16,22 @@ import numpy as np
 
 from ..algorithms import async_star
 from ..comm.p2p_star import P2PStar
+from ..comm.schedule import Scheduler
 from ..errors import JobError
-from ..jobspec import Job, Section, SharedKeys, StepKeys, err, key, resolve_per_owner
-from ..privacy import contract
+from ..jobspec import Job, PrivacyKeys, Section, SharedKeys, StepKeys, err, key, resolve_per_owner
+from ..privacy import rules
+from ..privacy.contract import Contract
 from .base import (
+    Configured,
     Context,
     Outcome,
     Resolved,
     RunHooks,
+    Signal,
     backend_for,
-    calibration_attrs,
     default_of,
+    default_records,
+    footprint_of,
     ledger_delta,
     owner_plans,
     settings_attrs,
@@ -74,9 +79,15 @@ class AsyncKeys(Section):
                               "service is near round-robin)")
     poll_interval_s: float = key((int, float), default_of(_S, "poll_interval_s"), "live "
                                  "learner_broadcast: seconds between polls when no owner claimed")
-    per_owner_cap: int | list = key((int, list), 0, "answers each owner gives before it declines: "
-                                    "0 = T (the spec's default, b_i = 2 xi T/(n_i eps_i)); m_i > 0 "
-                                    "gives b_i = 2 xi m_i/(n_i eps_i) (scalar or one per owner)")
+    per_owner_cap: int | list | str = key(
+        (int, list, str), "auto", "answers each owner gives before it declines (m_i; its noise "
+        "is calibrated for m_i answers): 'schedule' (replay: the most answers the public, seeded "
+        "schedule gives the owner in any run, known before any data is read, so it never "
+        "declines), 'quantile' (the 0.999 quantile of its answers under the declared rates, "
+        "Binomial(T, lambda_i / sum lambda): at its cap it declines and another owner is "
+        "served), 0 = T (the paper's Theorem 1), or m_i > 0 (scalar or one per owner); 'auto' "
+        "(default): T under privacy.calibration = 'paper', else 'schedule' in replay mode and "
+        "'quantile' in live mode")
     gamma: float = key((int, float), 0.1, "rho = 'auto': local gain gamma = a_own (n_i/n) L, so "
                        "rho = gamma T^2 lam / L_public (spec: keep gamma in [0.02, 0.3])")
     init: str = key((str,), "const", "initial models: const (theta0 everywhere) or uniform "
@@ -98,11 +109,60 @@ class Prepared(StarPrepared):
     link: P2PStar | None = None  # the learner's one-on-one messaging with the owners' hosts
 
 
-def _caps(job: Job, N: int, n_file: int) -> list[int]:
+#: the quantile of an owner's answer count that per_owner_cap = 'quantile' allows
+CAP_QUANTILE = 0.999
+CAP_RULES = ("auto", "schedule", "quantile")
+
+
+def cap_rule(job: Job) -> str:
+    """What async.per_owner_cap resolves to: 'schedule', 'quantile' or 'fixed' (numbers)."""
     cap = job.section(AsyncKeys).per_owner_cap
-    caps = resolve_per_owner(job, AsyncKeys.key_name("per_owner_cap"), cap, N, n_file)
+    if not isinstance(cap, str):
+        return "fixed"
+    if cap != "auto":
+        return cap
+    if job.section(PrivacyKeys).calibration == "paper":
+        return "fixed"  # the paper's m_i = T
+    return "schedule" if job.section(AsyncKeys).mode == "replay" else "quantile"
+
+
+def _caps(job: Job, N: int, n_file: int, seed: int, run_ids: tuple[int, ...],
+          logged: np.ndarray | None = None) -> tuple[list[int], str]:
+    """Each participating owner's cap m_i and how it was set (an attribute's text)."""
     T = job.generic.T
-    return [T if int(c) == 0 else int(c) for c in caps]
+    rule = cap_rule(job)
+    a = job.section(AsyncKeys)
+    if rule == "schedule":
+        counts = schedule_counts(job, N, n_file, seed, run_ids, logged)
+        return [int(c) for c in counts], ("schedule: the most answers the public schedule gives "
+                                          "the owner in any run")
+    if rule == "quantile":
+        rates = np.array(_rates(job, N, n_file))
+        from scipy.stats import binom
+
+        caps = [max(1, min(T, int(binom.ppf(CAP_QUANTILE, T, r / rates.sum())))) for r in rates]
+        return caps, (f"quantile: the {CAP_QUANTILE} quantile of Binomial(T, lambda_i / sum "
+                      "lambda), the owner's answers under the declared rates")
+    cap = 0 if a.per_owner_cap == "auto" else a.per_owner_cap
+    caps = resolve_per_owner(job, AsyncKeys.key_name("per_owner_cap"), cap, N, n_file)
+    return [T if int(c) == 0 else int(c) for c in caps], "fixed: async.per_owner_cap (0 = T)"
+
+
+def schedule_counts(job: Job, N: int, n_file: int, seed: int, run_ids: tuple[int, ...],
+                    logged: np.ndarray | None = None) -> np.ndarray:
+    """(N,) the most answers each owner gives in any run of the replay schedule of T iterations
+    (the seeded Scheduler, or the logged schedule's owners): public, drawn before any data."""
+    T = job.generic.T
+    if logged is not None:
+        return np.bincount(np.asarray(logged, dtype=np.int64)[:T], minlength=N)[:N]
+    a = job.section(AsyncKeys)
+    sched = Scheduler(a.scheduler, N, seed, run_ids, np.array(_rates(job, N, n_file)))
+    runs = np.arange(len(run_ids))
+    counts = np.zeros((len(run_ids), N), dtype=np.int64)
+    for _ in range(T):
+        own, _t = sched.next(runs)
+        counts[runs, own] += 1
+    return counts.max(axis=0)
 
 
 def _rates(job: Job, N: int, n_file: int) -> tuple[float, ...]:
@@ -135,18 +195,22 @@ def load_logged_schedule(job: Job, index: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def settings_for(job: Job, eps: list[float], n: list[int], n_file: int, xi: float, rho: float,
-                 p: int, run_ids: tuple[int, ...], variant: str | None = None) -> _S:
-    """The algorithm's settings of one configuration (variant: the job's unless given)."""
+                 p: int, run_ids: tuple[int, ...], variant: str | None = None,
+                 caps: list[int] | None = None) -> _S:
+    """The algorithm's settings of one configuration (variant: the job's unless given; caps:
+    each owner's m_i, else async.per_owner_cap's numbers)."""
     N = len(n)
     g, sh, a = job.generic, job.section(SharedKeys), job.section(AsyncKeys)
     paper = a.preset == "paper_code"
     mode = a.mode
+    if caps is None:
+        caps = _caps(job, N, n_file, g.seed, run_ids)[0]
     return _S(
         T=g.T, loss=sh.loss, lam=float(sh.lam), theta_max=float(sh.theta_max),
         theta0=float(sh.theta0), init=a.init,
         xi=(p / 2 if paper else xi), clip=(False if paper else sh.clip), rho=rho,
         central_step=variant or g.variant, eps=tuple(eps), n=tuple(n),
-        caps=tuple(_caps(job, N, n_file)), p=p, seed=g.seed, run_ids=run_ids,
+        caps=tuple(caps), p=p, seed=g.seed, run_ids=run_ids,
         record_every=g.record_every, mode=mode, scheduler=a.scheduler,
         rates=_rates(job, N, n_file),
         protocol=(a.protocol if mode == "live" else "virtual"),
@@ -165,16 +229,12 @@ class AsyncStar(StarMethod[Prepared, _S]):
                     "authors' code; default) or printed ((N-1) rho/(N T^2 lam))")
     reads = STAR_READS + ("owners", "sweep.owners")
     sections = {AsyncKeys.NAME: SECTION}
-    takes_hooks = True
     key_help = {"T": "learner updates over all owners", "eps": "each owner's total for its at "
-                "most m_i answers (async.per_owner_cap, T by default); its Laplace scale is "
+                "most m_i answers (async.per_owner_cap: by default its answers in the public "
+                "schedule); its Laplace scale is "
                 "b_i = nm_i 2 xi / n_i with nm_i from privacy.calibration"}
     paper_rule = ("eps_i split evenly over the m_i answers an owner may give (basic "
-                  "composition, Theorem 1): b_i = 2 xi m_i / (n_i eps_i)")
-    paper_rule_name = "basic_split"
-
-    #: the trace of every iteration and run: owner, time, answer norm (8 bytes each) and more
-    PER_ITERATION_BYTES = 40.0
+                  "composition, Theorem 1): b_i = 2 xi m_i / (n_i eps_i), m_i = T by default")
 
     def validate(self, values: dict[str, Any], path: str) -> None:
         a, name = section_of_values(AsyncKeys, values), AsyncKeys.key_name
@@ -185,7 +245,15 @@ class AsyncStar(StarMethod[Prepared, _S]):
             if not 0 < v < math.inf:
                 raise err(path, name(field), f"must be a positive number of seconds, got {v!r}")
         cap = a.per_owner_cap
-        for c in cap if isinstance(cap, list) else [cap]:
+        if isinstance(cap, str):
+            if cap not in CAP_RULES:
+                raise err(path, name("per_owner_cap"), f"must be one of {', '.join(CAP_RULES)}, "
+                          f"0 (= T) or a number of answers, got {cap!r}")
+            if cap == "schedule" and a.mode == "live":
+                raise err(path, name("per_owner_cap"), "'schedule' counts the replay schedule's "
+                          "answers; a live schedule is not known in advance: use 'quantile' or "
+                          "numbers")
+        for c in cap if isinstance(cap, list) else [] if isinstance(cap, str) else [cap]:
             if isinstance(c, bool) or not isinstance(c, int) or c < 0:
                 raise err(path, name("per_owner_cap"), f"caps must be integers >= 0 (0 = T), got "
                           f"{c!r}")
@@ -210,54 +278,58 @@ class AsyncStar(StarMethod[Prepared, _S]):
         link = P2PStar(ctx.comm, ctx.star.layout, ctx.shard.n_features)
         return Prepared(pc, rho, evalset=evaluation_set(ctx), link=link)
 
-    def settings(self, ctx: Context, prep: Prepared, rc: Resolved) -> _S:
+    def configure(self, ctx: Context, prep: Prepared, rc: Resolved) -> Configured[_S]:
+        job = ctx.job
         backend_for(ctx, rc.n)  # the backend this rank can provide, before the output exists
-        s = settings_for(ctx.job, rc.eps, rc.n, ctx.shard.n_agents, prep.public.xi, prep.rho,
-                         ctx.shard.n_features, ctx.run_ids, variant=rc.variant)
-        async_star.check_settings(s, ctx.job.path, ctx.comm.Get_size())
-        if ctx.job.section(AsyncKeys).schedule_from and ctx.star.is_learner:
-            load_logged_schedule(ctx.job, rc.index)  # a bad file stops before any output
-        return s
+        logged = None
+        if job.section(AsyncKeys).schedule_from:
+            # a bad file stops before any output; its owners are the schedule's
+            mine = ctx.agree(lambda: load_logged_schedule(job, rc.index)[0]
+                             if ctx.star.is_learner else None)
+            logged = ctx.comm.bcast(mine, root=0)
+        caps, cap_text = _caps(job, len(rc.n), ctx.shard.n_agents, job.generic.seed,
+                               ctx.run_ids, logged)
+        s = settings_for(job, rc.eps, rc.n, ctx.shard.n_agents, prep.public.xi, prep.rho,
+                         ctx.shard.n_features, ctx.run_ids, variant=rc.variant, caps=caps)
+        async_star.check_settings(s, job.path, ctx.comm.Get_size())
+        a = job.section(AsyncKeys)
+        def attrs() -> dict[str, Any]:  # made when the group is (after the footprint)
+            return {**settings_attrs(s), "owners": s.N, "per_owner_cap_rule": cap_text,
+                     "L": prep.public.L, "a_own": s.a_own,
+                     "a_ctr": s.a_ctr, "preset": a.preset,
+                     "scheduler": "logged" if a.schedule_from else s.scheduler,
+                     "schedule_from": a.schedule_from,
+                     "public_clip_fraction": prep.public.public_clip_fraction,
+                     "constants_from": prep.public.source, "oracle": True,
+                     "step_rule": "a_own = N rho/(T^2 lam); a_ctr = " + (
+                         "rho/(2 T^2 lam) [proof]" if s.central_step == "proof"
+                         else "(N-1) rho/(N T^2 lam) [printed]"),
+                     **utility_attrs(s.loss, prep.evalset), "evaluation_only": EVALUATION_ONLY}
+        records = default_records(ctx)
+        # a mean of n_i gradients clipped to xi: sensitivity 2 xi / n_i of the signal's bound xi
+        signal = Signal(tuple(2.0 / n for n in rc.n[: len(rc.eps)]), ctx.shard.n_features)
+        # the trace of every iteration and run: owner, time, answer norm (8 bytes each) and more
+        fp = footprint_of(ctx, records, ctx.shard.n_features, per_iteration_bytes=40.0)
+        return Configured(rc, s, tuple(owner_plans(ctx, rc, rc.n, "laplace", s.caps)), fp,
+                          records, attrs, signal, rules.BasicSplit())
 
-    def plans(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S) -> list[contract.Plan]:
-        return owner_plans(ctx, rc, rc.n, "laplace", s.caps)
-
-    def calibrated(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S, cals: list) -> _S:
-        return dataclasses.replace(s, calibration=tuple(cals))
-
-    def release_signal(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S
-                       ) -> tuple[list[float], int]:
-        """A mean of n_i gradients clipped to xi, sensitivity 2 xi / n_i."""
-        return [2.0 / n for n in rc.n[: len(rc.eps)]], ctx.shard.n_features
-
-    def record_attrs(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S) -> dict[str, Any]:
-        a = ctx.job.section(AsyncKeys)
-        return {**settings_attrs(s), **calibration_attrs(list(s.calibration)), "owners": s.N,
-                "L": prep.public.L, "a_own": s.a_own,
-                "a_ctr": s.a_ctr, "lap_scale": s.lap_scales(), "preset": a.preset,
-                "scheduler": "logged" if a.schedule_from else s.scheduler,
-                "schedule_from": a.schedule_from,
-                "public_clip_fraction": prep.public.public_clip_fraction,
-                "constants_from": prep.public.source, "oracle": True,
-                "step_rule": "a_own = N rho/(T^2 lam); a_ctr = " + (
-                    "rho/(2 T^2 lam) [proof]" if s.central_step == "proof"
-                    else "(N-1) rho/(N T^2 lam) [printed]"),
-                **utility_attrs(s.loss, prep.evalset), "evaluation_only": EVALUATION_ONLY}
-
-    def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: _S, recorder: Any,
-                   label: str, hooks: RunHooks | None = None) -> Outcome | None:
+    def run(self, ctx: Context, prep: Prepared, c: Configured[_S], contract: Contract,
+            hooks: RunHooks) -> Outcome | None:
         star, job = ctx.star, ctx.job
+        s, rc = c.settings, c.resolved
+        hooks.attrs(lap_scale=async_star.lap_scales(contract, s))
         logged = None
         if job.section(AsyncKeys).schedule_from:
             logged = ctx.agree(lambda: load_logged_schedule(job, rc.index)
                                if star.is_learner else None)
         shards, ref = self.shards_and_reference(ctx, prep, s, rc.n)
-        out = async_star.run_config(star, prep.link, shards, s, ref, recorder, label=label,
-                                    progress=ctx.progress, logged=logged, evalset=prep.evalset,
-                                    hooks=hooks, ledger_delta=ledger_delta(ctx, rc))
+        assert prep.link is not None  # prepare's
+        out = async_star.run_config(star, prep.link, shards, s, contract, ref, logged=logged,
+                                    evalset=prep.evalset, hooks=hooks,
+                                    ledger_delta=ledger_delta(ctx, rc))
         if out is None:
             return None
-        return _outcome(out, ref, s)
+        return _outcome(out, ref, s, contract)
 
     def figures(self, result: Any, prefix: Path, metric: str | None = None) -> list[Path]:
         from ..analysis import async_report
@@ -265,11 +337,11 @@ class AsyncStar(StarMethod[Prepared, _S]):
         return async_report.plot_async(result, prefix, metric or self.default_metric)
 
 
-def _outcome(out: async_star.AsyncStarResult, ref, s: _S) -> Outcome:
+def _outcome(out: async_star.AsyncStarResult, ref, s: _S, contract: Contract) -> Outcome:
     N = s.N
     tr = out.trace
     res = Outcome(out.ledgers, guarantee=(
-        star_guarantee(s.calibration, "at most m_i answers")
+        star_guarantee(contract, "at most m_i answers")
         + ("" if s.dp_valid else "; preset paper_code: NOT DP (dp_valid = false)")))
     res.add("models/final", out.final)
     res.add("models/local", out.local)
@@ -299,9 +371,9 @@ def _outcome(out: async_star.AsyncStarResult, ref, s: _S) -> Outcome:
             "owner's guarantee is privacy/ledger's eps_pld (the tight total of the same releases)")
     res.add("privacy/clip_fraction", out.clip_fraction, evaluation_only=True,
             what="mean share of an owner's records clipped per answer")
-    res.add("privacy/lap_scale", s.lap_scales(),
-            formula=lap_scale_formula(s.calibration, "m_i") + ", m_i = answers allowed (T by "
-            "default)" + ("" if s.noise_shape == "iid" else "; scalar noise: NOT DP"))
+    res.add("privacy/lap_scale", async_star.lap_scales(contract, s),
+            formula=lap_scale_formula(contract, "m_i") + ", m_i = answers allowed "
+            "(per_owner_cap_rule)" + ("" if s.noise_shape == "iid" else "; scalar noise: NOT DP"))
     return res
 
 

@@ -1,24 +1,25 @@
 """The method seam: what one method provides so that the job loader, the runner and the CLI need
-nothing else. A method is one module under mpi_dp/methods defining a `Method` subclass and
-`METHOD = ThatClass()`, plus one line in the registry (mpi_dp/methods/__init__.py).
+nothing else. A method is one module defining a `Method` subclass and `METHOD = ThatClass()`, plus
+one line in the registry (mpi_dp/methods/__init__.py).
 
 The runner calls, for a job of the method:
 
-    prepare(ctx)                                  once, collective (public constants, test sets...)
-    header(ctx, prepared)                         progress line on rank 0
+    prepare(ctx)                          once, collective (public constants, test sets...)
+    header(ctx, prepared)                 progress line on rank 0
     per configuration, before the output exists:
-        settings(ctx, prepared, rc)               resolved knobs; errors agreed by every rank
-        plans(ctx, prepared, rc, s)               each owner's release plan (privacy.contract)
-        calibrated(ctx, prepared, rc, s, cals)    the settings with the owners' calibrations
-                                                  (searched once per distinct plan on rank 0)
+        configure(ctx, prepared, resolved) -> Configured
+                                          one frozen record, built once: the settings, each
+                                          owner's release plan, the paper rule with its knobs,
+                                          the noise-to-signal inputs, the group's attributes,
+                                          the footprint; errors agreed by every rank
     per configuration:
-        record_attrs(ctx, prepared, rc, s)        attributes of the configuration's HDF5 group
-        run_config(ctx, prepared, rc, s, rec, label[, hooks=RunHooks])
-                                                  -> Outcome on rank 0 (None elsewhere)
+        run(ctx, prepared, configured, contract, hooks) -> Outcome on rank 0 (None elsewhere)
 
-(`hooks`, algorithms.hooks.RunHooks: the configuration's recording, progress lines and
-checkpoints in one object, for a method that sets `takes_hooks`; `rec` is its recorder on rank 0,
-None elsewhere) and writes the outcome: its arrays, `privacy/ledger` (every agent's ledger through the
+Between the two the runner builds the configuration's `privacy.contract.Contract` from the job's
+privacy keys and the plans (each distinct plan calibrated once, on rank 0): the method's run asks
+it for its owners' release paths and never sees which rule set the noise. `hooks`
+(algorithms.hooks.RunHooks) are the configuration's recording, progress lines and checkpoints.
+The runner writes the outcome: its arrays, `privacy/ledger` (every agent's ledger through the
 accountants, at the job's privacy.delta) and its attributes. `mpi-dp analyze` and `mpi-dp plot`
 call `analyze`, `table_rows` and `figures` of the method named in the result file.
 """
@@ -26,7 +27,7 @@ call `analyze`, `table_rows` and `figures` of the method named in the result fil
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -41,6 +42,8 @@ from ..data import ShardFile
 from ..errors import JobError
 from ..jobspec import Config, Job, Key, PrivacyKeys
 from ..privacy import Ledger, contract
+from ..privacy.contract import Contract
+from ..privacy.rules import PaperRule, Rule
 from ..results.footprint import Footprint, config_footprint, hosted
 
 #: what a method's `prepare` returns and its per-configuration settings (Method's parameters)
@@ -133,6 +136,67 @@ class Outcome:
         self.arrays.append((path, data, attrs))
 
 
+@dataclasses.dataclass(frozen=True)
+class Signal:
+    """Inputs of the noise-to-signal ratio (privacy.noise_signal): each planned owner's release
+    sensitivity over the norm bound of its signal (2 / n_i for a mean of n_i clipped
+    gradients), in plan order, the release's dimension and, where a plan counts other releases
+    than an owner makes (a per-record plan), each owner's releases in the run."""
+
+    sens_over_signal: tuple[float, ...]
+    dim: int
+    releases: tuple[int, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Configured(Generic[SettingsT]):
+    """One configuration as its method configured it, once, before the output exists.
+
+    `settings`: the algorithm's resolved knobs; `plans`: each participating owner's release
+    plan (privacy.contract.Plan, `owner_plans` builds them; None: the configuration releases
+    nothing private, a non-private baseline); `paper_rule`: the method's paper rule with the
+    job's knobs (used where privacy.calibration = 'paper'); `signal`: the noise-to-signal
+    inputs (None: not defined); `attrs`: the configuration group's attributes; `footprint`:
+    this rank's cost (`footprint_of`); `records`: records it writes (sizes the HDF5 chunks).
+    `attrs` may be a function, so that a large one (e.g. the run ids of 10^8 runs) is made only
+    once the job's footprint was checked."""
+
+    resolved: Resolved
+    settings: SettingsT
+    plans: tuple[contract.Plan | None, ...] | None
+    footprint: Footprint
+    records: int
+    attrs: Mapping[str, Any] | Callable[[], Mapping[str, Any]] = dataclasses.field(
+        default_factory=dict)
+    signal: Signal | None = None
+    paper_rule: PaperRule | None = None
+    #: a configuration whose noise the method fixes itself (its plans hold no calibrated
+    #: release, e.g. a local-DP baseline's even split) names the rule that describes it;
+    #: None: the job's privacy.calibration
+    rule: Rule | None = None
+
+    def group_attrs(self) -> dict[str, Any]:
+        """The configuration group's attributes (`attrs`, called when it is a function: made
+        only for a configuration that runs, after the job's footprint was checked)."""
+        return dict(self.attrs() if callable(self.attrs) else self.attrs)
+
+
+def footprint_of(ctx: Context, records: int, model_size: int,
+                 per_iteration_bytes: float = 0.0) -> Footprint:
+    """This rank's estimated cost of one configuration (results.footprint), checked before the
+    output is touched: `records` written, `model_size` coordinates of one model,
+    `per_iteration_bytes` kept per iteration and run (a trace, a schedule)."""
+    a, n = hosted(ctx)
+    return config_footprint(int(ctx.job.generic.T), ctx.runs, records, int(model_size), a, n,
+                            ctx.shard.n_agents, per_iteration_bytes * ctx.runs)
+
+
+def default_records(ctx: Context) -> int:
+    """Records of a configuration that records every record_every iterations (and at 0, T)."""
+    g = ctx.job.generic
+    return g.T // max(1, g.record_every) + 2
+
+
 def ledger_delta(ctx: Context, rc: Resolved) -> float:
     """The delta privacy/ledger composes a ledger without a target at (privacy.delta; 'auto'
     by the largest n_i)."""
@@ -191,17 +255,6 @@ def owner_plans(ctx: Context, rc: Resolved, n_records: Any, mechanism: str,
         k = int(releases if isinstance(releases, int | np.integer) else releases[i])
         out.append(contract.Plan(mechanism, k, float(eps), delta, tuple(fixed), scope))
     return out
-
-
-def calibration_attrs(cals: list[contract.Calibration | None]) -> dict[str, Any]:
-    """The configuration's calibration as group attributes: the rule and one line per distinct
-    calibration (owners with equal plans share one)."""
-    live = [c for c in cals if c is not None]
-    if not live:
-        return {}
-    texts = list(dict.fromkeys(c.text() for c in {id(c): c for c in live}.values()))
-    return {"calibration": live[0].name, "calibration_rule": contract.RULE_TEXT[live[0].rule],
-            "calibrations": "\n".join(texts)}
 
 
 def settings_attrs(settings: Any) -> dict[str, Any]:
@@ -266,10 +319,6 @@ class Method(Generic[PreparedT, SettingsT]):
     #: the paper's own calibration (privacy.calibration = 'paper'): what eps means there, and
     #: its short name (the ledger's calibration column: 'paper:<name>')
     paper_rule: str = ""
-    paper_rule_name: str = ""
-    #: `run_config` takes `hooks` (a RunHooks built by the runner for each configuration); a
-    #: method without it gets the recorder and the label alone, as before
-    takes_hooks: bool = False
 
     # -- job ---------------------------------------------------------------------------------
     def validate(self, values: dict[str, Any], path: str) -> None:
@@ -284,60 +333,16 @@ class Method(Generic[PreparedT, SettingsT]):
         """Method-specific part of the progress line printed when the job starts."""
         return ""
 
-    def settings(self, ctx: Context, prepared: PreparedT, rc: Resolved) -> SettingsT:
+    def configure(self, ctx: Context, prepared: PreparedT, rc: Resolved
+                  ) -> Configured[SettingsT]:
+        """One configuration's Configured record (collective; errors agreed by every rank)."""
         raise NotImplementedError
 
-    def plans(self, ctx: Context, prepared: PreparedT, rc: Resolved, s: SettingsT
-              ) -> list[contract.Plan | None] | None:
-        """Each participating owner's release plan, in owner order (`owner_plans` builds them);
-        None: the configuration releases nothing private (a non-private baseline)."""
-        return None
-
-    def calibrated(self, ctx: Context, prepared: PreparedT, rc: Resolved, s: SettingsT,
-                   cals: list[contract.Calibration | None]) -> SettingsT:
-        """The settings `s` with the owners' calibrations (what `plans` asked for, in order)."""
-        return s
-
-    def release_signal(self, ctx: Context, prepared: PreparedT, rc: Resolved, s: SettingsT
-                       ) -> tuple[Any, ...] | None:
-        """For the noise-to-signal ratio (privacy.noise_signal): each planned owner's release
-        sensitivity over the norm bound of its signal (2 / n_i for a mean of n_i clipped
-        gradients), in plan order, the release's dimension and, where a plan counts other
-        releases than an owner makes (a per-record plan), each owner's releases in the run;
-        None: not defined."""
-        return None
-
-    def record_attrs(self, ctx: Context, prepared: PreparedT, rc: Resolved, s: SettingsT
-                     ) -> dict[str, Any]:
-        """Attributes of the configuration's group (default: the settings' fields)."""
-        return settings_attrs(s)
-
-    def expected_records(self, ctx: Context, s: SettingsT) -> int:
-        """Records a configuration writes (sizes the HDF5 chunks)."""
-        g = ctx.job.generic
-        return g.T // max(1, g.record_every) + 2
-
-    #: bytes a configuration keeps in memory per iteration on a rank (a trace, a schedule)
-    PER_ITERATION_BYTES = 0.0
-
-    def footprint(self, ctx: Context, prepared: PreparedT, rc: Resolved, s: SettingsT
-                  ) -> Footprint:
-        """This rank's estimated cost of one configuration (results.footprint), checked before
-        the output is touched; `model_size` is the model's coordinates."""
-        a, n = hosted(ctx)
-        return config_footprint(int(ctx.job.generic.T), ctx.runs, self.expected_records(ctx, s),
-                                self.model_size(ctx, prepared), a, n, ctx.shard.n_agents,
-                                self.PER_ITERATION_BYTES * ctx.runs)
-
-    def model_size(self, ctx: Context, prepared: PreparedT) -> int:
-        """Coordinates of one model (features; a multinomial model: features x classes)."""
-        return int(ctx.shard.n_features)
-
-    def run_config(self, ctx: Context, prepared: PreparedT, rc: Resolved, s: SettingsT, recorder: Any,
-                   label: str, hooks: RunHooks | None = None) -> Outcome | None:
-        """Run one configuration (collective): the Outcome on rank 0, None elsewhere.
-        `recorder` (rank 0's, else None) and `label` are also in `hooks` when the runner passes
-        them (`takes_hooks`); without hooks a method builds them (RunHooks.of)."""
+    def run(self, ctx: Context, prepared: PreparedT, configured: Configured[SettingsT],
+            contract: Contract, hooks: RunHooks) -> Outcome | None:
+        """Run one configuration (collective): the Outcome on rank 0, None elsewhere. Releases
+        come from `contract` (its owners' release paths); `hooks` record, report progress and
+        checkpoint."""
         raise NotImplementedError
 
     # -- analysis ----------------------------------------------------------------------------
@@ -358,3 +363,16 @@ class Method(Generic[PreparedT, SettingsT]):
         from ..analysis import figures
 
         return figures.plot_result(result, prefix, metric=metric or self.default_metric)
+
+
+def rule_for(job: Job, configured: Configured) -> Rule:
+    """The calibration rule of a configuration: the job's privacy.calibration, 'paper' being the
+    method's paper rule (JobError where it has none)."""
+    from ..privacy import rules
+
+    if configured.rule is not None:
+        return configured.rule
+    try:
+        return rules.rule_of(job.section(PrivacyKeys).calibration, configured.paper_rule)
+    except ValueError as e:
+        raise JobError(f"job file {job.path}: key 'privacy.calibration': {e}") from None

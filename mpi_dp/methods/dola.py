@@ -1,10 +1,10 @@
 """Method entry of DP distributed online learning over time-varying graphs (seed 003).
 
-Agents (the shard file's owners, or `owners` groups of them with `pool_owners`) sit on a graph,
-not a star: every rank hosts a block of agents, neighbours exchange released vectors over an MPI
-dist-graph topology (comm.graph), and the algorithm (algorithms.dola) streams each agent's records
-in rounds, in `dola.passes` passes over each agent's records. Regret is measured against the
-offline comparator w* (the exact regularised SVM on all consumed records, evaluation-only) and
+Agents (the shard file's owners, or `owners` groups of them with `pool_owners`) sit on a graph, not
+a star: every rank hosts a block of agents, neighbours exchange released vectors over an MPI
+dist-graph topology (comm.graph_exchange), and the algorithm (algorithms.dola) streams each agent's
+records in rounds, in `dola.passes` passes over each agent's records. Regret is measured against
+the offline comparator w* (the exact regularised SVM on all consumed records, evaluation-only) and
 against the reference agent's iterate. The base graph is comm.topology's (dola's kinds, or the
 spellings shared with p2p: 'shard', 'knn:K', 'erdos_renyi:p', ...), built on rank 0 and broadcast.
 """
@@ -16,30 +16,34 @@ import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import scipy.sparse as sp
 
 from ..algorithms import dola
 from ..algorithms.common import gather_ledgers
-from ..comm import graph as cg
+from ..comm import graph_exchange
 from ..comm import topology as tp
 from ..comm.rma import on_root
 from ..data import ShardFile
-from ..data.graphs import read_descriptors, stored_graph
+from ..data.shard_graph import read_descriptors, stored_graph
 from ..errors import DataError, JobError
 from ..jobspec import PrivacyKeys, Section, SharedKeys, err, key
 from ..models import reference
-from ..privacy import GAUSSIAN_CALIBRATIONS, contract, tap
+from ..privacy import GAUSSIAN_CALIBRATIONS, rules, tap
+from ..privacy.calibration import Calibration
+from ..privacy.contract import Contract
 from .base import (
+    Configured,
     Context,
     Method,
     Outcome,
     Resolved,
     RunHooks,
+    Signal,
     available_backend,
-    calibration_attrs,
+    footprint_of,
     ledger_delta,
     owner_plans,
     settings_attrs,
@@ -54,6 +58,9 @@ EVALUATION_ONLY = (
     "public test set; noise_l1 is the L1 norm of the noise (Alg. 2: alpha J |N|, as it enters "
     "the step)")
 L_DATA_TOL = 1e-9
+#: dola.sens_mode: the subgradient bound of the Laplace sensitivity, L_data (sound) or the total
+#: L_data + lam r (the paper's); `sensitivity_reg` resolves it for the algorithm
+SENS_MODES = ("sound", "paper")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +89,7 @@ class DolaKeys(Section):
     weights: str = key((str,), "mh_static", "A_t weights: mh_static 1/(1+max(d_i,d_j)), mh_active "
                        "(active degrees), max_degree 1/(1+d_max)", tp.WEIGHTS)
     exchange: str = key((str,), "allgather", "neighbour exchange: allgather (Neighbor_allgatherv), "
-                        "alltoallv (only active edges), rma (one window, PSCW)", cg.MODES)
+                        "alltoallv (only active edges), rma (one window, PSCW)", graph_exchange.MODES)
     lam: float = key(_NUM, 0.1, "lambda: f = hinge + lam/2 ||w||^2 (0: plain convex)")
     radius: float | str = key(_NUM + (str,), "auto", "r of W = {||w|| <= r}: 'auto' = 1/sqrt(lam) "
                               "(the regularised SVM optimum lies inside), 10 when lam = 0")
@@ -92,12 +99,12 @@ class DolaKeys(Section):
                            "minibatch, else 1)")
     sens_mode: str = key((str,), "sound", "Laplace sensitivity 2 alpha sqrt(n) L / h with L = "
                          "L_data (sound) or L_data + lam r (paper; both valid, sound is tighter)",
-                         dola.SENS_MODES)
+                         SENS_MODES)
     gauss_mode: str = key((str,), "per_record", "privacy.calibration = 'paper' only: Alg. 2 noise: "
                           "per_record (Delta sqrt(2 ln(1.25/delta))/eps, the per-record guarantee "
                           "of a single pass), total_T (all T releases via zCDP), paper (J^2 = 4 "
                           "alpha^2 n L^2 T ln(T/delta) ln(1/delta)/eps^2: uncertified)",
-                          dola.GAUSS_MODES)
+                          rules.GAUSS_MODES)
     gauss_calibration: str = key((str,), "auto", "privacy.calibration = 'paper' only: per_record "
                                  "calibration: auto (classical below eps 1, analytic from 1), "
                                  "classical, analytic", GAUSSIAN_CALIBRATIONS)
@@ -147,15 +154,25 @@ class DolaSettings:
     groups: tuple[tuple[int, ...], ...]  # shard owners each agent streams, in order
     n_used: tuple[int, ...]  # records each agent consumes
     T_requested: int
-    w_star: np.ndarray | None
     comparator: str
+
+
+def sensitivity_reg(sens_mode: str, lam: float, radius: float) -> float:
+    """What dola.sens_mode adds to L_data in the sensitivity's subgradient bound (the
+    algorithm's Settings.L_reg): 0 for 'sound' (the regulariser is data-independent), lam r for
+    the paper's total bound (0 without a ball)."""
+    if sens_mode not in SENS_MODES:
+        raise ValueError(f"sens_mode must be one of {SENS_MODES}, got {sens_mode!r}")
+    if sens_mode == "paper":
+        return lam * radius if math.isfinite(radius) else 0.0
+    return 0.0
 
 
 def owner_groups(n_owners: int, m: int, pool: bool) -> tuple[tuple[int, ...], ...]:
     """Shard owners of each agent: itself, or contiguous groups covering all owners (pool)."""
     if not pool:
         return tuple((a,) for a in range(m))
-    starts = cg.block_starts(n_owners, m)
+    starts = graph_exchange.block_starts(n_owners, m)
     return tuple(tuple(range(int(starts[a]), int(starts[a + 1]))) for a in range(m))
 
 
@@ -243,11 +260,11 @@ def consumed_records(ctx: Context, groups, n_used, sizes: np.ndarray | None = No
     its block of agents (collective; read errors agreed), the block a GraphNet hosts, and puts
     each agent's records into `keep` when given (its stream's first read)."""
     comm, shard = ctx.comm, ctx.shard
-    st = cg.block_starts(len(groups), comm.Get_size())
+    st = graph_exchange.block_starts(len(groups), comm.Get_size())
     r = comm.Get_rank()
     read = PooledReader(shard, groups, sizes)
 
-    def mine() -> tuple[Any, np.ndarray]:
+    def mine() -> tuple[Any, np.ndarray] | None:
         ids = range(int(st[r]), int(st[r + 1]))
         if len({n_used[a] for a in ids}) == 1:  # one prefix for the block: one block read
             parts = dict(zip(ids, read.read_many(ids, 0, n_used[ids[0]]), strict=True))
@@ -295,7 +312,6 @@ class Dola(Method[Prepared, DolaSettings]):
                     "minibatch (Alg. 4, h records per round)")
     reads = ("owners", "sweep.owners", "backend")
     sections = {"dola": DolaKeys.keys()}
-    takes_hooks = True
     label_variant = True
     key_help = {"T": "rounds (each agent consumes h records per round; at most dola.passes "
                 "passes over its records)",
@@ -310,7 +326,6 @@ class Dola(Method[Prepared, DolaSettings]):
     sweeps = ("dola.rho", "dola.graph")
     paper_rule = ("eps is the eps of each release (one per round; Alg. 2: with dola.delta, by "
                   "gauss_mode), which a single pass gives every record")
-    paper_rule_name = "per_release"
 
     def validate(self, values: dict[str, Any], path: str) -> None:
         if not 0 < values["dola.p_act"] <= 1:
@@ -396,6 +411,7 @@ class Dola(Method[Prepared, DolaSettings]):
             for kind in j.swept("dola.graph", k.graph):
                 self._graph(ctx, prep, m, kind)
             groups = owner_groups(n_owners, m, k.pool_owners)
+            assert prep.sizes is not None  # prepare's
             sizes = group_sizes(prep.sizes, groups)
             for variant in j.swept("variant", j.generic.variant):
                 h = self._batch(k, variant)
@@ -443,7 +459,10 @@ class Dola(Method[Prepared, DolaSettings]):
             prep.graphs[kind, m] = ctx.comm.bcast(g, root=0)
         return prep.graphs[kind, m]
 
-    def settings(self, ctx: Context, prep: Prepared, rc: Resolved) -> DolaSettings:
+    def configure(self, ctx: Context, prep: Prepared, rc: Resolved) -> Configured[DolaSettings]:
+        """The configuration's settings (graph, agents' owners and records, the comparator's
+        records read and checked), its per-record plans and the paper rule with the job's knobs,
+        built once; what depends on the contract is set by `run`."""
         j, shard = ctx.job, ctx.shard
         k, g = j.section(DolaKeys), j.generic
         m = rc.N
@@ -451,6 +470,7 @@ class Dola(Method[Prepared, DolaSettings]):
         graph = self._graph(ctx, prep, m, rc.config.param("dola.graph", k.graph))
         groups = owner_groups(shard.n_agents, m, k.pool_owners)
         h = self._batch(k, variant)
+        assert prep.sizes is not None  # prepare's
         sizes = group_sizes(prep.sizes, groups)
         rounds = min(n // h for n in sizes)  # rounds of one pass
         T = g.T
@@ -475,7 +495,9 @@ class Dola(Method[Prepared, DolaSettings]):
         if (groups, n_used) not in prep.consumed:  # read and checked now, solved at the run
             records = consumed_records(ctx, groups, n_used, prep.sizes,
                                        prep.records.setdefault((groups, n_used), {}))
-            on_root(ctx.comm, lambda: check_records(shard, records, j.path))
+            # on_root: rank 0, which holds the records
+            on_root(ctx.comm, lambda: check_records(shard, cast("tuple[Any, np.ndarray]", records),
+                                                    j.path))
             prep.consumed[groups, n_used] = [records, set()]
         if lam > 0 and (groups, n_used, lam) not in prep.comparators:
             prep.consumed[groups, n_used][1].add(lam)
@@ -483,76 +505,76 @@ class Dola(Method[Prepared, DolaSettings]):
             raise JobError(f"job file {j.path}: key 'dola.ref_agent': {k.ref_agent} is "
                            f"not one of the {m} agents")
         algo = dola.Settings(
-            variant=variant, T=T, h=h, n_features=shard.n_features, m=m, eps=tuple(rc.eps),
-            lam=lam, radius=radius, step=step, sens_mode=k.sens_mode,
-            gauss_mode=k.gauss_mode, gauss_calibration=k.gauss_calibration,
-            delta=float(k.delta), rho=float(rc.config.param("dola.rho", k.rho)),
+            variant=variant, T=T, h=h, n_features=shard.n_features, m=m,
+            lam=lam, radius=radius, step=step, L_reg=sensitivity_reg(k.sens_mode, lam, radius),
+            rho=float(rc.config.param("dola.rho", k.rho)),
             reg_point=k.reg_point, activation=k.activation, p_act=float(k.p_act),
             window=k.window, weights=k.weights, ref_agent=k.ref_agent,
             exact_regret=k.regret == "exact" and lam > 0, seed=g.seed,
             run_ids=ctx.run_ids, record_every=g.record_every, passes=passes,
             backend=available_backend(j.path, j.values["backend"]))
+        paper = rules.PerRelease(gauss_mode=k.gauss_mode, gauss_calibration=k.gauss_calibration,
+                                 delta=float(k.delta))
         if variant == "gaussian" and j.section(PrivacyKeys).calibration == "paper":
             for e in set(rc.eps):  # calibration errors (e.g. classical at eps >= 1) before running
-                dola.gauss_std(algo.gauss_mode, 2 * algo.L_data / h, e, algo.delta, T,
-                               alpha=dola.step_size(1, algo), n=algo.n_features, L=algo.L,
-                               calibration=algo.gauss_calibration)
-        return DolaSettings(algo, graph, groups, n_used, g.T, None, comparator_how(lam))
+                rules.gauss_std(paper.gauss_mode, 2 * algo.L_data / h, e, paper.delta, T,
+                                alpha=dola.step_size(1, algo), n=algo.n_features, L=algo.L,
+                                calibration=paper.gauss_calibration)
+        s = DolaSettings(algo, graph, groups, n_used, g.T, comparator_how(lam))
+        # per agent, the releases one record is in: one per pass (dola.passes; invariant P makes
+        # the others post-processing for it), over the records it consumes
+        plans = owner_plans(ctx, rc, n_used, algo.mechanism, passes, scope="record")
+        # a round's step alpha_t g (||g|| <= L, h records) against its noise: Laplace
+        # sensitivity 2 alpha_t sqrt(d) L / h (L1 from L2), Gaussian 2 alpha_t L / h; every
+        # agent releases T times (w_hat averages the rounds)
+        rel = (2.0 if variant == "gaussian" else 2.0 * math.sqrt(algo.n_features)) / h
+        signal = Signal(tuple([rel] * m), algo.n_features, tuple([T] * m))
+        n_records = algo.T // algo.record_every + 2
+        return Configured(rc, s, tuple(plans), footprint_of(ctx, n_records, shard.n_features),
+                          n_records, self._attrs(prep, rc, s, paper, k.sens_mode), signal, paper)
 
-    def plans(self, ctx: Context, prep: Prepared, rc: Resolved, s: DolaSettings
-              ) -> list[contract.Plan]:
-        """Per agent, the releases one record is in: one per pass (dola.passes; invariant P
-        makes the others post-processing for it), over the records it consumes."""
-        mech = "gaussian" if s.algo.variant == "gaussian" else "laplace"
-        return owner_plans(ctx, rc, s.n_used, mech, s.algo.passes, scope="record")
-
-    def release_signal(self, ctx: Context, prep: Prepared, rc: Resolved, s: DolaSettings
-                       ) -> tuple[list[float], int, list[int]]:
-        """A round's step alpha_t g (||g|| <= L, h records) against its noise: Laplace
-        sensitivity 2 alpha_t sqrt(d) L / h (L1 from L2), Gaussian 2 alpha_t L / h; every agent
-        releases T times (w_hat averages the rounds)."""
-        a = s.algo
-        rel = (2.0 if a.variant == "gaussian" else 2.0 * math.sqrt(a.n_features)) / a.h
-        return [rel] * a.m, a.n_features, [a.T] * a.m
-
-    def calibrated(self, ctx: Context, prep: Prepared, rc: Resolved, s: DolaSettings,
-                   cals: list) -> DolaSettings:
-        return dataclasses.replace(s, algo=dataclasses.replace(s.algo, calibration=tuple(cals)))
-
-    def record_attrs(self, ctx: Context, prep: Prepared, rc: Resolved, s: DolaSettings
-                     ) -> dict[str, Any]:
+    @staticmethod
+    def _attrs(prep: Prepared, rc: Resolved, s: DolaSettings, paper: rules.PerRelease,
+               sens_mode: str) -> dict[str, Any]:
+        """The configuration group's attributes known before the run: the settings (with the
+        job's sens_mode and the paper rule's knobs under their key names), the graph and its
+        mixing constants, the records each agent consumes."""
         a = s.algo
         rows = tp.MixingRows(s.graph, np.arange(0), s.graph.edges, a.weights)
         mix = tp.mixing_constants(a.m, rows.eta, a.window)
+        knobs = {k: v for k, v in settings_attrs(a).items() if k != "L_reg"}
         # n: the records each agent consumes (T h; with pool_owners they span several owners)
-        return {**settings_attrs(a), **calibration_attrs(list(a.calibration)),
-                "label": rc.config.label(rc.eps, list(s.n_used)),
+        return {**knobs, "eps": np.asarray(rc.eps, dtype=np.float64), "sens_mode": sens_mode,
+                "gauss_mode": paper.gauss_mode, "gauss_calibration": paper.gauss_calibration,
+                "delta": paper.delta, "label": rc.config.label(rc.eps, list(s.n_used)),
                 "n": np.array(s.n_used, dtype=np.int64), "owners_per_agent": len(s.groups[0]),
                 "T_requested": s.T_requested, "comparator": s.comparator,
                 "graph": s.graph.describe(), **{f"mix_{k}": v for k, v in mix.items()},
-                "test_error_majority": prep.majority_error, "certified": a.certified,
+                "test_error_majority": prep.majority_error,
                 "invariant_P": a.invariant_P, "single_pass": a.passes == 1,
                 "rounds_per_pass": a.rounds_per_pass,
                 "evaluation_only": EVALUATION_ONLY}
 
-    def expected_records(self, ctx: Context, s: DolaSettings) -> int:
-        return s.algo.T // s.algo.record_every + 2
-
-    def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: DolaSettings,
-                   recorder: Any, label: str, hooks: RunHooks | None = None) -> Outcome | None:
-        hooks = RunHooks.of(hooks, recorder, label, ctx.comm, ctx.progress)
-        s = dataclasses.replace(s, w_star=self._w_star(ctx, prep, s))
+    def run(self, ctx: Context, prep: Prepared, c: Configured[DolaSettings], contract: Contract,
+            hooks: RunHooks) -> Outcome | None:
+        s, rc = c.settings, c.resolved
         a = s.algo
-        net = ctx.agree(lambda: cg.GraphNet(ctx.comm, s.graph, ctx.job.section(DolaKeys).exchange,
-                                            (a.runs, a.n_features),
-                                            two_hop=a.weights == "mh_active"))
+        noises = [contract.noise(i) for i in range(a.m)]
+        # certified: the algorithm keeps invariant P and no agent's noise is a paper formula
+        # used outside its proof
+        certified = a.certified and all(x is not None and x.certified for x in noises)
+        hooks.attrs(certified=certified)
+        w_star = self._w_star(ctx, prep, s)
+        net = ctx.agree(lambda: graph_exchange.GraphNet(
+            ctx.comm, s.graph, ctx.job.section(DolaKeys).exchange, (a.runs, a.n_features),
+            two_hop=a.weights == "mh_active"))
         # no try/finally: freeing the window is collective, and a rank that raised must reach the
         # CLI's Abort rather than wait in Win.Free for ranks still computing
         reader = dola.pass_reader(a, PooledReader(ctx.shard, s.groups, prep.sizes,
                                                   prep.records.get((s.groups, s.n_used))))
-        block = dola.Block(a, s.graph, net, dola.Stream(net.agents, a.h, a.T, a.n_features,
-                                                        reader, backend_name=a.backend),
-                           s.w_star)
+        block = dola.Block(a, contract, s.graph, net,
+                           dola.Stream(net.agents, a.h, a.T, a.n_features, reader,
+                                       backend_name=a.backend), w_star)
         t0 = time.perf_counter()
         hooks.start(a.T, "round")
         # checkpoints (hooks.checkpoint, in drive): every agent's state keyed by agent id, so
@@ -568,28 +590,33 @@ class Dola(Method[Prepared, DolaSettings]):
         final = ev.final()
         if not net.is_root or final is None:
             return None
-        out = Outcome(ledgers, guarantee=self._guarantee(a))
+        assert ledgers is not None  # the root's
+        live = [x for x in noises if x is not None]
+        paper = contract.rule.paper
+        knobs = c.paper_rule
+        assert isinstance(knobs, rules.PerRelease)  # configure's
+        out = Outcome(ledgers, guarantee=self._guarantee(a, contract, knobs, certified))
         out.add("models/w_hat", final["w_hat"], what="(1/T) sum_t w_bar_t, the online-to-batch "
                 "model (evaluation: built from clean iterates)")
         out.add("models/w_bar", final["w_bar"], what="network mean of the final clean iterates")
-        if s.w_star is not None:
-            out.add("reference/w_star", s.w_star, solver=s.comparator)
+        if w_star is not None:
+            out.add("reference/w_star", w_star, solver=s.comparator)
             if prep.test is not None and tap.evaluating():
-                err = dola.test_error(prep.test[0], prep.test[1], np.atleast_2d(s.w_star))
+                err = dola.test_error(prep.test[0], prep.test[1], np.atleast_2d(w_star))
                 out.add("reference/test_error_star", float(err[0]), evaluation_only=True,
                         what="error of w_star (the non-private optimum of the same objective) "
                         "on the global test set")
         out.add("graph/edges", s.graph.edges.astype(np.int64))
         if s.graph.positions is not None:
             out.add("graph/positions", s.graph.positions)
-        eps_rel, delta_rec = self._per_release(a)
+        eps_rel, delta_rec = self._per_release(a, live)
         out.attrs.update(
             eps_per_release=eps_rel,
-            eps_per_record=self._per_record(a, eps_rel) if a.certified and a.invariant_P
-            else math.nan,
+            eps_per_record=self._per_record(a, live, paper, eps_rel)
+            if certified and a.invariant_P else math.nan,
             delta_per_record=(delta_rec if a.passes == 1 or not delta_rec else
-                              max(c.plan.delta for c in a.calibration) if a.calibrated
-                              else a.passes * delta_rec),
+                              a.passes * delta_rec if paper
+                              else max(x.plan.delta for x in live)),
             exchange_seconds=float(max(e[0] for e in exch)), exchanges=int(max(e[1] for e in exch)),
             seconds=round(time.perf_counter() - t0, 3))
         return out
@@ -604,7 +631,7 @@ class Dola(Method[Prepared, DolaSettings]):
         key = (s.groups, s.n_used, lam)
         if key not in prep.comparators:
             held = prep.consumed[s.groups, s.n_used]
-            records = held[0]
+            records: tuple[Any, np.ndarray] = held[0]  # (X, y) on rank 0, where on_root runs
             w = on_root(ctx.comm, lambda: reference.svm_dual_cd(*records, lam))
             prep.comparators[key] = ctx.comm.bcast(w, root=0)
             held[1].discard(lam)
@@ -613,30 +640,31 @@ class Dola(Method[Prepared, DolaSettings]):
         return prep.comparators[key]
 
     @staticmethod
-    def _per_record(a: dola.Settings, eps_rel: float) -> float:
+    def _per_record(a: dola.Settings, noises: list[Calibration], paper: bool, eps_rel: float
+                    ) -> float:
         """What a record's `passes` releases compose to: one release's eps (a single pass), the
         calibrated target (the largest agent eps) or, under the paper's rule, basic
         composition (passes x eps per release; privacy/ledger has the tight totals). The
         delta beside it (delta_per_record) likewise."""
         if a.passes == 1:
             return eps_rel
-        return max(a.eps) if a.calibrated else a.passes * eps_rel
+        return a.passes * eps_rel if paper else max(x.plan.eps for x in noises)
 
     @staticmethod
-    def _per_release(a: dola.Settings) -> tuple[float, float]:
-        """(eps, delta) of one release (the largest over agents): the job's eps under the paper
-        rule, else what the calibrated noise gives at the agent's delta."""
-        if not a.calibrated:
-            return max(a.eps), (a.delta if a.variant == "gaussian" else 0.0)
-        eps = max(c.eps_release for c in a.calibration)
-        delta = max(c.plan.delta for c in a.calibration) if a.variant == "gaussian" else 0.0
+    def _per_release(a: dola.Settings, noises: list[Calibration]) -> tuple[float, float]:
+        """(eps, delta) of one release (the largest over agents): what each agent's noise
+        states for one release (the job's eps under the paper rule, else what the calibrated
+        noise gives at the agent's delta), and the delta a Gaussian release is stated at."""
+        eps = max(x.eps_release for x in noises)
+        delta = max(x.gaussian_delta for x in noises) if a.variant == "gaussian" else 0.0
         return eps, delta
 
     @staticmethod
-    def _guarantee(a: dola.Settings) -> str:
-        cert = "" if a.certified else " UNCERTIFIED mode (see the settings): not DP as stated;"
-        if a.calibrated:
-            rule = a.calibration[0].rule
+    def _guarantee(a: dola.Settings, contract: Contract, paper_rule: rules.PerRelease,
+                   certified: bool) -> str:
+        cert = "" if certified else " UNCERTIFIED mode (see the settings): not DP as stated;"
+        if not contract.rule.paper:
+            rule = contract.rule.name
             mech = "Gaussian noise in the step" if a.variant == "gaussian" else "Laplace"
             if a.passes > 1:
                 return (f"each agent's records are (eps, delta)-DP each (replace-one):{cert} "
@@ -652,8 +680,8 @@ class Dola(Method[Prepared, DolaSettings]):
                     f"release ({mech}, calibrated by {rule}) is what a record's guarantee "
                     "composes (scope record); the *_all columns compose all T releases "
                     "(valid, very loose for a single pass)")
-        per = (f"(eps, {a.delta:g})-DP (Gaussian, {a.gauss_mode})" if a.variant == "gaussian"
-               else "eps-DP (Laplace)")
+        per = (f"(eps, {paper_rule.delta:g})-DP (Gaussian, {paper_rule.gauss_mode})"
+               if a.variant == "gaussian" else "eps-DP (Laplace)")
         if a.passes > 1:
             return (f"the paper's rule: per release {per} for the record(s) of that round;"
                     f"{cert} {a.passes} passes + invariant P: every record is in exactly "

@@ -29,7 +29,7 @@ from ..data.bounds import row_norm_bound
 from ..errors import JobError
 from ..jobspec import Job, ReferenceKeys, Section, SharedKeys, StepKeys
 from ..models import linear, reference
-from ..privacy import contract
+from ..privacy.contract import Contract
 from .base import Context, Method, Outcome
 
 #: Hinge records whose public-optimum margin y x.theta is within this of 1 count as on the kink.
@@ -194,23 +194,27 @@ def add_utility_reference(out: Outcome, ref: Reference) -> None:
         out.add(f"reference/{name}", value, evaluation_only=True, what=utility_what(name))
 
 
-def star_guarantee(cals: tuple, answers: str) -> str:
+def _rule(contract: Contract) -> tuple[bool, str, str]:
+    """(paper, name, text) of a contract's rule."""
+    return contract.rule.paper, contract.rule.name, contract.rule.text
+
+
+def star_guarantee(contract: Contract, answers: str) -> str:
     """The guarantee text of a star method's ledger: what each owner's answers compose to."""
-    rules = {c.rule for c in cals if c is not None}
-    if rules <= {"paper"}:
+    paper, name, text = _rule(contract)
+    if paper:
         return (f"each owner's {answers} together are eps_i-DP (the paper's rule: basic "
                 f"composition of the {answers} at eps_i / m_i each, Laplace, replace-one "
                 "sensitivity 2 xi / n_i); the totals below compose them by each accountant")
-    rule = next(iter(rules))
     return (f"each owner's {answers} together are (eps_i, delta_i)-DP for its records "
             f"(replace-one): Laplace, sensitivity 2 xi / n_i, noise multiplier calibrated by "
-            f"{rule} ({contract.RULE_TEXT[rule]}); eps_pld is the tight total, eps_rdp a "
+            f"{name} ({text}); eps_pld is the tight total, eps_rdp a "
             "cross-check, eps_basic the plain sum of the per-release eps")
 
 
-def lap_scale_formula(cals: tuple, m: str) -> str:
+def lap_scale_formula(contract: Contract, m: str) -> str:
     """privacy/lap_scale's formula attribute."""
-    if all(c is None or c.rule == "paper" for c in cals):
+    if _rule(contract)[0]:
         return f"b_i = 2 xi {m} / (n_i eps_i) (the paper's basic split), i.i.d. per coordinate"
     return ("b_i = nm_i 2 xi / n_i, nm_i the calibrated noise multiplier of owner i "
             "(privacy/ledger noise_multiplier), i.i.d. per coordinate")
@@ -232,11 +236,15 @@ StarPreparedT = TypeVar("StarPreparedT", bound=StarPrepared)
 
 
 class StarSettings(Protocol):
-    """What the star methods' settings (sync_star.Settings, async_star.Settings) share."""
+    """What the star methods' settings (sync_star.Settings, async_star.Settings) share (read
+    only: the settings are frozen dataclasses)."""
 
-    loss: str
-    lam: float
-    theta_max: float
+    @property
+    def loss(self) -> str: ...
+    @property
+    def lam(self) -> float: ...
+    @property
+    def theta_max(self) -> float: ...
 
 
 StarSettingsT = TypeVar("StarSettingsT", bound=StarSettings)

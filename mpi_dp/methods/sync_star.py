@@ -9,14 +9,19 @@ import numpy as np
 
 from ..algorithms import sync_star
 from ..jobspec import CommKeys, Section, SharedKeys, StepKeys, err, key
-from ..privacy import contract
+from ..privacy import rules
+from ..privacy.calibration import Sensitivity
+from ..privacy.contract import Contract
 from .base import (
+    Configured,
     Context,
     Outcome,
     Resolved,
     RunHooks,
+    Signal,
     backend_for,
-    calibration_attrs,
+    default_records,
+    footprint_of,
     ledger_delta,
     owner_plans,
     settings_attrs,
@@ -59,13 +64,11 @@ class SyncStar(StarMethod[Prepared, sync_star.Settings]):
     reads = STAR_READS + ("comm.aggregate",)
     records_optional = True
     sections = {AverageKeys.NAME: AverageKeys.keys()}
-    takes_hooks = True
     key_help = {"T": "queries each owner answers (T releases per owner)",
                 "eps": "each owner's total for its T answers; its Laplace scale is "
                 "b_i = nm_i 2 xi / n_i with nm_i from privacy.calibration"}
     paper_rule = ("eps_i split evenly over the T answers (basic composition, Theorem 1): "
                   "b_i = 2 xi T / (n_i eps_i), a pure eps_i-DP total")
-    paper_rule_name = "basic_split"
 
     def validate(self, values: dict[str, Any], path: str) -> None:
         if section_of_values(AverageKeys, values).eta < 0:
@@ -84,7 +87,8 @@ class SyncStar(StarMethod[Prepared, sync_star.Settings]):
             return prep.rho
         return sync_star.default_rho(variant, step.alpha, prep.public.L, g.T)
 
-    def settings(self, ctx: Context, prep: Prepared, rc: Resolved) -> sync_star.Settings:
+    def configure(self, ctx: Context, prep: Prepared, rc: Resolved
+                  ) -> Configured[sync_star.Settings]:
         job = ctx.job
         g, sh, avg = job.generic, job.section(SharedKeys), job.section(AverageKeys)
         s = sync_star.Settings(
@@ -97,40 +101,30 @@ class SyncStar(StarMethod[Prepared, sync_star.Settings]):
             p=ctx.shard.n_features, schedule=job.section(StepKeys).schedule,
             backend=backend_for(ctx, rc.n))
         sync_star.check_settings(s, job.path)
-        return s
+        records = default_records(ctx)
+        def attrs() -> dict[str, Any]:  # made when the group is (after the footprint)
+            return {**settings_attrs(s), "public_clip_fraction": prep.public.public_clip_fraction,
+                     "constants_from": prep.public.source,
+                     "step_rule": ("mu_k = rho/(k T^2)" if s.variant == "alg1"
+                                   else "mu_k = rho/(T sqrt(k))"),
+                     **utility_attrs(s.loss, prep.evalset), "evaluation_only": EVALUATION_ONLY}
+        # a mean of n_i gradients clipped to xi: sensitivity 2 xi / n_i of the signal's bound xi
+        signal = Signal(tuple(2.0 / n for n in rc.n[: len(rc.eps)]), ctx.shard.n_features)
+        return Configured(rc, s, tuple(owner_plans(ctx, rc, rc.n, "laplace", s.T)),
+                          footprint_of(ctx, records, ctx.shard.n_features), records, attrs,
+                          signal, rules.BasicSplit())
 
-    def plans(self, ctx: Context, prep: Prepared, rc: Resolved, s: sync_star.Settings
-              ) -> list[contract.Plan]:
-        return owner_plans(ctx, rc, rc.n, "laplace", s.T)
-
-    def calibrated(self, ctx: Context, prep: Prepared, rc: Resolved, s: sync_star.Settings,
-                   cals: list) -> sync_star.Settings:
-        return dataclasses.replace(s, calibration=tuple(cals))
-
-    def release_signal(self, ctx: Context, prep: Prepared, rc: Resolved, s: sync_star.Settings
-                       ) -> tuple[list[float], int]:
-        """A mean of n_i gradients clipped to xi, sensitivity 2 xi / n_i."""
-        return [2.0 / n for n in rc.n[: len(rc.eps)]], ctx.shard.n_features
-
-    def record_attrs(self, ctx: Context, prep: Prepared, rc: Resolved,
-                     s: sync_star.Settings) -> dict[str, Any]:
-        return {**settings_attrs(s), **calibration_attrs(list(s.calibration)),
-                "public_clip_fraction": prep.public.public_clip_fraction,
-                "constants_from": prep.public.source,
-                "step_rule": ("mu_k = rho/(k T^2)" if s.variant == "alg1"
-                              else "mu_k = rho/(T sqrt(k))"),
-                **utility_attrs(s.loss, prep.evalset), "evaluation_only": EVALUATION_ONLY}
-
-    def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: sync_star.Settings,
-                   recorder: Any, label: str, hooks: RunHooks | None = None) -> Outcome | None:
+    def run(self, ctx: Context, prep: Prepared, c: Configured[sync_star.Settings],
+            contract: Contract, hooks: RunHooks) -> Outcome | None:
+        s, rc = c.settings, c.resolved
         n = rc.n
         shards, ref = self.shards_and_reference(ctx, prep, s, n)
-        res = sync_star.run_config(ctx.star, shards, s, ref, recorder, label=label,
-                                   progress=ctx.progress, evalset=prep.evalset, hooks=hooks,
-                                   ledger_delta=ledger_delta(ctx, rc))
+        res = sync_star.run_config(ctx.star, shards, s, contract, ref, evalset=prep.evalset,
+                                   hooks=hooks, ledger_delta=ledger_delta(ctx, rc))
         if res is None:
             return None
-        out = Outcome(res.ledgers, guarantee=star_guarantee(s.calibration, "T answers"))
+        assert ref is not None  # the learner's, as res
+        out = Outcome(res.ledgers, guarantee=star_guarantee(contract, "T answers"))
         out.add("models/final", res.final)
         out.add("models/final_iterate", res.final_iterate)
         out.add("reference/theta_star", ref.theta_star, evaluation_only=True, solver=ref.solver)
@@ -138,9 +132,15 @@ class SyncStar(StarMethod[Prepared, sync_star.Settings]):
         out.add("reference/theta_isolated", ref.theta_isolated, evaluation_only=True)
         out.add("reference/psi_isolated", ref.psi_isolated, evaluation_only=True)
         add_utility_reference(out, ref)
-        out.add("privacy/lap_scale", np.array([s.noise_scale(i) for i in range(len(n))]),
-                formula=lap_scale_formula(s.calibration, "T"))
+        out.add("privacy/lap_scale", np.array([_scale(contract, i, s.xi, n[i])
+                                               for i in range(len(n))]),
+                formula=lap_scale_formula(contract, "T"))
         return out
 
+
+def _scale(contract: Contract, i: int, xi: float, n_i: int) -> float:
+    """b_i: owner i's Laplace scale of a mean of n_i gradients clipped to xi (0: no noise)."""
+    noise = contract.noise(i)
+    return 0.0 if noise is None else noise.scale(Sensitivity.mean(xi, n_i))
 
 METHOD = SyncStar()

@@ -287,6 +287,7 @@ def clipped_grad_sum_stack(loss: str, Xs: np.ndarray, ys: np.ndarray, Theta: np.
     counts = np.zeros((G, R), dtype=np.int64)
     if with_stats and loss == "squared":
         if not np.isfinite(xi):
+            assert gram is not None and xty is not None  # given with the stats where xi = inf
             return 2.0 * (T @ gram - xty[:, None, :]), counts
         D = _derivative_t("squared", T @ Xs.transpose(0, 2, 1), ys[:, None, :])
         return _back_stack(Xs, _clamp_stack(D, _thresholds(xi, row_l1), counts)), counts

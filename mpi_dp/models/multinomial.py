@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -213,7 +214,8 @@ def grad_sum(X: np.ndarray, y: np.ndarray, W: np.ndarray) -> np.ndarray:
     A, Wt, y = _prepare(X, y, W, "grad_sum")
     R, J, K = A.shape
     total = np.zeros((R * K, J))
-    buf, tmp = _buffer(X.shape[0], R, K), []
+    buf = _buffer(X.shape[0], R, K)
+    tmp: list[np.ndarray] = []
     for i, s in enumerate(_chunks(X.shape[0], R, K)):
         Xc = _input(X, s)
         D = _probs(_shifted_scores(Xc, Wt, R, K, buf))
@@ -239,7 +241,8 @@ def grad_sum_and_terms_max(
     l1 = np.abs(X).sum(axis=1, dtype=np.float64) if row_l1 is None else np.asarray(row_l1, dtype=np.float64)
     total = np.zeros((R * K, J))
     tmax = np.zeros(R)
-    buf, tmp = _buffer(X.shape[0], R, K), []
+    buf = _buffer(X.shape[0], R, K)
+    tmp: list[np.ndarray] = []
     for i, s in enumerate(_chunks(X.shape[0], R, K)):
         Xc = _input(X, s)
         D = _probs(_shifted_scores(Xc, Wt, R, K, buf))
@@ -460,7 +463,7 @@ def _device_models(xp, W, batched: bool, where: str):
     return xp.asarray(Wt), R, K
 
 
-def device_pass(X, y, W, want: str, row_l1=None) -> object:
+def device_pass(X, y, W, want: str, row_l1=None) -> Any:
     """The kernel `want` on a device backend: 'loss' (*b, R) loss sums, 'grad' (*b, R, J, K)
     gradient sums, 'grad_terms' (gradient sums, per-run maxima of the sensitivity terms
     (*b, R)), 'terms' (R, n) sensitivity terms, 'errors' (*b, R) int64, 'probs' (R, n, K)."""
@@ -508,6 +511,7 @@ def device_pass(X, y, W, want: str, row_l1=None) -> object:
             continue
         H = E / xp.sum(E, axis=-2, keepdims=True)
         if want == "probs":
+            assert per_record is not None
             per_record[:, s, :] = xp.matrix_transpose(H)
             continue
         if want in ("terms", "grad_terms"):
@@ -515,6 +519,7 @@ def device_pass(X, y, W, want: str, row_l1=None) -> object:
                   else xp.astype(row_l1[..., s], f64, copy=False))
             t = 2.0 * xp.sum(xp.where(M, 0.0, H), axis=-2) * xp.expand_dims(l1, axis=-2)
             if want == "terms":
+                assert per_record is not None
                 per_record[:, s] = t
                 continue
             tmax = xp.maximum(tmax, xp.max(t, axis=-1))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 import scipy.linalg
@@ -43,13 +44,15 @@ def petsc_available() -> bool:
     return True
 
 
-def ridge_closed_form(gram: np.ndarray, xty: np.ndarray, n: int, lam: float) -> np.ndarray:
+def ridge_closed_form(gram: np.ndarray | sp.spmatrix, xty: np.ndarray, n: int, lam: float
+                      ) -> np.ndarray:
     """Unconstrained ridge optimum: solve ((2/n) X^T X + lam I) theta = (2/n) X^T y.
 
     `gram` = X^T X (dense, or scipy.sparse: densified, p x p) and `xty` = X^T y summed over all
     owners, `n` the total record count.
     """
-    gram = gram.toarray() if sp.issparse(gram) else np.asarray(gram, dtype=np.float64)
+    gram = (cast("sp.spmatrix", gram).toarray() if sp.issparse(gram)
+            else np.asarray(gram, dtype=np.float64))
     A = (2.0 / n) * gram + lam * np.eye(gram.shape[0])
     b = (2.0 / n) * np.asarray(xty, dtype=np.float64)
     return scipy.linalg.solve(A, b, assume_a="pos")

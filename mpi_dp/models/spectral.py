@@ -3,6 +3,8 @@ sizes, sparse (ARPACK) for thousands of agents. Pure math on arrays (data and mo
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
@@ -31,7 +33,8 @@ def laplacian_lambda2(W: sp.spmatrix | np.ndarray, method: str = "auto") -> floa
     if n < 2:
         return 0.0
     if method == "dense" or (method == "auto" and n <= LAMBDA2_DENSE_MAX):
-        A = W.toarray() if sp.issparse(W) else np.asarray(W, dtype=np.float64)
+        A = (cast("sp.spmatrix", W).toarray() if sp.issparse(W)
+             else np.asarray(W, dtype=np.float64))
         L = np.diag(A.sum(axis=1)) - A
         return float(np.linalg.eigvalsh(L)[1])
     return _lambda2_sparse(sp.csr_matrix(W, dtype=np.float64))

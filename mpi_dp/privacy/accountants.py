@@ -193,6 +193,7 @@ def pld(pairs: Sequence[tuple[Event, int]], delta: float) -> float:
     for ev, c in live:
         one = _pld_of(ev, c, grid)
         total = one if total is None else total.compose(one)
+    assert total is not None  # live is not empty: not _trivial
     return float(total.get_epsilon_for_delta(delta))
 
 

@@ -21,6 +21,7 @@ import functools
 import math
 
 import numpy as np
+import numpy.typing as npt
 from scipy import stats
 
 #: statistics a release can be reduced to
@@ -49,7 +50,7 @@ def cp_lower(k: np.ndarray | int, n: int, alpha: float) -> np.ndarray:
     return np.where(k <= 0, 0.0, lo)
 
 
-def eps_from_rates(fpr_hi: np.ndarray, fnr_hi: np.ndarray, delta: float) -> np.ndarray:
+def eps_from_rates(fpr_hi: npt.ArrayLike, fnr_hi: npt.ArrayLike, delta: float) -> np.ndarray:
     """ln((1 - delta - FNR) / FPR), 0 where the test shows nothing (never negative)."""
     num = 1.0 - delta - np.asarray(fnr_hi, dtype=np.float64)
     den = np.asarray(fpr_hi, dtype=np.float64)

@@ -1,372 +1,229 @@
-"""The privacy contract: a job's `eps` and `delta` are each data owner's total guarantee.
+"""The privacy contract of one configuration: the one object a method's run asks for releases.
 
-For every method, `eps` and `delta` are what one owner (peer) is promised for its records over one
-configuration of the job (replace-one neighbouring datasets: two datasets of the owner differ in
-one record), composed over every release that depends on them. A method states its *release plan*
-per owner (a `Plan`: how many releases of which mechanism, composed over what), and `calibrate`
-chooses the per-release noise so that the plan's composition meets (eps, delta):
+A job's `eps` and `delta` are each data owner's total guarantee for its records over a
+configuration (docs/privacy.md). The runner builds a `Contract` per configuration from the job
+and the method's declared release plan: each participating owner's `Plan` (its target (eps_i,
+delta_i), how many releases of which mechanism, composed over what), the calibration rule
+(privacy.rules: pld, basic, or the method's paper rule) and the `Calibration` the rule gives
+each distinct plan (searched once, on one rank). The method's algorithm asks the contract for
+its owners' release paths (`owner`, `block`: privacy.release) and those for their releases;
+every release charges the owner's ledger, draws from the owner's streams (seed, 'noise', agent,
+run), shows the audit tap and returns, in that order, and a release the owner's plan does not
+cover is refused before any noise is drawn. The algorithm never sees which rule calibrated the
+noise.
 
-- `pld` (default): the largest per-release privacy whose composition by privacy loss distributions
-  (dp-accounting, pessimistic, the accountant the ledger reports) is at most eps at delta, found by
-  a bracketed root search over the noise multiplier, as Opacus's `get_noise_multiplier` does for
-  DP-SGD; never looser than the pure-eps split where that is tighter (it is the search's start);
-- `basic`: the even split of basic composition (eps / k per release, and delta / k for Gaussian);
-- `paper`: the method's paper's own rule (basic split for seeds 001 / 000, the per-iteration
-  eps_bar of seed 002, the per-release eps of seed 003, the Theorem-1 split of seed 004); the
-  method computes it its own way, bit for bit as before, and the ledger shows what it achieves.
-
-Negligible noise (a plan whose eps per calibrated release exceeds accountants.EXACT_EPS, e.g.
-eps = 1e8 or 1e300) is calibrated in closed form, with no search (`_exact`): composition is exact
-there (accountants.exact) and the pld rule's noise is the pure split k / eps (Laplace) or the
-Gaussian whose composition is eps exactly (events.gaussian_noise_multiplier); the noise is tiny
-but positive, never an overflow, and what the ledger reports totals eps to rounding.
-
-Calibrations depend on the plan alone and are cached per distinct plan (owners with equal budgets
-and equal plans share one search; never one per owner per run). Sensitivities do not enter: the
-calibration fixes the noise multiplier (noise scale / sensitivity), and each release's noise is
-that multiplier times its own sensitivity.
-
-Pure: no MPI. dp-accounting is imported on first use.
+Pure: no MPI.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import sys
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-import numpy as np
-
-from mpi_dp.privacy import accountants
-from mpi_dp.privacy.events import (
-    Event,
-    GaussianEvent,
-    LaplaceEvent,
-    fsum,
-    gaussian_eps,
-    gaussian_noise_multiplier,
+from mpi_dp import rng
+from mpi_dp.privacy.calibration import (  # noqa: F401 (the contract's vocabulary, one import)
+    MECHANISMS,
+    RULE_TEXT,
+    RULES,
+    SCOPES,
+    Calibration,
+    Plan,
+    Sensitivity,
+    calibrate,
+    default_delta,
+    honest_scale,
+    paper,
+    resolve_delta,
 )
-
-#: calibration rules of the job key privacy.calibration (the default first)
-RULES = ("pld", "basic", "paper")
-RULE_TEXT = {
-    "pld": "tight: the per-release noise whose composition by privacy loss distributions "
-           "(dp-accounting) meets (eps, delta) exactly, to 1e-4",
-    "basic": "the even split of basic composition: eps / k per release (and delta / k for a "
-             "Gaussian)",
-    "paper": "the method's paper's own rule (see the method's guarantee)",
-}
-#: what a plan's guarantee composes over
-SCOPES = ("configuration", "record", "selection")
-MECHANISMS = ("laplace", "gaussian")
-#: relative precision of the search (in the noise multiplier)
-SEARCH_RTOL = 1e-5
-
-
-def default_delta(n: int) -> float:
-    """The largest power of ten at most 1/(10 n): a delta sound for an owner of n records (a
-    mechanism may publish one whole record with probability delta; 1/(10 n) keeps that well
-    below what publishing a random record costs). 1e-5 for an owner of 1 record or none."""
-    if n <= 1:
-        return 1e-5 if n <= 0 else 0.01
-    digits = len(str(10 * int(n) - 1))  # 10 ** digits >= 10 n
-    return float(f"1e-{digits}")
-
-
-def resolve_delta(value: float | str, n: int, owner: int, where: str = "privacy.delta") -> float:
-    """An owner's target delta: `value`, or default_delta(n) for 'auto'; a delta at or above
-    1/n_i (n_i > 0) is refused with a message naming the owner and n_i."""
-    if value == "auto":
-        return default_delta(n)
-    d = float(value)
-    if not 0.0 < d < 1.0:
-        raise ValueError(f"key '{where}': delta must be in (0, 1), got {value!r}")
-    if n > 0 and d * n >= 1.0:
-        raise ValueError(
-            f"key '{where}': delta = {d:g} is at or above 1/n_i = 1/{n} for owner {owner} "
-            f"(n_i = {n} records): a mechanism could then publish one of its records outright "
-            f"and still be (eps, delta)-DP; use delta < 1/{n} (e.g. {default_delta(n):g}, what "
-            "'auto' gives)")
-    return d
+from mpi_dp.privacy.events import Event
+from mpi_dp.privacy.release import BlockRelease, OwnerRelease
+from mpi_dp.privacy.rules import Rule
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
-    """What one owner releases in a configuration, as far as its guarantee is concerned.
+class Share:
+    """What one configuration's owner makes of a plan that spans several configurations (a
+    private selection's candidates, calibrated together): its own calibrated releases and fixed
+    releases; the plan's others count towards the same guarantee (the ledger's context)."""
 
-    `releases` releases of `mechanism` whose noise is calibrated (each noise = multiplier x its
-    own sensitivity), composed with the `fixed` releases (their noise set elsewhere, e.g. a
-    warm start), must meet (eps, delta). `scope`: what the composition covers: the owner's
-    releases in the configuration, the releases that touch one record (a single pass: later
-    releases are post-processing), or every candidate of a private selection.
-    """
-
-    mechanism: str
     releases: int
-    eps: float
-    delta: float
     fixed: tuple[Event, ...] = ()
-    scope: str = "configuration"
-
-    def __post_init__(self) -> None:
-        if self.mechanism not in MECHANISMS:
-            raise ValueError(f"mechanism must be one of {MECHANISMS}, got {self.mechanism!r}")
-        if self.releases < 0:
-            raise ValueError(f"releases must be >= 0, got {self.releases}")
-        if not (self.eps > 0):
-            raise ValueError(f"eps must be > 0, got {self.eps}")
-        if not 0.0 < self.delta < 1.0:
-            raise ValueError(f"delta must be in (0, 1), got {self.delta}")
-        if self.scope not in SCOPES:
-            raise ValueError(f"scope must be one of {SCOPES}, got {self.scope!r}")
 
 
-@dataclasses.dataclass(frozen=True)
-class Calibration:
-    """The calibrated noise of a plan: every calibrated release adds noise of scale
-    `noise_multiplier` x its sensitivity (Laplace: scale / L1 sensitivity; Gaussian: sigma / L2
-    sensitivity; 0: no noise, eps = inf). `rule` is pld, basic or paper; `paper` names the paper
-    rule; `planned` holds the plan's totals (privacy.accountants.Totals) at its delta."""
+class Contract:
+    """One configuration's privacy: `rule`, and per participating owner (agent ids 0..N-1) its
+    calibration (whose `plan` is what it may release; None: the owner releases nothing private)
+    or no calibrations at all (None: the configuration is a non-private baseline). `seed` and
+    `run_ids` key the owners' noise streams."""
 
-    rule: str
-    plan: Plan
-    noise_multiplier: float
-    paper: str = ""
-    planned: accountants.Totals | None = None
+    def __init__(self, rule: Rule, calibrations: Sequence[Calibration | None] | None, *,
+                 seed: int, run_ids: Sequence[int]) -> None:
+        self.rule = rule
+        self.calibrations: tuple[Calibration | None, ...] | None = (
+            None if calibrations is None else tuple(calibrations))
+        self.seed = int(seed)
+        self.run_ids = tuple(int(r) for r in run_ids)
+
+    @classmethod
+    def of(cls, rule: Rule, plans: Sequence[Plan | None] | None, *, seed: int,
+           run_ids: Sequence[int], found: Mapping[Plan, Calibration] | None = None) -> Contract:
+        """The contract of `plans` under `rule` (each distinct plan's calibration from `found`
+        where given, else calibrated here)."""
+        if plans is None:
+            return cls(rule, None, seed=seed, run_ids=run_ids)
+        made: dict[Plan, Calibration] = dict(found or {})
+        cals: list[Calibration | None] = []
+        for p in plans:
+            if p is None:
+                cals.append(None)
+                continue
+            if p not in made:
+                made[p] = rule.calibrate(p)
+            cals.append(made[p])
+        return cls(rule, cals, seed=seed, run_ids=run_ids)
+
+    @classmethod
+    def planned(cls, rule: Rule, mechanism: str, releases: int | Sequence[int],
+                eps: Sequence[float], delta: float = 1e-5, *, seed: int = 0,
+                run_ids: Sequence[int] = (0,), fixed: tuple[Event, ...] = (),
+                scope: str = "configuration") -> Contract:
+        """The contract of owners 0..len(eps)-1, owner i releasing `releases` (or releases[i])
+        times by `mechanism` at (eps[i], delta) under `rule` (scripts and tests that run an
+        algorithm without a job)."""
+        counts = ([int(releases)] * len(eps) if isinstance(releases, int)
+                  else [int(k) for k in releases])
+        plans = [Plan(mechanism, k, float(e), float(delta), tuple(fixed), scope)
+                 for k, e in zip(counts, eps, strict=True)]
+        return cls.of(rule, plans, seed=seed, run_ids=run_ids)
+
+    # -- what the contract says ----------------------------------------------------------------
+    @property
+    def plans(self) -> tuple[Plan | None, ...] | None:
+        if self.calibrations is None:
+            return None
+        return tuple(None if c is None else c.plan for c in self.calibrations)
+
+    @property
+    def runs(self) -> int:
+        return len(self.run_ids)
+
+    @property
+    def owners(self) -> int:
+        """Participating owners (those with an entry, planned or not)."""
+        return 0 if self.calibrations is None else len(self.calibrations)
 
     @property
     def private(self) -> bool:
-        return self.noise_multiplier > 0 or self.plan.releases == 0
+        """Whether some owner's release is noised for a finite target (False: nothing private
+        is promised; every release then records eps = inf)."""
+        return any(c is not None and math.isfinite(c.plan.eps)
+                   for c in self.calibrations or ())
 
-    @property
-    def name(self) -> str:
-        """'pld', 'basic' or 'paper:<rule>' (the ledger's calibration column)."""
-        return f"paper:{self.paper}" if self.rule == "paper" and self.paper else self.rule
+    def noise(self, owner: int) -> Calibration | None:
+        """Owner `owner`'s noise (its calibration under the rule); None: no plan."""
+        if self.calibrations is None or not 0 <= owner < len(self.calibrations):
+            return None
+        return self.calibrations[owner]
 
-    @property
-    def eps_release(self) -> float:
-        """eps of one calibrated release (Gaussian: at the plan's delta); inf without noise."""
-        return _release_eps(self.plan.mechanism, self.noise_multiplier, self.plan.delta)
+    def attrs(self) -> dict[str, Any]:
+        """The configuration's calibration as group attributes: the rule, what it means, and
+        one line per distinct calibration (owners with equal plans share one)."""
+        live = [c for c in self.calibrations or () if c is not None]
+        if not live:
+            return {}
+        texts = list(dict.fromkeys(c.text() for c in {id(c): c for c in live}.values()))
+        return {"calibration": live[0].name, "calibration_rule": self.rule.text,
+                "calibrations": "\n".join(texts)}
 
-    def scale(self, sensitivity: float) -> float:
-        """The noise scale of a release of `sensitivity` (Laplace b, Gaussian sigma)."""
-        return honest_scale(self.noise_multiplier, float(sensitivity))
+    # -- release paths -------------------------------------------------------------------------
+    def owner(self, agent: int, *, certified: bool = True, data_dependent: bool = False,
+              clip: float = math.inf, mechanism: str | None = None, share: Share | None = None,
+              purpose: str = "noise") -> OwnerRelease:
+        """Owner `agent`'s release path: its noise, its ledger (the plan's limits, or the basic
+        budget a paper rule states), its noise streams (seed, `purpose`, agent, run).
+        `certified` / `data_dependent` flag its events (a variant whose guarantee is not shown,
+        a sensitivity read from the data); `clip` is the per-record bound its sensitivity
+        assumes; `mechanism` names the noise of an owner without a plan; `share`: its part of a
+        plan that spans several configurations."""
+        return self._owner(agent, certified, data_dependent, clip, mechanism, share,
+                           lambda a=int(agent): rng.run_streams(self.seed, purpose, a,
+                                                               self.run_ids),
+                           lambda what, a=int(agent): rng.run_streams(self.seed, what, a,
+                                                                      self.run_ids))
 
-    def event(self, sensitivity: float, *, scale: float | None = None,
-              data_dependent: bool = False, certified: bool = True) -> Event:
-        """The event of one release of `sensitivity` (noise `scale`, default the calibrated)."""
-        sc = self.scale(sensitivity) if scale is None else float(scale)
-        if self.plan.mechanism == "laplace":
-            return LaplaceEvent(sensitivity, sc, data_dependent=data_dependent,
-                                certified=certified)
-        return GaussianEvent(sensitivity, sc, self.plan.delta, data_dependent=data_dependent,
-                             certified=certified)
+    def block(self, agents: Sequence[int], *, certified: bool = True,
+              data_dependent: bool = False, clip: float = math.inf,
+              mechanism: str | None = None, purpose: str = "noise") -> BlockRelease:
+        """The release path of the owners `agents` hosted together (privacy.release.
+        BlockRelease): each owner's own path (as `owner`), the block's noise streams the owners'
+        own as one agent-major RunStreams (row a R + r: agents[a], run r)."""
+        ids = [int(a) for a in agents]
+        owners = [self._owner(a, certified, data_dependent, clip, mechanism, None, None, None)
+                  for a in ids]
+        return BlockRelease(owners, streams=lambda: rng.agent_run_streams(
+            self.seed, purpose, ids, self.run_ids), runs=self.runs)
 
-    def unit_event(self) -> Event:
-        """One calibrated release in privacy units (sensitivity 1)."""
-        return self.event(1.0)
-
-    def text(self) -> str:
-        """One line for the output: rule, per-release noise and what the plan composes to."""
-        p = self.plan
-        if self.rule == "paper" and not self.noise_multiplier >= 0:  # set by the method
-            return (f"{self.name}: the paper's own noise for eps={p.eps:g} in the paper's unit "
-                    f"({p.releases} release(s) per {p.scope}; what they compose to: "
-                    "privacy/ledger)")
-        if self.noise_multiplier == 0:
-            why = "eps = inf" if math.isinf(p.eps) else "no calibrated release"
-            return f"{self.name}: no noise ({why}) per {p.scope}"
-        per = (f"Laplace, scale/sensitivity {self.noise_multiplier:.6g} (eps {self.eps_release:.6g}"
-               " per release)" if p.mechanism == "laplace" else
-               f"Gaussian, sigma/sensitivity {self.noise_multiplier:.6g}")
-        tot = ""
-        if self.planned is not None:
-            tot = (f"; planned totals at delta={p.delta:g}: PLD {self.planned.eps_pld:.6g}, RDP "
-                   f"{self.planned.eps_rdp:.6g}, basic {self.planned.eps_basic:.6g}")
-        fixed = f" + {len(p.fixed)} fixed release(s)" if p.fixed else ""
-        return (f"{self.name}: {p.releases} release(s){fixed} per {p.scope} for "
-                f"(eps={p.eps:g}, delta={p.delta:g}); {per}{tot}")
-
-
-def honest_scale(noise_multiplier: float | np.ndarray, sensitivity: float | np.ndarray
-                 ) -> float | np.ndarray:
-    """noise_multiplier x sensitivity, never below its exact value where the product leaves the
-    normal floats (negligible noise on a tiny sensitivity: rounded up to the next float, at least
-    the smallest positive one), so the release is never less private than calibrated and never
-    silently noiseless (a scale of 0 would be eps = inf); elsewhere the plain product."""
-    if np.ndim(noise_multiplier) == 0 and np.ndim(sensitivity) == 0:  # the scalar hot path
-        x = float(noise_multiplier) * float(sensitivity)
-        if x < _FLOAT_MIN and noise_multiplier > 0 and sensitivity > 0:
-            x = math.nextafter(x, math.inf)
-        return x
-    out = np.multiply(noise_multiplier, sensitivity, dtype=np.float64)
-    tiny = (out < _FLOAT_MIN) & (np.asarray(noise_multiplier) > 0) & (np.asarray(sensitivity) > 0)
-    return np.where(tiny, np.nextafter(out, np.inf), out) if np.any(tiny) else out
-
-
-_FLOAT_MIN = sys.float_info.min
+    def _owner(self, agent: int, certified: bool, data_dependent: bool, clip: float,
+               mechanism: str | None, share: Share | None, streams: Any,
+               purposes: Any) -> OwnerRelease:
+        cal = self.noise(int(agent))
+        if self.calibrations is not None and cal is None and int(agent) < self.owners:
+            raise ValueError(f"owner {agent} has no release plan in this configuration: it "
+                             "may release nothing")
+        budget = cal.ledger_budget() if cal is not None else (math.inf, math.inf)
+        allowance: int | None = None
+        context: tuple[tuple[Event, int], ...] = ()
+        if (share is not None and cal is not None and not self.rule.paper
+                and cal.noise_multiplier > 0):  # a share limits an accounted, noisy plan
+            allowance, context = _context(cal, share)
+        return OwnerRelease(int(agent), self.runs, cal, budget_eps=budget[0],
+                            budget_delta=budget[1], allowance=allowance, context=context,
+                            certified=certified and (cal is None or cal.certified),
+                            data_dependent=data_dependent, clip=clip, mechanism=mechanism,
+                            streams=streams, purposes=purposes)
 
 
-def _release_eps(mechanism: str, nm: float, delta: float) -> float:
-    if nm == 0:
-        return math.inf
-    if mechanism == "laplace":
-        return 1.0 / nm
-    return gaussian_eps(nm, delta)
+    def reserve_laplace(self, owners: Mapping[int, OwnerRelease], counts: Mapping[int, int],
+                        size: int) -> None:
+        """Draw ahead every owner's standard Laplace noise for `counts[agent]` releases of
+        `size` numbers each, from its noise streams (the owners with equal counts in one block
+        draw: `rng.agent_run_streams`, each owner's rows the bits it draws alone), and reserve
+        it in its release path (`OwnerRelease.reserve`)."""
+        ids = sorted(int(a) for a in owners if counts[a] > 0)
+        if not ids:
+            return
+        import numpy as np
+
+        R = self.runs
+        n_of = np.array([int(counts[i]) for i in ids], dtype=np.int64)
+        streams = rng.agent_run_streams(self.seed, "noise", ids, self.run_ids)
+        for n_i in np.unique(n_of).tolist():
+            pos = np.flatnonzero(n_of == n_i)  # owners with n_i releases
+            rows = (pos[:, None] * R + np.arange(R)).ravel()
+            draws = streams.laplace(n_i * size, rows).reshape(len(pos), R, n_i, size)
+            for k, a in enumerate(pos.tolist()):
+                owners[ids[a]].reserve(draws[k])
 
 
-def _unit(mechanism: str, nm: float, delta: float) -> Event:
-    if mechanism == "laplace":
-        return LaplaceEvent(1.0, nm)
-    return GaussianEvent(1.0, nm, delta)
-
-
-def planned_pairs(plan: Plan, nm: float, releases: int | None = None) -> list[tuple[Event, int]]:
-    """The plan's releases as (event, count) pairs at noise multiplier `nm`."""
-    k = plan.releases if releases is None else releases
-    pairs: list[tuple[Event, int]] = [(_unit(plan.mechanism, nm, plan.delta), k)] if k else []
-    fixed: dict[Event, int] = {}
-    for ev in plan.fixed:
-        fixed[ev] = fixed.get(ev, 0) + 1
-    return pairs + list(fixed.items())
-
-
-def _fixed_eps(plan: Plan) -> tuple[float, float]:
-    return (fsum(ev.eps for ev in plan.fixed), fsum(ev.delta for ev in plan.fixed))
-
-
-def _basic(plan: Plan) -> float:
-    """The noise multiplier of the even basic split of what the fixed releases leave."""
-    eps_f, delta_f = _fixed_eps(plan)
-    eps_left, delta_left = plan.eps - eps_f, plan.delta - delta_f
-    if not eps_left > 0 or (plan.mechanism == "gaussian" and not delta_left > 0):
-        raise ValueError(_no_room(plan, eps_f))
-    e = eps_left / plan.releases
-    if plan.mechanism == "laplace":
-        return 1.0 / e
-    return gaussian_noise_multiplier(e, delta_left / plan.releases)
-
-
-def _no_room(plan: Plan, eps_fixed: float) -> str:
-    return (f"the fixed releases alone (eps {eps_fixed:.4g}) leave no room in the owner's eps = "
-            f"{plan.eps:g}: lower them or raise eps")
-
-
-def _search(total: Callable[[float], float], x0: float, target: float) -> float:
-    """The largest x with total(x) <= target for total increasing in x (x: privacy per release,
-    the inverse noise multiplier): an expanding bracket from x0, then Brent's method in log x,
-    then the feasible side of the root (the answer is always one that was evaluated)."""
-    from scipy import optimize
-
-    memo: dict[float, float] = {}
-
-    def f(x: float) -> float:
-        if x not in memo:
-            memo[x] = total(x)
-        return memo[x]
-
-    lo = x0
-    for _ in range(200):
-        if f(lo) <= target:
-            break
-        lo /= 2.0
-    else:
-        raise ValueError("no noise level meets the target (the fixed releases exceed it?)")
-    hi = lo * 2.0
-    for _ in range(200):
-        if f(hi) > target:
-            break
-        lo, hi = hi, hi * 2.0
-    else:
-        raise ValueError("the privacy accountant never exceeds the target")
-    root = math.exp(optimize.brentq(lambda u: f(math.exp(u)) - target, math.log(lo),
-                                    math.log(hi), xtol=SEARCH_RTOL / 4, rtol=SEARCH_RTOL / 4))
-    best = max((x for x, v in memo.items() if v <= target), default=lo)
-    for _ in range(60):  # step down from the root onto the feasible side if it is not already
-        if root <= best or f(root) <= target:
-            break
-        root *= 1.0 - SEARCH_RTOL
-    return max(best, root) if f(max(best, root)) <= target else best
-
-
-def _exact(plan: Plan) -> float:
-    """The tight noise multiplier where the noise is negligible (accountants.exact composes the
-    plan exactly): Laplace k / (eps - what the fixed releases take); Gaussian: the k releases
-    are one Gaussian of noise z / sqrt(k) (with any fixed Gaussian merged in the same way) whose
-    eps at delta is what the fixed pure releases leave (events.gaussian_noise_multiplier)."""
-    k, d = plan.releases, plan.delta
-    fixed = [(ev, 1) for ev in plan.fixed]
-    if plan.mechanism == "laplace":
-        left = plan.eps - accountants.exact(fixed, d)
-        if not left > 0:
-            raise ValueError(_no_room(plan, _fixed_eps(plan)[0]))
-        return k / left
-    pure = fsum(ev.eps for ev in plan.fixed if not isinstance(ev, GaussianEvent))
-    fixed_inv_sq = fsum((1.0 / ev.noise_multiplier) * (1.0 / ev.noise_multiplier)
-                        for ev in plan.fixed if isinstance(ev, GaussianEvent) and ev.eps > 0)
-    z = gaussian_noise_multiplier(plan.eps - pure, d) if plan.eps > pure else 0.0
-    room = (1.0 / z) * (1.0 / z) - fixed_inv_sq if z > 0 else 0.0
-    if not room > 0:
-        raise ValueError(_no_room(plan, _fixed_eps(plan)[0]))
-    return math.sqrt(k / room)
-
-
-def _pld(plan: Plan) -> float:
-    """The noise multiplier of the tight calibration (see the module docstring)."""
-    eps_f, _ = _fixed_eps(plan)
-    if plan.fixed and accountants.pld([(ev, 1) for ev in plan.fixed], plan.delta) >= plan.eps:
-        raise ValueError(_no_room(plan, eps_f))
-    if (plan.eps - eps_f) / plan.releases > accountants.EXACT_EPS:  # negligible noise
-        return _exact(plan)
-
-    def total(x: float) -> float:
-        nm = 1.0 / x
-        return accountants.pld(planned_pairs(plan, nm), plan.delta)
-
-    if plan.mechanism == "laplace":  # the pure split: never looser than it
-        x0 = max((plan.eps - eps_f) / plan.releases, 1e-300) if plan.eps > eps_f else \
-            plan.eps / plan.releases
-    else:  # k Gaussians are one of noise z / sqrt(k): the exact (analytic) start
-        sigma = gaussian_noise_multiplier(max(plan.eps - eps_f, plan.eps / 2), plan.delta)
-        x0 = 1.0 / (sigma * math.sqrt(plan.releases))
-    return 1.0 / _search(total, x0, plan.eps)
-
-
-_CACHE: dict[tuple[str, Plan], Calibration] = {}
-
-
-def calibrate(plan: Plan, rule: str) -> Calibration:
-    """The calibration of `plan` under `rule` ('pld' or 'basic'; 'paper' rules are computed by
-    their method: see `paper`). Cached per distinct (rule, plan). Raises ValueError when the
-    plan cannot meet its target (e.g. fixed releases that spend it all)."""
-    if rule not in ("pld", "basic"):
-        raise ValueError(f"calibration rule must be 'pld' or 'basic' here, got {rule!r}")
-    hit = _CACHE.get((rule, plan))
-    if hit is not None:
-        return hit
-    if math.isinf(plan.eps) or plan.releases == 0:  # nothing to calibrate: no noise
-        if plan.fixed and not math.isinf(plan.eps) and accountants.pld(
-                [(ev, 1) for ev in plan.fixed], plan.delta) > plan.eps:
-            raise ValueError(_no_room(plan, _fixed_eps(plan)[0]))
-        cal = Calibration(rule, plan, 0.0)
-    else:
-        nm = _pld(plan) if rule == "pld" else _basic(plan)
-        cal = Calibration(rule, plan, nm, planned=accountants.compose(planned_pairs(plan, nm),
-                                                                      plan.delta))
-    _CACHE[(rule, plan)] = cal
-    return cal
-
-
-def paper(plan: Plan, name: str, noise_multiplier: float) -> Calibration:
-    """The record of a paper rule `name` (its noise computed by the method, bit for bit as the
-    paper's code): the plan's target and what the rule's noise composes to."""
-    planned = None
-    if noise_multiplier > 0 and plan.releases and math.isfinite(noise_multiplier):
-        planned = accountants.compose(planned_pairs(plan, noise_multiplier), plan.delta)
-    return Calibration("paper", plan, noise_multiplier, paper=name, planned=planned)
-
-
-def calibrate_all(plans: Sequence[Plan | None], rule: str) -> list[Calibration | None]:
-    """calibrate() of every plan (None stays None), each distinct plan searched once."""
-    return [None if p is None else calibrate(p, rule) for p in plans]
+def _context(cal: Calibration, share: Share) -> tuple[int, tuple[tuple[Event, int], ...]]:
+    """The ledger's allowance (the share's calibrated releases) and context (the plan's other
+    releases: calibrated ones as unit events, fixed ones as they are) of an owner's share."""
+    plan = cal.plan
+    others = plan.releases - share.releases
+    if others < 0:
+        raise ValueError(f"a share of {share.releases} releases exceeds its plan's "
+                         f"{plan.releases}")
+    left = Counter(plan.fixed)
+    left.subtract(Counter(share.fixed))
+    if any(c < 0 for c in left.values()):
+        raise ValueError("a share's fixed releases are not all in its plan")
+    fixed = []
+    for ev in plan.fixed:  # the plan's order, less the share's
+        if left[ev] > 0:
+            fixed.append(ev)
+            left[ev] -= 1
+    context = tuple(x for x in ((cal.unit_event(), others), *((ev, 1) for ev in fixed)) if x[1])
+    return share.releases, context

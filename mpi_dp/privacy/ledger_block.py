@@ -341,6 +341,7 @@ class LedgerBlock:
                 | (self.plan_gaussian & gauss & (x >= self.gaussian_limit)))
             bad |= self.has_plan & ~fixed & ~calibrated  # kind 'over'
             if self.any_record:
+                assert record_pass is not None  # returned False above otherwise
                 bad |= calibrated & self.record_scope & ~(record_pass < self.allowance)
             run = calibrated & ~self.record_scope
             if run.any():

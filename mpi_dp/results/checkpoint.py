@@ -80,8 +80,12 @@ ALLOWED: dict[str, _Allowed] = {f"{a.module}.{a.qualname}": a for a in (
     _Allowed("mpi_dp.privacy.events", "LaplaceEvent"),
     _Allowed("mpi_dp.privacy.events", "GaussianEvent"),
     _Allowed("mpi_dp.privacy.events", "PureEvent"),
-    _Allowed("mpi_dp.privacy.contract", "Plan"),
-    _Allowed("mpi_dp.privacy.contract", "Calibration"),
+    _Allowed("mpi_dp.privacy.calibration", "Plan"),
+    _Allowed("mpi_dp.privacy.calibration", "Calibration"),
+    _Allowed("mpi_dp.privacy.rules", "BasicSplitNoise"),
+    _Allowed("mpi_dp.privacy.rules", "PerIterationNoise"),
+    _Allowed("mpi_dp.privacy.rules", "PerReleaseNoise"),
+    _Allowed("mpi_dp.privacy.rules", "Theorem1Noise"),
     _Allowed("mpi_dp.privacy.accountants", "Totals"),
     _Allowed("mpi_dp.comm.schedule", "Scheduler", after_load=_relink_scheduler),
     _Allowed("mpi_dp.comm.schedule", "LoggedSchedule"),
@@ -158,7 +162,7 @@ def _make(name: str, attrs: dict[str, Any]) -> Any:
         gen = getattr(np.random, bg)()
         gen.state = state
         return np.random.Generator(gen)
-    cls = _class(name)
+    cls: Any = _class(name)  # Any: mypy would resolve cls.__new__ to type.__new__
     obj = cls.__new__(cls)
     spec = ALLOWED[name]
     d = obj.__dict__
@@ -489,11 +493,11 @@ def _values(kind: str, col: np.ndarray, m: int) -> list:
         raise _bad(f"unknown leaf kind {kind!r}")
     dtype, order, shape = kind[1:].split(";")
     dt = _array_dtype(np.dtype(dtype))
-    want = tuple(int(s) for s in shape.split(",")) if shape else ()
+    want_shape = tuple(int(s) for s in shape.split(",")) if shape else ()
     col = np.asarray(col).astype(dt, copy=False)
-    if col.shape[1:] != want:
+    if col.shape[1:] != want_shape:
         raise _bad("a stacked array's shape does not match its template")
-    if not want:
+    if not want_shape:
         return [np.array(x, dtype=dt) for x in col]
     return [x.copy(order=order) for x in col]
 

@@ -294,6 +294,11 @@ def _without_output(job_json: Any) -> dict:
 class ResultFile:
     """The result file of one job, written by the learner (rank 0) only."""
 
+    # set by reopen() only (declarations, no class attributes: config() reads _resuming with a
+    # default)
+    completed: list[int]
+    _resuming: bool
+
     def __init__(self, path: str | Path, *, job_text: str, job_json: str, algorithm: str,
                  variant: str, n_configs: int, sweep: Mapping[str, Any],
                  provenance: Mapping[str, Any], block: tuple[int, int] | None = None,

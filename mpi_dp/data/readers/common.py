@@ -25,7 +25,8 @@ import scipy.sparse
 
 from mpi_dp.errors import DataError
 
-_COMPRESSION = {".gz": ("gzip", gzip.open), ".bz2": ("bzip2", bz2.open), ".xz": ("xz", lzma.open)}
+_COMPRESSION: dict[str, tuple[str, Callable[..., Any]]] = {
+    ".gz": ("gzip", gzip.open), ".bz2": ("bzip2", bz2.open), ".xz": ("xz", lzma.open)}
 _DECOMPRESS_ERRORS = (EOFError, OSError, lzma.LZMAError, zlib.error)
 
 
@@ -130,11 +131,11 @@ def _iter_archive(path: Path, wanted: Callable[[str], bool]) -> Iterator[tuple[s
                         yield m.filename, zf.read(m)
         else:
             with tarfile.open(path, "r:*") as tf:
-                for m in tf:
-                    if m.isfile() and wanted(m.name):
-                        fh = tf.extractfile(m)
+                for member in tf:
+                    if member.isfile() and wanted(member.name):
+                        fh = tf.extractfile(member)
                         if fh is not None:
-                            yield m.name, fh.read()
+                            yield member.name, fh.read()
     except (tarfile.TarError, zipfile.BadZipFile, *_DECOMPRESS_ERRORS) as exc:
         raise DataError(f"{path}: truncated or corrupt archive ({type(exc).__name__}: {exc})") from None
 

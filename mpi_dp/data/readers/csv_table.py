@@ -179,6 +179,7 @@ def _target(values: np.ndarray, miss: np.ndarray, where: str, name: str,
     """Target values (float64) and the mask of records to keep, each drop counted by reason."""
     keep = ~miss
     _drop(info, DROP_MISSING_TARGET, miss)
+    y: np.ndarray | None
     if target_map is not None:
         y, keep = _map_target(values, keep, where, name, target_map, info)
     elif positive is not None:

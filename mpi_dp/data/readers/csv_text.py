@@ -164,7 +164,7 @@ def _first_line(path: Path, skip: int) -> str | None:
         return None
     _, opener = _COMPRESSION.get(path.suffix.lower(), (None, open))
     try:
-        with opener(path, "rb") as fh:  # type: ignore[operator]
+        with opener(path, "rb") as fh:
             for _ in range(skip):
                 fh.readline()
             line = fh.readline(1 << 20)

@@ -83,6 +83,7 @@ def read_leaf(path: str | Path, *, require_both: bool = True) -> tuple[Table, Ta
     names: dict[str, list[str]] = {"train": [], "test": []}
     for name, raw in docs:
         split = _leaf_split(name)
+        assert split is not None  # _leaf_sources yields only train/ and test/ documents
         names[split].append(name)
         for user, xy in _leaf_document(path, name, raw).items():
             data[split].setdefault(user, []).append((name, xy))

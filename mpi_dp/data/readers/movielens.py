@@ -56,9 +56,9 @@ def _movielens_files(path: Path) -> tuple[dict[str, bytes], dict[str, str], list
     found_b: dict[str, bytes] = {}
     names: dict[str, str] = {}
     for name, raw in _iter_archive(path, wanted):
-        base = Path(name).name
-        if base not in names or len(Path(name).parts) < len(Path(names[base]).parts):
-            found_b[base], names[base] = raw, name
+        member = Path(name).name
+        if member not in names or len(Path(name).parts) < len(Path(names[member]).parts):
+            found_b[member], names[member] = raw, name
     missing = [n for n in _ML_FILES[:3] if n not in found_b]
     if missing:
         raise DataError(f"{path}: archive has no {', '.join(missing)} (not MovieLens-100K)")

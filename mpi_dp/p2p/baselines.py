@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 import scipy.sparse as sp
 
-from mpi_dp.models import p2p
-from mpi_dp.models.p2p_reference import local_models_of, quad_terms
+from mpi_dp.p2p import objective
+from mpi_dp.p2p.reference import local_models_of, quad_terms
 from mpi_dp.privacy import LaplaceEvent, PureEvent
 from mpi_dp.rng import stream
 
@@ -33,7 +34,7 @@ ADMM_VECTORS_PER_ACTIVATION = 4
 
 def admm_rho_grid(W: sp.spmatrix | np.ndarray) -> np.ndarray:
     """The rho grid {0.1, 1, 10} x the mean positive W_ij (spec §4)."""
-    w = W.data if sp.issparse(W) else np.asarray(W).ravel()
+    w = cast(np.ndarray, W.data) if sp.issparse(W) else np.asarray(W).ravel()
     w = w[w > 0]
     return np.array([0.1, 1.0, 10.0]) * float(w.mean())
 
@@ -57,7 +58,7 @@ def _reverse_slots(W: sp.csr_matrix) -> np.ndarray:
     return PT.data.astype(np.int64) - 1
 
 
-def gossip_admm(problem: p2p.Problem, theta_loc: np.ndarray, rho: float, K: int, T: int,
+def gossip_admm(problem: objective.Problem, theta_loc: np.ndarray, rho: float, K: int, T: int,
                 seed: int, record_every: int, on_record: Callable | None = None, run: int = 0
                 ) -> tuple[np.ndarray, list[dict]]:
     """Run T activations of Algorithm 5 from Theta^loc; returns (u (n, p), records).
@@ -104,7 +105,7 @@ def gossip_admm(problem: p2p.Problem, theta_loc: np.ndarray, rho: float, K: int,
         c = om[sl] @ tgt + rho * own.sum(axis=0)
         ui = u[i]
         for _ in range(K):
-            if quad:
+            if AB is not None:  # quad
                 gl = AB[i][0] @ ui - AB[i][1]
             else:
                 gl = problem.grad(i, ui[None])[0]
@@ -147,40 +148,51 @@ def gossip_admm(problem: p2p.Problem, theta_loc: np.ndarray, rho: float, K: int,
 # local DP baseline
 
 
-def local_dp_data(X: np.ndarray, y: np.ndarray, eps: float, B: float, seed: int, agent: int,
-                  run: int = 0, eps_split: float = 0.5
-                  ) -> tuple[np.ndarray, np.ndarray, list]:
-    """One agent's examples perturbed once: (X', y', events).
+def local_dp_events(eps: float, B: float, p: int, eps_split: float = 0.5) -> list:
+    """The events of one agent's local-DP release (`local_dp_data`): the features' Laplace
+    (L1 sensitivity 2 B p, scale 2 B p / eps_x) and the labels' randomised response (eps_y).
+    Each example is released once, so replacing one example changes one release: they are
+    charged once per agent and run, not per example. Public: fixed before any record is read."""
+    eps_x, eps_y = _local_dp_split(eps, B, eps_split)
+    sens = 2.0 * B * p
+    return [LaplaceEvent(l1_sensitivity=sens, scale=sens / eps_x),
+            PureEvent(eps_y, "randomized_response")]
+
+
+def _local_dp_split(eps: float, B: float, eps_split: float) -> tuple[float, float]:
+    if not 0.0 < eps_split <= 1.0 or not eps > 0 or not B > 0:
+        raise ValueError("need eps > 0, B > 0 and 0 < eps_split <= 1")
+    eps_x = eps * eps_split
+    eps_y = eps - eps_x if math.isfinite(eps) else (math.inf if eps_split < 1 else 0.0)
+    return eps_x, eps_y
+
+
+def local_dp_data(X: np.ndarray, y: np.ndarray, eps: float, B: float, g: np.random.Generator,
+                  eps_split: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+    """One agent's examples perturbed once: (X', y').
 
     Features: clip to [-B, B]^p, then Laplace(0, 2 B p / eps_x) on every coordinate (one point
     moves by at most 2 B p in L1). Labels (must be -1/+1): randomised response, kept with
     probability e^eps_y / (1 + e^eps_y). eps_x = eps_split * eps and eps_y = eps - eps_x.
-    Each example is released once, so replacing one example changes one release: the events
-    (LaplaceEvent, PureEvent "randomized_response") are charged once per agent, not per example.
-    Noise from stream(seed, "local_dp", agent, run): features first, then labels."""
-    if not 0.0 < eps_split <= 1.0 or not eps > 0 or not B > 0:
-        raise ValueError("need eps > 0, B > 0 and 0 < eps_split <= 1")
+    Noise from `g` (the agent's stream (seed, 'local_dp', agent, run)): features first, then
+    labels. The events (`local_dp_events`) are charged by the caller's release path first."""
+    eps_x, eps_y = _local_dp_split(eps, B, eps_split)
     y = np.asarray(y, dtype=np.float64)
     if y.size and not np.all(np.abs(y) == 1.0):
         raise ValueError("the local-DP baseline perturbs -1/+1 labels; it does not apply to "
                          "regression targets")
     X = np.asarray(X, dtype=np.float64)
     p = X.shape[1]
-    eps_x = eps * eps_split
-    eps_y = eps - eps_x if math.isfinite(eps) else (math.inf if eps_split < 1 else 0.0)
     sens = 2.0 * B * p
     scale = sens / eps_x
-    g = stream(seed, "local_dp", agent, run)
     Xp = np.clip(X, -B, B) + g.laplace(0.0, scale, size=X.shape) if scale > 0 \
         else np.clip(X, -B, B)
     keep = 1.0 / (1.0 + math.exp(-eps_y))  # e^eps_y / (1 + e^eps_y), stable for eps_y = inf
     yp = np.where(g.random(y.shape[0]) < keep, y, -y)
-    events = [LaplaceEvent(l1_sensitivity=sens, scale=scale),
-              PureEvent(eps_y, "randomized_response")]
-    return Xp, yp, events
+    return Xp, yp
 
 
-def local_dp_models(problem: p2p.Problem, eps: float, B: float, seed: int, run: int = 0,
+def local_dp_models(problem: objective.Problem, eps: float, B: float, seed: int, run: int = 0,
                     eps_split: float = 0.5) -> tuple[np.ndarray, list, list, list]:
     """Local-DP baseline for the hosted agents: (models (n, p) trained purely locally on the
     perturbed data, NaN rows where not hosted; X' list; y' list; events per agent)."""
@@ -189,7 +201,8 @@ def local_dp_models(problem: p2p.Problem, eps: float, B: float, seed: int, run: 
     events: list = [None] * problem.n
     for i in range(problem.n):
         if problem.X[i] is not None:
-            Xs[i], ys[i], events[i] = local_dp_data(problem.X[i], problem.y[i], eps, B, seed, i,
-                                                    run, eps_split)
+            events[i] = local_dp_events(eps, B, problem.p, eps_split)
+            Xs[i], ys[i] = local_dp_data(problem.X[i], problem.y[i], eps, B,
+                                         stream(seed, "local_dp", i, run), eps_split)
     models = local_models_of(problem.loss, Xs, ys, problem.lam, problem.p)
     return models, Xs, ys, events

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..data.graphs import EDGES, WEIGHTS, graph_arrays
-from ..models import p2p as M
-from .p2p_cd import Block
-from .p2p_data import Data
+from ..data.shard_graph import EDGES, WEIGHTS, graph_arrays
+from . import objective
+from .coordinate_descent import Block
+from .peer_data import Data
 
 
 @dataclasses.dataclass
@@ -52,17 +52,17 @@ def _agent_means(X: list[np.ndarray], y: list[np.ndarray], th: np.ndarray,
     return [vals[e - k:e].mean(axis=0) for e, k in zip(ends, m.tolist(), strict=True)]
 
 
-def _per_peer(ids: list[int], th: np.ndarray, X: list | None, y: list | None,
+def _per_peer(ids: list[int], th: np.ndarray, X: list, y: list,
               f: Callable[[np.ndarray, np.ndarray], np.ndarray],
               alone: Callable[[int], np.ndarray],
               finish: Callable[[int, np.ndarray], np.ndarray]) -> np.ndarray:
     """(k, R) for the peers `ids` (position a: peer ids[a], models th[a]): finish(a, mean of
     f(margins, labels) over its records X[i], y[i]) as one batch (`_agent_means`) where they
-    stack (models.p2p.stackable), alone(a) otherwise (no records, CSR, other dtypes)."""
+    stack (objective.stackable), alone(a) otherwise (no records, CSR, other dtypes)."""
     out = np.empty(th.shape[:2])
     batch = []
     for a, i in enumerate(ids):
-        if X is not None and X[i] is not None and M.stackable(X[i], y[i]):
+        if X is not None and X[i] is not None and objective.stackable(X[i], y[i]):
             batch.append(a)
         else:
             out[a] = alone(a)
@@ -75,7 +75,7 @@ def _per_peer(ids: list[int], th: np.ndarray, X: list | None, y: list | None,
 class Evaluator:
     """Evaluation-only metrics: every rank scores its hosted peers, rank 0 sums in peer order."""
 
-    def __init__(self, comm: MPI.Comm, P: M.Problem, d: Data, agents: np.ndarray,
+    def __init__(self, comm: MPI.Comm, P: objective.Problem, d: Data, agents: np.ndarray,
                  ref: dict[str, Any], R: int) -> None:
         self.comm, self.P, self.d, self.agents, self.ref, self.R = comm, P, d, agents, ref, R
         self.metric_name = ("per-peer test accuracy" if d.task == "binary"
@@ -155,10 +155,10 @@ class Evaluator:
         for a, i in enumerate(ids):
             th[a] = theta[i].reshape(R, P.p)
         X, y, lam = self.d.X, self.d.y, P.lam
-        lo = _per_peer(ids, th, X, y, lambda z, yc: M.margin_loss(P.loss, yc, z),
-                       lambda a: M.local_obj(P.loss, X[ids[a]], y[ids[a]], float(lam[ids[a]]),
-                                             th[a]),
-                       lambda a, mean: mean + M.ridge(float(lam[ids[a]]), th[a]))
+        lo = _per_peer(ids, th, X, y, lambda z, yc: objective.margin_loss(P.loss, yc, z),
+                       lambda a: objective.local_obj(P.loss, X[ids[a]], y[ids[a]], float(lam[ids[a]]),
+                                                     th[a]),
+                       lambda a, mean: mean + objective.ridge(float(lam[ids[a]]), th[a]))
         met = _per_peer(ids, th, self.d.Xt, self.d.yt, self._terms,
                         lambda a: self._metric(ids[a], th[a]),
                         lambda a, mean: self._finish(mean))
@@ -182,6 +182,7 @@ class Evaluator:
         """Peer i's validation score of its models th (R, p) and the score's sensitivity to one
         validation record (replace-one): the error rate (binary, 1 / m_val) or the mean squared
         error with errors clipped to +-clip (regression, clip^2 / m_val). Lower is better."""
+        assert self.d.Xv is not None and self.d.yv is not None  # a job with validation records
         X, y = self.d.Xv[i], self.d.yv[i]
         z = X @ th.T
         if self.d.task == "binary":
@@ -195,12 +196,18 @@ class Evaluator:
         selection; its score is the clipped one) or, without a selection, computed
         evaluation-only (clip inf: the plain MSE / error rate)."""
         clip = math.inf if release_clip is None else release_clip
+        Xv, yv = self.d.Xv, self.d.yv
+        assert Xv is not None and yv is not None  # `validation` asks only with them
         mine = {}
         for i in self.agents.tolist():
-            if self.d.Xv[i] is None or not len(self.d.yv[i]):
+            if Xv[i] is None or not len(yv[i]):
                 continue
             score, sens = self.val_score(i, block.theta[i].reshape(self.R, self.P.p), clip)
-            mine[i] = score if release_clip is None else block.release_score(i, score, sens)
+            if release_clip is None:
+                mine[i] = score
+            else:  # a private selection: every peer releases through its block's path
+                assert isinstance(block, Block)
+                mine[i] = block.release_score(i, score, sens)
         parts = self.comm.gather(mine, root=0)
         if parts is None:
             return math.nan
@@ -209,7 +216,7 @@ class Evaluator:
 
     def _Q(self, theta: np.ndarray, lo: np.ndarray) -> np.ndarray:
         P = self.P
-        smooth = M.smooth_term(P.graph, theta)
+        smooth = objective.smooth_term(P.graph, theta)
         return smooth + P.mu * ((P.deg * P.conf)[:, None] * lo).sum(axis=0)
 
     def record(self, block: HostedModels | Block) -> dict[str, Any] | None:
@@ -249,6 +256,7 @@ class Evaluator:
                                 for i in self.agents.tolist()}, root=0)
         if parts is None:
             return None
+        assert loc is not None  # rank 0, as parts
         theta, _, met = self._assemble(parts)
         ml, mt, ms = np.empty(self.P.n), np.empty(self.P.n), np.empty(self.P.n)
         for part in loc:

@@ -1,6 +1,6 @@
 """On-disk cache of p2p's evaluation-only reference (local models, Q of the baselines, Theta*, Q*).
 
-The reference of a configuration (`p2p_drive.reference`) is a deterministic function of the
+The reference of a configuration (`driver.reference`) is a deterministic function of the
 peers' records, the public graph and sizes, the objective's constants and the solver: at 1,024
 peers it takes rank 0 tens of seconds (the logistic Theta*: L-BFGS, then Newton polish by sparse
 direct solves), more than all the wake-ups. It is computed once and stored here, keyed by a
@@ -11,9 +11,9 @@ SHA-256 digest of everything it reads:
   rank 0's full copy where Theta* is solved from it;
 * the graph W (CSR arrays), m, lam, c, D_ii, L_loc, mu, the loss and what is asked for (the
   solver, with the rank count for the distributed KSP, whose preconditioner depends on it);
-* the code that computes it (the source of models.p2p_reference, models.p2p, models.reference
-  and this package's p2p_drive) and what may change its rounding: numpy, scipy (and petsc4py)
-  versions, the machine, the BLAS thread settings.
+* the code that computes it (the source of this package's reference, objective, driver and
+  reference_cache, and of models.reference) and what may change its rounding: numpy, scipy (and
+  petsc4py) versions, the machine, the BLAS thread settings.
 
 A different shard file, split, parameter or code version gives a different key, so an entry is
 never used for anything but what produced it. An entry is an .npz file (no pickles) holding its
@@ -45,8 +45,8 @@ CACHE_ENV = "MPI_DP_CACHE"
 #: bump when the entry format or the meaning of a key changes
 FORMAT = "mpi_dp p2p reference cache v1"
 #: modules whose code computes the reference: their source is part of every key
-_CODE = ("models/p2p_reference.py", "models/p2p.py", "models/reference.py",
-         "algorithms/p2p_drive.py", "algorithms/p2p_refcache.py")
+_CODE = ("p2p/reference.py", "p2p/objective.py", "models/reference.py",
+         "p2p/driver.py", "p2p/reference_cache.py")
 _THREAD_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                "BLIS_NUM_THREADS")
 
@@ -214,7 +214,7 @@ def store(folder: Path | None, key: str, ref: dict[str, Any]) -> Path | None:
     folder cannot be written (a cache is an optimisation: the run goes on without it)."""
     if folder is None:
         return None
-    items = _encode(ref)
+    items: dict[str, Any] = _encode(ref)  # Any: savez's **kwds beside its allow_pickle flag
     items["__values__"] = np.array(_values_digest(items))
     items["__key__"] = np.array(key)
     try:

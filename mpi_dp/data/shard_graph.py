@@ -54,7 +54,7 @@ def unreachable(W: sp.spmatrix, start: int = 0) -> np.ndarray:
     return np.flatnonzero(labels != labels[start])
 
 
-def _shown(ids: Sequence[int], limit: int = 20) -> str:
+def _shown(ids: Sequence[int] | np.ndarray, limit: int = 20) -> str:
     ids = [int(i) for i in ids]
     return ", ".join(map(str, ids[:limit])) + (f", ... ({len(ids)} in all)" if len(ids) > limit
                                                else "")

@@ -9,11 +9,12 @@ Algorithm 1 / 2 of agent i, on each tick of its clock (eq. 4; private: eq. 6):
     broadcast Theta_i to N_i                                          (|N_i| vectors)
 
 and stops after T_i wake-ups. The agent's state is the noisy iterate; it keeps no clean copy.
-The per-release budgets e_k are equal, calibrated so that the T_i releases (and a private warm
-start, and the other candidates of a private selection) meet the peer's (eps, delta)
-(privacy.contract), or come from the paper's Algorithm 3 (privacy.kairouz, rule 'paper'). Every
-release goes through the peer's release path (privacy.release). Models carry a runs axis (R, p):
-runs differ only in their noise (the schedule is the job's).
+The per-release budgets e_k come from the configuration's privacy contract (privacy.contract):
+each peer's noise answers `release_budgets` (equal budgets calibrated so that the T_i releases,
+a private warm start and the other candidates of a private selection meet the peer's (eps,
+delta); or the paper's Algorithm 3). Every release goes through the peer's release path
+(privacy.release: its ledger charged, its reserved noise taken, the tap shown). Models carry a
+runs axis (R, p): runs differ only in their noise (the schedule is the job's).
 
 Execution: `simulate` runs the global schedule tick by tick in one process (the reference);
 `replay` runs the same schedule cut into conflict-free rounds on any `Net` (comm.rma mailboxes
@@ -33,13 +34,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..agent_graph import Graph
 from ..backend import backend
-from ..graphs import Graph
-from ..models import p2p as M
-from ..privacy import Ledger, PureEvent
-from ..privacy import kairouz as K
+from ..privacy import Ledger, PureEvent, kairouz
+from ..privacy.contract import Contract, Share
 from ..privacy.release import OwnerRelease
-from ..rng import agent_run_streams, run_streams, stream
+from ..rng import stream
+from . import objective
 
 MODES = ("sound", "faithful")
 INITS = ("zero", "local", "private_ws")
@@ -66,15 +67,10 @@ class Settings:
     runs: tuple[int, ...] = (0,)
     seed: int = 0
     record_every: int = 0  # ticks between records (0: only the end)
-    #: per agent: its calibration (privacy.contract.Calibration; rule 'paper': Algorithm 3's
-    #: budgets at delta_bar); () before calibration
-    calibration: tuple = ()
     backend: str = "numpy"  # array backend of the peers' gradients (mpi_dp.backend)
     #: a private selection (p2p.select): the validation score each agent releases at the end
-    #: (0: none), the calibrated releases and the fixed ones its other candidates make
+    #: (0: none; its plan spans every candidate: Block's release paths take their share)
     score_releases: int = 0
-    other_releases: int = 0
-    other_fixed: tuple = ()
 
     @property
     def R(self) -> int:
@@ -92,11 +88,6 @@ class Settings:
     def certified(self) -> bool:
         return self.mode == "sound" or not self.private
 
-    @property
-    def calibrated(self) -> bool:
-        """Whether the budgets come from the job's calibration (pld / basic), not Algorithm 3."""
-        return bool(self.calibration) and self.calibration[0] is not None \
-            and self.calibration[0].rule != "paper"
 
 
 def global_schedule(seed: int, n: int, T: int) -> np.ndarray:
@@ -191,17 +182,27 @@ def cut_rounds(schedule: np.ndarray, keep: np.ndarray, graph: Graph, record_ever
     return Rounds(agents[order], starts, record_at)
 
 
-def agent_budgets(s: Settings, problem: M.Problem, schedule: np.ndarray) -> list[np.ndarray]:
-    """e_1..e_{T_i} of every agent (Algorithm 3): the agent's wake-up count is known from the
-    replayed schedule; with a cap T_i the split is over T_i (what the agent plans for)."""
+def agent_budgets(s: Settings, problem: objective.Problem, schedule: np.ndarray,
+                  contract: Contract) -> list[np.ndarray]:
+    """e_1..e_{T_i} of every agent, as its noise in the contract gives them (equal under an
+    accounted rule; Algorithm 3 under the paper's): the agent's wake-up count is known from the
+    replayed schedule; with a cap T_i the split is over T_i (what the agent plans for); the
+    Proposition-2 splits read the agent's steps in the kept schedule and kappa."""
     n = problem.n
     plan = np.asarray(s.T_agent) if s.T_agent is not None else wakeups(schedule, n, None)
-    if s.calibrated:  # every release at the calibrated eps
-        return [np.full(int(plan[i]), s.calibration[i].eps_release if s.private else math.inf)
-                for i in range(n)]
+    kept = schedule[effective_ticks(schedule, n, s.T_agent)]
+    order = np.argsort(kept, kind="stable")  # every agent's steps in one pass
+    bounds = np.searchsorted(kept[order], np.arange(n + 1))
     kappa = problem.kappa if s.allocation.startswith("prop2") else None
-    return K.agent_budgets(s.allocation, s.eps, s.delta, schedule[effective_ticks(
-        schedule, n, s.T_agent)], n, plan, kappa)
+    out = []
+    for i in range(n):
+        noise = contract.noise(i)
+        if noise is None:
+            out.append(np.full(int(plan[i]), math.inf))
+            continue
+        out.append(noise.release_budgets(int(plan[i]), steps=order[bounds[i]:bounds[i + 1]],
+                                         horizon=len(kept), kappa=kappa))
+    return out
 
 
 def laplace_scale(L0: float, e: float, m_i: int) -> float:
@@ -211,6 +212,21 @@ def laplace_scale(L0: float, e: float, m_i: int) -> float:
         return 0.0
     den = float(e) * m_i  # a Python float: inf on overflow, no warning
     return 2.0 * L0 / den if math.isfinite(den) else 2.0 * L0 / float(e) / m_i
+
+
+def release_paths(contract: Contract, agents: np.ndarray, s: Settings,
+                  releases: dict[int, int]) -> dict[int, OwnerRelease]:
+    """The hosted agents' release paths in `contract`: certified in sound mode, clipped at L0;
+    each takes its share of a plan that spans a private selection's candidates (its own
+    `releases[i]` wake-ups or T_i, its validation score, its warm start)."""
+    ws = (warm_start_event(s.eps_ws),) if s.init == "private_ws" else ()
+    out = {}
+    for i in (int(a) for a in agents):
+        cap = int(s.T_agent[i]) if s.T_agent is not None else releases[i]
+        out[i] = contract.owner(i, certified=s.certified,
+                                clip=s.L0 if s.mode == "sound" else math.inf,
+                                share=Share(cap + s.score_releases, ws))
+    return out
 
 
 # -- private warm start (Algorithm 4) -------------------------------------------------------
@@ -258,8 +274,9 @@ class LocalNet:
 class Block:
     """The agents hosted here: their data, noisy states, noise streams and ledgers."""
 
-    def __init__(self, problem: M.Problem, agents: np.ndarray, s: Settings,
-                 budgets: list[np.ndarray], theta0: dict[int, np.ndarray]) -> None:
+    def __init__(self, problem: objective.Problem, agents: np.ndarray, s: Settings,
+                 contract: Contract, budgets: list[np.ndarray], theta0: dict[int, np.ndarray],
+                 release: dict[int, OwnerRelease] | None = None) -> None:
         self.P, self.s, self.agents = problem, s, np.asarray(agents, dtype=np.int64)
         R, p = s.R, problem.p
         self.theta = {int(i): np.array(theta0[int(i)], dtype=np.float64).reshape(R, p)
@@ -268,20 +285,23 @@ class Block:
         self.budgets = {int(i): budgets[int(i)] for i in self.agents}
         self.scales = {int(i): np.array([laplace_scale(s.L0, e, int(problem.m[i]))
                                          for e in budgets[int(i)]]) for i in self.agents}
-        self.noise = self._draw_noise(budgets)
+        self.sens = {int(i): 2.0 * s.L0 / int(problem.m[i]) for i in self.agents}
         self.xnorm = {int(i): np.abs(problem.X[int(i)]).sum(axis=1) for i in self.agents
                       if problem.X[int(i)] is not None}
         self.clipped = {int(i): np.zeros(R) for i in self.agents}
-        self.release = {int(i): self._release_path(int(i)) for i in self.agents}
+        self.release = release if release is not None else release_paths(
+            contract, self.agents, s, {int(i): len(budgets[int(i)]) for i in self.agents})
+        if s.private:  # every peer's noise, drawn ahead from its streams, taken after charges
+            contract.reserve_laplace(self.release, {int(i): len(budgets[int(i)])
+                                                    for i in self.agents}, p)
         self._nbuf = np.empty((0, R * p))
         self._rbuf = np.empty((0, R * p))
         # per hosted agent: its mixing weights W_ij / D_ii (wake's), and whether its gradient
         # goes through the stacked kernel (wake_many)
         self._w = {int(i): problem.graph.nbr_weights(int(i)) / problem.deg[int(i)]
                    for i in self.agents}
-        self._stacked = {int(i): M.stackable(problem.X[int(i)], problem.y[int(i)])
+        self._stacked = {int(i): objective.stackable(problem.X[int(i)], problem.y[int(i)])
                          and int(i) in self.xnorm for i in self.agents}
-        self._events: dict[int, tuple[float, Any]] = {}  # per agent: (scale, its last event)
         # on a device backend: the dense peers' records there, moved once (CSR ones: host)
         bk = backend(s.backend)
         self._dev = {} if bk.is_numpy else {
@@ -291,39 +311,6 @@ class Block:
             and problem.X[i].shape[0] > 0 and i in self.xnorm}
         if self._dev:
             self._stacked = {i: False for i in self._stacked}
-
-    def _draw_noise(self, budgets: list[np.ndarray]) -> dict[int, np.ndarray]:
-        """Standard Laplace noise (R, n_i, p) of every hosted agent, drawn up front: the agents
-        with the same number n_i of releases in one block draw (rng.agent_run_streams: each
-        agent's rows are the bits of its own run streams, as if it drew alone)."""
-        s, R, p = self.s, self.s.R, self.P.p
-        ids = [int(i) for i in self.agents]
-        out = {i: np.zeros((R, 0, p)) for i in ids}
-        if not s.private or not ids:
-            return out
-        n_of = np.array([len(budgets[i]) for i in ids], dtype=np.int64)
-        streams = agent_run_streams(s.seed, "noise", ids, s.runs)
-        for n_i in np.unique(n_of[n_of > 0]).tolist():
-            pos = np.flatnonzero(n_of == n_i)  # hosted agents with n_i releases
-            rows = (pos[:, None] * R + np.arange(R)).ravel()
-            draws = streams.laplace(n_i * p, rows).reshape(len(pos), R, n_i, p)
-            for k, a in enumerate(pos.tolist()):
-                out[ids[a]] = draws[k]
-        return out
-
-    def _release_path(self, i: int) -> OwnerRelease:
-        """Agent i's release path: its calibration, and its share of a selection's plan."""
-        s = self.s
-        cal = s.calibration[i] if s.calibration else None
-        allowance, context = None, ()
-        if cal is not None and cal.rule != "paper" and s.private:
-            cap = int(s.T_agent[i]) if s.T_agent is not None else len(self.budgets[i])
-            allowance = cap + s.score_releases
-            unit = cal.unit_event()
-            context = tuple(x for x in ((unit, s.other_releases),
-                                        *((ev, 1) for ev in s.other_fixed)) if x[1])
-        return OwnerRelease(i, s.R, cal, allowance=allowance, context=context,
-                            certified=s.certified, clip=s.L0 if s.mode == "sound" else math.inf)
 
     @property
     def ledgers(self) -> Mapping[int, Ledger]:
@@ -346,36 +333,21 @@ class Block:
         th = self.theta[i]
         clip = s.clip if (s.mode == "sound" and s.private) else math.inf
         g, frac = self._grad(i, th, clip)
-        ev = None
+        # the release: the ledger charged, the noise taken (none at eps = inf), the tap shown
+        g, _ = self.release[i].add_reserved(g, self.sens[i],
+                                            self.scales[i][k] if s.private else 0.0)
         if s.private:
-            sc = self.scales[i][k]
-            rel = self.release[i]
-            ev = rel.charge(self._event(i, sc))
-            g = g + sc * self.noise[i][:, k, :]
             self.clipped[i] += frac
         nb = nbr_models.reshape(-1, s.R, P.p)
         w = P.graph.nbr_weights(i) / P.deg[i]
         mixed = (w[:, None, None] * nb).sum(axis=0)  # fixed order, no BLAS: bitwise everywhere
         a = P.alpha[i]
         new = (1.0 - a) * th + a * (mixed - (P.mu * P.conf[i]) * g)
+        # the audit saw the mechanism's output g: the broadcast is (1 - a) theta_i + a (mixed -
+        # mu c_i g) with theta_i and the neighbours' models already public, a function of g
         self.theta[i] = new
         self.k[i] = k + 1
-        # the audit sees the mechanism's output: the broadcast is (1 - a) theta_i + a (mixed -
-        # mu c_i g) with theta_i and the neighbours' models already public, a function of g
-        self.release[i].report(g, None, ev)
         return new
-
-    def _event(self, i: int, sc: float) -> Any:
-        """Agent i's event of a release at noise scale sc (sensitivity 2 L0 / m_i): the same
-        object while its scale repeats (its ledger's cache of the last event then holds; a new
-        object would be equal, so ledgers and audit reports are the same either way)."""
-        last = self._events.get(i)
-        if last is not None and last[0] == sc:
-            return last[1]
-        rel = self.release[i]
-        ev = rel.event(2.0 * self.s.L0 / int(self.P.m[i]), sc)
-        self._events[i] = (sc, ev)
-        return ev
 
     def round_buffer(self, rows: int) -> np.ndarray:
         """Scratch (rows, R p) for the neighbour models of a round's hosted agents, one agent's
@@ -390,7 +362,7 @@ class Block:
         then ids[1]'s, ... Returns their new states (A, R, p), the vectors they broadcast.
 
         Every agent's numbers are its `wake`'s bit for bit, whatever else is in the batch: its
-        gradient from models.p2p.local_grads (its own GEMMs; `local_grad` alone where its
+        gradient from objective.local_grads (its own GEMMs; `local_grad` alone where its
         records do not stack), its mix summed over its own neighbours in order (`_mix`), the
         rest elementwise with its own scalars. Then, agent by agent in `ids` order, as `wake`:
         the ledger is charged (a refusal raises with the agents before it done, the others
@@ -408,41 +380,38 @@ class Block:
         th = [self.theta[i] for i in ids]
         clip = s.clip if (s.mode == "sound" and s.private) else math.inf
         g, frac = self._grads(ids, th, clip)
-        if s.private:
-            sc = [self.scales[i][k] for i, k in zip(ids, ks, strict=True)]
-            noise = np.stack([self.noise[i][:, k, :] for i, k in zip(ids, ks, strict=True)])
-            g = g + np.array(sc)[:, None, None] * noise
+        # agent by agent, as `wake`: the ledger charged (a refusal raises with the agents
+        # before it charged), the noise taken, the tap shown the release
+        for pos, (i, k) in enumerate(zip(ids, ks, strict=True)):
+            g[pos], _ = self.release[i].add_reserved(g[pos], self.sens[i],
+                                                     self.scales[i][k] if s.private else 0.0)
         mixed = self._mix(ids, nbr_models)
         idx = np.asarray(ids, dtype=np.int64)
         a = P.alpha[idx][:, None, None]
         new = (1.0 - a) * np.stack(th) + a * (mixed - (P.mu * P.conf[idx])[:, None, None] * g)
         for pos, i in enumerate(ids):
-            rel = self.release[i]
-            ev = None
             if s.private:
-                ev = rel.charge(self._event(i, sc[pos]))
                 self.clipped[i] += frac[pos]
             self.theta[i] = new[pos].copy()
             self.k[i] = ks[pos] + 1
-            rel.report(g[pos], None, ev)
         return new
 
     def _grads(self, ids: list[int], th: list[np.ndarray], clip: float
                ) -> tuple[np.ndarray, np.ndarray]:
         """(A, R, p) gradients and (A, R) clipped fractions of `ids` at th, each `local_grad`'s:
-        the stackable agents in one models.p2p.local_grads, the others one at a time."""
+        the stackable agents in one objective.local_grads, the others one at a time."""
         P = self.P
         one = [pos for pos, i in enumerate(ids) if not self._stacked[i]]
         if not one:
-            return M.local_grads(P.loss, [P.X[i] for i in ids], [P.y[i] for i in ids],
-                                 P.lam[np.asarray(ids, dtype=np.int64)], th, clip,
-                                 [self.xnorm[i] for i in ids])
+            return objective.local_grads(P.loss, [P.X[i] for i in ids], [P.y[i] for i in ids],
+                                         P.lam[np.asarray(ids, dtype=np.int64)], th, clip,
+                                         [self.xnorm[i] for i in ids])
         g = np.empty((len(ids), self.s.R, P.p))
         frac = np.empty((len(ids), self.s.R))
         many = [pos for pos, i in enumerate(ids) if self._stacked[i]]
         if many:
             sel = [ids[pos] for pos in many]
-            g[many], frac[many] = M.local_grads(
+            g[many], frac[many] = objective.local_grads(
                 P.loss, [P.X[i] for i in sel], [P.y[i] for i in sel],
                 P.lam[np.asarray(sel, dtype=np.int64)], [th[pos] for pos in many], clip,
                 [self.xnorm[i] for i in sel])
@@ -454,7 +423,7 @@ class Block:
         """Agent i's `local_grad` at th alone: on the device where its records are there."""
         P = self.P
         X, y, xn = self._dev.get(i) or (P.X[i], P.y[i], self.xnorm.get(i))
-        return M.local_grad(P.loss, X, y, float(P.lam[i]), th, clip, xn)
+        return objective.local_grad(P.loss, X, y, float(P.lam[i]), th, clip, xn)
 
     def _mix(self, ids: list[int], nbr_models: np.ndarray) -> np.ndarray:
         """sum_j W_ij / D_ii Theta_j (A, R, p) of `ids` from their neighbours' rows, each agent's
@@ -495,9 +464,8 @@ class Block:
         of the calibrated multiplier x `sensitivity` (charged first; stream 'val_score')."""
         if not self.s.private:
             return np.asarray(score, dtype=np.float64)
-        gens = run_streams(self.s.seed, "val_score", i, self.s.runs)
-        out, _ = self.release[i].laplace(np.asarray(score, dtype=np.float64).reshape(-1, 1),
-                                         gens, sensitivity)
+        out, _ = self.release[i].add_laplace(np.asarray(score, dtype=np.float64).reshape(-1, 1),
+                                             sensitivity, purpose="val_score")
         return out[:, 0]
 
     def done(self, i: int) -> bool:
@@ -519,6 +487,8 @@ class Block:
             st = states[i]
             self.theta[i], self.k[i] = np.array(st["theta"], dtype=np.float64), int(st["k"])
             self.clipped[i], self.release[i].ledger = np.array(st["clipped"]), st["ledger"]
+            if self.s.private:  # the reserved noise is read at index k
+                self.release[i].served = self.k[i]
 
 
 class _Ledgers(Mapping):
@@ -545,7 +515,7 @@ def post_initial(block: Block, net: Any) -> None:
         net.post(i, float(block.k[i]), block.theta[i])
 
 
-def simulate(problem: M.Problem, s: Settings, theta0: np.ndarray,
+def simulate(problem: objective.Problem, s: Settings, contract: Contract, theta0: np.ndarray,
              on_record: Callable[[int, np.ndarray, Block], None] | None = None
              ) -> tuple[np.ndarray, Block, LocalNet]:
     """The reference: every agent in this process, the schedule tick by tick.
@@ -553,7 +523,8 @@ def simulate(problem: M.Problem, s: Settings, theta0: np.ndarray,
     n, R, p = problem.n, s.R, problem.p
     th0 = np.broadcast_to(theta0, (R, n, p))
     schedule = global_schedule(s.seed, n, s.T)
-    block = Block(problem, np.arange(n), s, agent_budgets(s, problem, schedule),
+    block = Block(problem, np.arange(n), s, contract,
+                  agent_budgets(s, problem, schedule, contract),
                   {i: th0[:, i, :] for i in range(n)})
     net = LocalNet(n, R * p, problem.graph)
     post_initial(block, net)
@@ -579,7 +550,7 @@ def current(block: Block, n: int) -> np.ndarray:
 
 def replay(block: Block, net: Any, rounds: Rounds, barrier: Callable[[], None],
            on_record: Callable[[int], None] | None = None,
-           progress: Callable[[int], None] | None = None,
+           progress: Callable[[int], object] | None = None,
            checkpoint: Callable[[int], None] | None = None, start: int = 0) -> int:
     """The schedule in conflict-free rounds: the hosted agents of a round read (all of them
     first), update as one batch (`Block.wake_many`) and post, then every rank waits at the
@@ -628,7 +599,7 @@ def clock_times(seed: int, agent: int, count: int, tau: float) -> np.ndarray:
 
 def live(block: Block, net: Any, tau: float, wall_budget: float,
          poll: Callable[[], None] | None = None,
-         progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
+         progress: Callable[[int], object] | None = None) -> dict[str, np.ndarray]:
     """Per-agent Poisson clocks in wall time, no barriers: each hosted agent wakes at its ticks
     (tau seconds apart on average; tau = 0: as fast as possible, in clock order), updates from
     whatever its mailbox holds and posts. Stops when every hosted agent has done T_i wake-ups or
@@ -676,14 +647,16 @@ def live(block: Block, net: Any, tau: float, wall_budget: float,
             "versions": (np.concatenate(log_ver) if log_ver else np.zeros(0, dtype=np.int64))}
 
 
-def replay_log(problem: M.Problem, s: Settings, theta0: np.ndarray, agent: np.ndarray,
-               versions: np.ndarray, budgets: list[np.ndarray]) -> np.ndarray:
+def replay_log(problem: objective.Problem, s: Settings, contract: Contract, theta0: np.ndarray,
+               agent: np.ndarray, versions: np.ndarray, budgets: list[np.ndarray]
+               ) -> np.ndarray:
     """Re-execute a live run from its log: update u of agent i used neighbour j's version v (its
     v-th broadcast; 0 = the initial point). Every update is run once its inputs exist, so any
     causal log replays to the live run's models bit for bit. Returns Theta (R, n, p)."""
     n, R, p = problem.n, s.R, problem.p
     th0 = np.broadcast_to(theta0, (R, n, p))
-    block = Block(problem, np.arange(n), s, budgets, {i: th0[:, i, :] for i in range(n)})
+    block = Block(problem, np.arange(n), s, contract, budgets,
+                  {i: th0[:, i, :] for i in range(n)})
     hist: list[list[np.ndarray]] = [[th0[:, i, :].ravel().copy()] for i in range(n)]
     deg = np.diff(problem.graph.W.indptr)
     offs = np.concatenate([[0], np.cumsum(deg[agent])])
@@ -719,7 +692,7 @@ def theorem1_report(block: Block, s: Settings) -> dict[int, dict[str, float]]:
     for i in block.agents.tolist():
         e = block.budgets[i][: block.k[i]]
         out[i] = {"wakeups": block.k[i], "sum_e": float(math.fsum(e)),
-                  "eps_theorem1": K.theorem1_eps(e, s.delta) if s.private else math.inf,
+                  "eps_theorem1": kairouz.theorem1_eps(e, s.delta) if s.private else math.inf,
                   "clip_fraction": float(block.clip_fraction(i).max())}
     return out
 

@@ -3,7 +3,7 @@
 Pure NumPy/SciPy, no MPI, no other mpi_dp module: a leaf that every layer may import. dola reads
 the structure (`adjacency`, `degrees`, `neighbours`, `edge_ids`; comm.topology builds the graphs
 and re-exports the class), p2p's objective (2) reads the weights (`W`, `deg`, `nbrs`,
-`nbr_weights`, `laplacian`; models.p2p). A graph is built from its edge list (`Graph(m, edges,
+`nbr_weights`, `laplacian`; p2p.objective). A graph is built from its edge list (`Graph(m, edges,
 kind, weights=...)`) or from a symmetric weight matrix (`Graph.from_weights(W)`, checked).
 """
 
@@ -73,7 +73,7 @@ class Graph:
         """The graph of a weight matrix W (n x n, symmetric, non-negative, zero diagonal, every
         agent with a neighbour): an edge where W_ij > 0, weighted W_ij. ValueError otherwise.
 
-        `symmetric=True`: the caller vouches that W is symmetric (data.graphs.read_graph and
+        `symmetric=True`: the caller vouches that W is symmetric (data.shard_graph.read_graph and
         `weight_matrix` build it from an edge list, both directions alike), so the O(nnz)
         transposition check is skipped. `W` keeps the checked matrix itself."""
         W = _canonical(W)

@@ -18,20 +18,20 @@ only, no pickling per round:
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from mpi4py import MPI
 
 from ..errors import JobError
-from . import topology as tp
+from . import topology
 
 MODES = ("allgather", "alltoallv", "rma")
 
 
 def allocate_window(nbytes: int, comm: MPI.Comm) -> MPI.Win:
     """MPI.Win.Allocate (a seam, so a test can stand in for an MPI without RMA)."""
-    return MPI.Win.Allocate(nbytes, 8, comm=comm)
+    return MPI.Win.Allocate(nbytes, 8, comm=cast(MPI.Intracomm, comm))
 
 
 def block_starts(m: int, n_ranks: int) -> np.ndarray:
@@ -44,7 +44,7 @@ def block_starts(m: int, n_ranks: int) -> np.ndarray:
 class GraphNet:
     """The `Net` of algorithms.dola for the block of agents this rank hosts (collective setup)."""
 
-    def __init__(self, comm: MPI.Comm, graph: tp.Graph, mode: str, item_shape: tuple[int, ...],
+    def __init__(self, comm: MPI.Comm, graph: topology.Graph, mode: str, item_shape: tuple[int, ...],
                  two_hop: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"exchange mode must be one of {MODES}, got {mode!r}")
@@ -56,7 +56,7 @@ class GraphNet:
         self.is_root = self.rank == 0
         self.item = int(np.prod(item_shape))
         self.item_shape = tuple(item_shape)
-        self.tracked = tp.tracked_edges(graph, self.agents, two_hop)
+        self.tracked = topology.tracked_edges(graph, self.agents, two_hop)
         # every cut edge (endpoints on different ranks) in both directions: (inside, outside)
         both = np.concatenate([graph.edges, graph.edges[:, ::-1]])
         self._cut = both[self.owner_of[both[:, 0]] != self.owner_of[both[:, 1]]]
@@ -87,8 +87,8 @@ class GraphNet:
         self._block_pos[self.agents - self.starts[self.rank]] = np.arange(len(self.agents))
         self._agent_order = np.argsort(self.agents, kind="stable")
         w = [len(self._pair_edges[q][1]) for q in self.peers]  # cut edges to each peer
-        self.dgraph = comm.Create_dist_graph_adjacent(self.peers, self.peers, sourceweights=w,
-                                                      destweights=w, reorder=False)
+        self.dgraph = cast(MPI.Intracomm, comm).Create_dist_graph_adjacent(
+            self.peers, self.peers, sourceweights=w, destweights=w, reorder=False)
         self.exchange_seconds = 0.0
         self.exchanges = 0
         self.win: MPI.Win | None = None
@@ -185,7 +185,9 @@ class GraphNet:
         except (NotImplementedError, MPI.Exception) as e:
             raise JobError(f"exchange 'rma': this MPI cannot allocate an RMA window ({e}); use "
                            "exchange = 'allgather' or 'alltoallv'") from None
-        self._slots = np.frombuffer(self.win.tomemory(), dtype=np.float64).reshape(-1, slot)
+        # cast: numpy's stubs do not take mpi4py's buffer (it has the buffer protocol)
+        self._slots = np.frombuffer(cast(memoryview, self.win.tomemory()),
+                                    dtype=np.float64).reshape(-1, slot)
         self._slots[:] = -1.0
         # my slot index at each peer: my agent's position among the peer's ghosts (the peer's
         # ghosts from me are exactly send_to[q]); checked once against the peer's own count
@@ -277,7 +279,11 @@ class GraphNet:
         broadcast: bitwise the same on any rank count (an Allreduce adds per rank)."""
         g = self.gather_agents(a)
         F = np.asarray(a).shape[1]
-        tot = g.sum(axis=0) if self.is_root else np.empty(F)
+        if self.is_root:
+            assert g is not None  # gather_agents returns the rows on rank 0
+            tot = g.sum(axis=0)
+        else:
+            tot = np.empty(F)
         self.comm.Bcast(tot, root=0)
         return tot
 
@@ -317,8 +323,9 @@ class GraphNet:
         if self.win is not None:
             self.win.Free()
             self.win = None
-        if getattr(self, "_group", None) is not None:
-            self._group.Free()
+        group = getattr(self, "_group", None)
+        if group is not None:
+            group.Free()
             self._group = None
 
         if self.dgraph != MPI.COMM_NULL:

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from ..comm import topology as tp
+from ..agent_graph import Graph
+from ..comm import topology
 from ..data import ShardFile
 from ..data.bounds import row_norm_bound
-from ..data.graphs import has_graph, read_descriptors, read_graph, stored_graph
+from ..data.shard_graph import has_graph, read_descriptors, read_graph, stored_graph
 from ..errors import DataError, JobError
-from ..graphs import Graph
 from ..rng import stream
 
 
@@ -68,9 +68,9 @@ def peer_graph(shard: ShardFile, spec: str, seed: int, job: Any
                                 "graph_edges and graph_weights (its weights)"}
     else:
         try:
-            g = tp.make_graph(spec, shard.n_agents, seed,
-                              descriptors=lambda: read_descriptors(shard),
-                              stored=lambda: stored_graph(shard))
+            g = topology.make_graph(spec, shard.n_agents, seed,
+                                    descriptors=lambda: read_descriptors(shard),
+                                    stored=lambda: stored_graph(shard))
         except (JobError, DataError) as e:
             raise JobError(f"job file {job}: key 'p2p.graph': {e}") from None
         W = g.weight_matrix()
@@ -89,6 +89,7 @@ def global_test(shard: ShardFile, job: Any) -> tuple[np.ndarray, np.ndarray] | N
     """The shard file's global test set (dense X, y), checked, or None without one."""
     if not shard.has_global_test:
         return None
+    X: Any  # dense or CSR as read
     X, y = shard.read_test()
     X = X.toarray() if sp.issparse(X) else np.asarray(X, dtype=np.float64)
     if shard.task == "binary" and not np.all(np.isin(y, (-1.0, 1.0))):

@@ -26,8 +26,8 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from mpi_dp.errors import NumericalError
-from mpi_dp.models import p2p
 from mpi_dp.models.reference import minimize_smooth, petsc_available
+from mpi_dp.p2p import objective
 
 SOLVERS = ("auto", "scipy", "petsc")
 #: default tolerances: relative residual of the quadratic system, inf-norm of grad Q (logistic)
@@ -72,7 +72,7 @@ def _weighted_newton(data: list[tuple[np.ndarray, np.ndarray, float, float]], p:
     def fgh(theta: np.ndarray, hess: bool) -> tuple[float, np.ndarray, np.ndarray | None]:
         z = ys * (Xs @ theta)
         f = float(ew @ np.logaddexp(0.0, -z)) + reg * float(theta @ theta)
-        s = p2p._sigmoid_neg(z)  # 1/(1+e^z)
+        s = objective._sigmoid_neg(z)  # 1/(1+e^z)
         g = Xs.T @ (-ew * ys * s) + 2.0 * reg * theta
         H = (Xs.T * (ew * s * (1.0 - s))) @ Xs + 2.0 * reg * np.eye(p) if hess else None
         return f, g, H
@@ -82,6 +82,7 @@ def _weighted_newton(data: list[tuple[np.ndarray, np.ndarray, float, float]], p:
     for _ in range(max_iter):
         if np.max(np.abs(g), initial=0.0) <= tol:
             return theta
+        assert H is not None  # fgh(theta, True) gives the Hessian
         d = -_solve_spd(H, g)
         t, slope = 1.0, float(g @ d)
         while t > 1e-12:
@@ -110,7 +111,7 @@ def local_model(loss: str, X: np.ndarray, y: np.ndarray, lam: float, tol: float 
         return _solve_spd(*quad_terms(X, y, lam))
     if loss == "logistic":
         return _weighted_newton([(X, y, float(lam), 1.0)], X.shape[1], tol)
-    raise ValueError(f"loss must be one of {p2p.LOSSES}, got {loss!r}")
+    raise ValueError(f"loss must be one of {objective.LOSSES}, got {loss!r}")
 
 
 def local_models_of(loss: str, X: list, y: list, lam: np.ndarray, p: int,
@@ -123,18 +124,18 @@ def local_models_of(loss: str, X: list, y: list, lam: np.ndarray, p: int,
     return out
 
 
-def local_models(problem: p2p.Problem, tol: float = GRAD_TOL) -> np.ndarray:
+def local_models(problem: objective.Problem, tol: float = GRAD_TOL) -> np.ndarray:
     """Theta^loc (n, p): the purely local model of every hosted agent (NaN rows elsewhere)."""
     return local_models_of(problem.loss, problem.X, problem.y, problem.lam, problem.p, tol)
 
 
-def _require_data(problem: p2p.Problem, agents) -> None:
+def _require_data(problem: objective.Problem, agents) -> None:
     missing = [int(i) for i in agents if problem.X[i] is None]
     if missing:
         raise ValueError(f"the data of agent(s) {missing[:5]} is not present here")
 
 
-def consensus_model(problem: p2p.Problem, tol: float = GRAD_TOL) -> np.ndarray:
+def consensus_model(problem: objective.Problem, tol: float = GRAD_TOL) -> np.ndarray:
     """argmin_theta sum_i D_ii c_i L_i(theta) (p,): the mu -> 0 limit of (2); needs all data."""
     _require_data(problem, range(problem.n))
     w = problem.deg * problem.conf
@@ -155,7 +156,7 @@ def consensus_model(problem: p2p.Problem, tol: float = GRAD_TOL) -> np.ndarray:
 # the quadratic system
 
 
-def quad_rows(problem: p2p.Problem, lo: int, hi: int, p: int | None = None
+def quad_rows(problem: objective.Problem, lo: int, hi: int, p: int | None = None
               ) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
     """Rows lo*p..hi*p of the system (Lap (x) I_p + blockdiag(mu D_ii c_i A_i)) vec(Theta) = rhs
     for agents lo..hi-1: (CSR with global columns, sorted; their rhs; their p x p diagonal
@@ -273,7 +274,7 @@ def _ksp_cg(comm: Any, H: sp.csr_matrix, b: np.ndarray, N: int, tol: float) -> n
 # Theta*
 
 
-def _logistic_parts(problem: p2p.Problem):
+def _logistic_parts(problem: objective.Problem):
     """Vectorised Q for the logistic loss: returns f(vec Theta) -> (Q, grad) and the Hessian."""
     n, p = problem.n, problem.p
     _require_data(problem, range(n))
@@ -294,7 +295,7 @@ def _logistic_parts(problem: p2p.Problem):
         z = y * np.einsum("kp,kp->k", X, T[owner])
         f = 0.5 * float(np.sum(T * LT)) + float(ew @ np.logaddexp(0.0, -z)) \
             + float(np.sum(reg * T * T))
-        coef = -ew * y * p2p._sigmoid_neg(z)
+        coef = -ew * y * objective._sigmoid_neg(z)
         g = LT + S @ (coef[:, None] * X) + 2.0 * reg * T
         return f, g.ravel()
 
@@ -306,7 +307,7 @@ def _logistic_parts(problem: p2p.Problem):
         matrix is formed; at 10^4 agents of a dense-ish graph that matrix takes gigabytes)."""
         T = v.reshape(n, p)
         z = y * np.einsum("kp,kp->k", X, T[owner])
-        s = p2p._sigmoid_neg(z)
+        s = objective._sigmoid_neg(z)
         d = ew * s * (1.0 - s)
         blocks = np.empty((n, p, p))
         for i, (a, b) in enumerate(zip(off[:-1], off[1:], strict=True)):
@@ -325,7 +326,7 @@ def _logistic_parts(problem: p2p.Problem):
     return fg, hess
 
 
-def theta_star(problem: p2p.Problem, solver: str = "auto", tol: float | None = None,
+def theta_star(problem: objective.Problem, solver: str = "auto", tol: float | None = None,
                x0: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """(Theta* (n, p), Q*) of objective (2); needs every agent's data.
 
@@ -392,13 +393,14 @@ def _block_jacobi(diag: np.ndarray) -> spla.LinearOperator:
 
 def block_starts(n: int, size: int) -> np.ndarray:
     """First agent of every rank (length size + 1): contiguous near-equal blocks, the layout of
-    `mpi_dp.comm.graph.block_starts` (restated here so models/ does not import mpi4py)."""
+    `mpi_dp.comm.graph_exchange.block_starts` (restated here so this models-layer module does not
+    import mpi4py)."""
     base, extra = divmod(n, size)
     return np.concatenate([[0], np.cumsum([base + (r < extra) for r in range(size)])]
                           ).astype(np.int64)
 
 
-def theta_star_petsc_dist(comm: Any, problem: p2p.Problem, tol: float = QUAD_TOL
+def theta_star_petsc_dist(comm: Any, problem: objective.Problem, tol: float = QUAD_TOL
                           ) -> tuple[np.ndarray, float]:
     """(Theta* (n, p), Q*) of the quadratic objective by PETSc KSP distributed over `comm`
     (an mpi4py communicator; collective).
@@ -425,14 +427,14 @@ def theta_star_petsc_dist(comm: Any, problem: p2p.Problem, tol: float = QUAD_TOL
     x = np.empty(n * p)
     comm.Allgatherv(np.ascontiguousarray(x_loc), [x, counts, starts[:-1] * p, MPI.DOUBLE])
     Theta = x.reshape(n, p)
-    loss = sum(problem.deg[i] * problem.conf[i] * float(p2p.local_obj(
+    loss = sum(problem.deg[i] * problem.conf[i] * float(objective.local_obj(
         problem.loss, problem.X[i], problem.y[i], float(problem.lam[i]), Theta[i][None])[0])
         for i in range(lo, hi))
-    smooth = float(p2p.smooth_term(problem.graph, Theta[None])[0])
+    smooth = float(objective.smooth_term(problem.graph, Theta[None])[0])
     return Theta, smooth + problem.mu * comm.allreduce(loss, op=MPI.SUM)
 
 
-def mp_solution(problem: p2p.Problem, theta_loc: np.ndarray, mu: float | None = None
+def mp_solution(problem: objective.Problem, theta_loc: np.ndarray, mu: float | None = None
                 ) -> np.ndarray:
     """Optimum (n, p) of model propagation (App. C) with trade-off mu (default problem.mu):
     (Lap + mu diag(D_ii c_i)) Theta = mu diag(D_ii c_i) Theta^loc (sparse direct, all columns)."""

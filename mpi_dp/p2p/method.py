@@ -26,39 +26,35 @@ import dataclasses
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import scipy.sparse as sp
 
-from ..algorithms import p2p_cd as C
-from ..algorithms import p2p_data as PD
-from ..algorithms import p2p_drive as D
-from ..algorithms import p2p_eval as PE
-from ..algorithms import p2p_refcache as RC
-from ..algorithms.p2p_data import Data
-from ..comm import topology as tp
-from ..comm.graph import block_starts
+from ..comm import topology
+from ..comm.graph_exchange import block_starts
 from ..comm.rma import bcast_csr, on_root
 from ..data import ShardFile
 from ..errors import DataError, JobError
-from ..jobspec import Key, PrivacyKeys, err, section_class
-from ..models import p2p as M
-from ..privacy import contract
-from ..privacy import kairouz as K
-from ..results.footprint import Footprint
-from .base import (
+from ..jobspec import PrivacyKeys, Section, err, key
+from ..methods.base import (
+    Configured,
     Context,
     Method,
     Outcome,
     Resolved,
     RunHooks,
+    Signal,
     available_backend,
-    calibration_attrs,
+    footprint_of,
     owner_plans,
     settings_attrs,
     shard_sizes,
 )
+from ..privacy import contract, kairouz, rules
+from ..privacy.contract import Contract
+from . import coordinate_descent, driver, evaluation, objective, peer_data, reference_cache
+from .peer_data import Data
 
 _NUM = (int, float)
 EVALUATION_ONLY = (
@@ -68,79 +64,109 @@ EVALUATION_ONLY = (
     "every peer's final model on the shard file's global test set on rank 0")
 #: p2p.graph spellings (comm.topology.parse_graph_spec; dola's own kinds are not p2p's)
 GRAPH_HELP = (
-    "the peers' public similarity graph: " + tp.SPELLINGS + ". A built graph comes from the "
+    "the peers' public similarity graph: " + topology.SPELLINGS + ". A built graph comes from the "
     "job's seed on rank 0 (the same on any rank count), must be connected, and weighs 1 per edge "
     "unless its edge list gives weights; the output records it (attrs graph, graph_kind, "
     "graph_edges, graph_mean_degree)")
 
-SECTION = {
-    "loss": Key((str,), "auto", "per-example loss: auto (logistic for a binary shard, quadratic "
-                "for regression), logistic, quadratic", ("auto",) + M.LOSSES),
-    "mu": Key(_NUM, 1.0, "trade-off mu of objective (2): large -> the purely local models, "
-              "small -> one consensus model"),
-    "lam": Key(_NUM + (str,), "1/m", "L2 weight lam_i of L_i: '1/m' (1/m_i, the paper's) or a "
-               "number"),
-    "conf_floor": Key(_NUM, 1e-3, "confidence c_i of a peer without records"),
-    "smoothness": Key((str,), "bound", "L_loc of alpha_i: bound (from the public row-norm bound "
-                      "row_norm: alpha_i does not read private data) or data (the paper: "
-                      "lmax(X_i^T X_i), data-dependent step)", ("bound", "data")),
-    "row_norm": Key(_NUM + (str,), "auto", "public bound on every record's L2 norm: 'auto' = the "
-                    "shard's public item_norm_max if present, else its row_norm_max (`data "
-                    "prepare --row-norm`), else 1 (rows normalised to norm <= 1); checked "
-                    "against the data before the run"),
-    "T_agent": Key((int, str), "auto", "T_i, wake-ups of each peer: 'auto' = ceil(T / n) when "
-                   "private (the paper's T/n) and no cap at eps = inf; a number caps every peer"),
-    "allocation": Key((str,), "equal", "budget split over a peer's T_i wake-ups: equal (every "
-                      "release alike; the paper rule: Theorem-1 composition, bisection); with "
-                      "privacy.calibration = 'paper' also simple (eps/T_i), prop2_paper, "
-                      "prop2_corrected (Proposition 2, replay only)", K.ALLOCATIONS),
-    "delta_bar": Key(_NUM, math.exp(-5), "privacy.calibration = 'paper' only: delta_bar of "
-                     "Theorem 1 (the paper: e^-5; refused at or above 1/m_i)"),
-    "mode": Key((str,), "sound", "sound: clip per-example gradients to L1 norm <= clip (L0 = "
-                "clip); faithful: L0 = 1 and no clipping (the paper: not DP unless ||x||_1 <= 1, "
-                "recorded uncertified)", C.MODES),
-    "clip": Key(_NUM, 1.0, "C_clip = L0: L1 bound on every per-example gradient (sound mode)"),
-    "init": Key((str,), "zero", "Theta(0): zero, local (the non-private local models: only at "
-                "eps = inf), private_ws (Algorithm 4: local models + L2-Laplace output "
-                "perturbation at eps_ws, then model propagation)", C.INITS),
-    "eps_ws": Key(_NUM, 0.05, "eps of the private warm start (charged to every peer)"),
-    "lam_ws": Key(_NUM + (str,), "lam", "L2 weight of the warm start's local models: 'lam' "
-                  "(lam_i) or a multiple of lam_i, e.g. 10"),
-    "mu_ws": Key(_NUM + (str,), "mu", "mu of the warm start's model propagation ('mu': mu)"),
-    "clock": Key((str,), "replay", "replay: the seeded schedule in conflict-free rounds (bitwise "
-                 "equal to the serial simulator on any layout); live: Poisson clocks in wall "
-                 "time, no barriers, the realised schedule logged", ("replay", "live")),
-    "tau": Key(_NUM, 0.0, "live: mean seconds between a peer's ticks (0: as fast as possible)"),
-    "wall_budget": Key(_NUM, 3600.0, "live: seconds before the peers stop"),
-    "reference": Key((str,), "auto", "Q* solver: auto (PETSc KSP if petsc4py, else SciPy CG; "
-                     "L-BFGS for logistic), scipy, petsc, none", ("auto", "scipy", "petsc",
-                                                                  "none")),
-    "reference_cache": Key((str,), "auto", "folder caching the evaluation-only reference "
-                           "(local models, Q*, theta_star) per shard content and parameters "
-                           "(algorithms.p2p_refcache): auto ($MPI_DP_CACHE/p2p_reference, else "
-                           "~/.cache/mpi_dp/p2p_reference), off, or a folder"),
-    "admm_rho": Key(_NUM + (str,), "auto", "gossip ADMM penalty ('auto': mean positive W_ij)"),
-    "admm_inner": Key((int,), 10, "K, gradient steps per ADMM activation"),
-    "local_dp_bound": Key(_NUM, 1.0, "local_dp: features clipped to [-B, B]"),
-    "validation": Key(_NUM, 0.0, "share of every peer's training records held out (seeded) "
-                      "for tuning (p2p.select)"),
-    "select": Key((str,), "", "a private selection: the configurations that differ only in "
-                  "this swept key (T_agent) are candidates; each peer releases its noised "
-                  "validation score (attribute val_metric) at the end of every candidate, and "
-                  "every candidate's releases are calibrated together to the peer's (eps, "
-                  "delta) (one per-release noise for all); analyze picks the best score",
-                  ("", "T_agent")),
-    "val_clip": Key(_NUM + (str,), "auto", "the validation score's public bound: a regression "
-                    "score is the mean squared error with every error clipped to +-val_clip "
-                    "(its sensitivity val_clip^2 / m_val); 'auto': 1 for a binary shard (the "
-                    "error rate, sensitivity 1 / m_val), required for regression"),
-    "graph": Key((str,), "shard", GRAPH_HELP),
-    "shard": Key((str,), "", "shard file of this configuration (default: the job's shard); "
-                 "sweep it ([sweep] shard = [...]) to average over random splits (Table 1's "
-                 "five) or to compare dimensions (Fig. 2c)"),
-}
-#: the [p2p] section, typed: `job.section(P2PKeys).graph`
-P2PKeys = section_class("P2PKeys", "p2p", SECTION)
+@dataclasses.dataclass(frozen=True)
+class P2PKeys(Section):
+    """The [p2p] section, typed: `job.section(P2PKeys).graph`."""
+
+    NAME: ClassVar[str] = "p2p"
+    loss: str = key((str,), "auto",
+        "per-example loss: auto (logistic for a binary shard, quadratic for regression), "
+        "logistic, quadratic",
+        ("auto",) + objective.LOSSES)
+    mu: float = key(_NUM, 1.0,
+        "trade-off mu of objective (2): large -> the purely local models, small -> one consensus "
+        "model")
+    lam: float | str = key(_NUM + (str,), "1/m",
+        "L2 weight lam_i of L_i: '1/m' (1/m_i, the paper's) or a number")
+    conf_floor: float = key(_NUM, 1e-3,
+        "confidence c_i of a peer without records")
+    smoothness: str = key((str,), "bound",
+        "L_loc of alpha_i: bound (from the public row-norm bound row_norm: alpha_i does not read "
+        "private data) or data (the paper: lmax(X_i^T X_i), data-dependent step)",
+        ("bound", "data"))
+    row_norm: float | str = key(_NUM + (str,), "auto",
+        "public bound on every record's L2 norm: 'auto' = the shard's public item_norm_max if "
+        "present, else its row_norm_max (`data prepare --row-norm`), else 1 (rows normalised to "
+        "norm <= 1); checked against the data before the run")
+    T_agent: int | str = key((int, str), "auto",
+        "T_i, wake-ups of each peer: 'auto' = ceil(T / n) when private (the paper's T/n) and no "
+        "cap at eps = inf; a number caps every peer")
+    allocation: str = key((str,), "equal",
+        "budget split over a peer's T_i wake-ups: equal (every release alike; the paper rule: "
+        "Theorem-1 composition, bisection); with privacy.calibration = 'paper' also simple "
+        "(eps/T_i), prop2_paper, prop2_corrected (Proposition 2, replay only)",
+        kairouz.ALLOCATIONS)
+    delta_bar: float = key(_NUM, math.exp(-5),
+        "privacy.calibration = 'paper' only: delta_bar of Theorem 1 (the paper: e^-5; refused at "
+        "or above 1/m_i)")
+    mode: str = key((str,), "sound",
+        "sound: clip per-example gradients to L1 norm <= clip (L0 = clip); faithful: L0 = 1 and "
+        "no clipping (the paper: not DP unless ||x||_1 <= 1, recorded uncertified)",
+        coordinate_descent.MODES)
+    clip: float = key(_NUM, 1.0,
+        "C_clip = L0: L1 bound on every per-example gradient (sound mode)")
+    init: str = key((str,), "zero",
+        "Theta(0): zero, local (the non-private local models: only at eps = inf), private_ws "
+        "(Algorithm 4: local models + L2-Laplace output perturbation at eps_ws, then model "
+        "propagation)",
+        coordinate_descent.INITS)
+    eps_ws: float = key(_NUM, 0.05,
+        "eps of the private warm start (charged to every peer)")
+    lam_ws: float | str = key(_NUM + (str,), "lam",
+        "L2 weight of the warm start's local models: 'lam' (lam_i) or a multiple of lam_i, e.g. "
+        "10")
+    mu_ws: float | str = key(_NUM + (str,), "mu",
+        "mu of the warm start's model propagation ('mu': mu)")
+    clock: str = key((str,), "replay",
+        "replay: the seeded schedule in conflict-free rounds (bitwise equal to the serial "
+        "simulator on any layout); live: Poisson clocks in wall time, no barriers, the realised "
+        "schedule logged",
+        ("replay", "live"))
+    tau: float = key(_NUM, 0.0,
+        "live: mean seconds between a peer's ticks (0: as fast as possible)")
+    wall_budget: float = key(_NUM, 3600.0,
+        "live: seconds before the peers stop")
+    reference: str = key((str,), "auto",
+        "Q* solver: auto (PETSc KSP if petsc4py, else SciPy CG; L-BFGS for logistic), scipy, "
+        "petsc, none",
+        ("auto", "scipy", "petsc",
+                                                                  "none"))
+    reference_cache: str = key((str,), "auto",
+        "folder caching the evaluation-only reference (local models, Q*, theta_star) per shard "
+        "content and parameters (mpi_dp.p2p.reference_cache): auto ($MPI_DP_CACHE/p2p_reference, "
+        "else ~/.cache/mpi_dp/p2p_reference), off, or a folder")
+    admm_rho: float | str = key(_NUM + (str,), "auto",
+        "gossip ADMM penalty ('auto': mean positive W_ij)")
+    admm_inner: int = key((int,), 10,
+        "K, gradient steps per ADMM activation")
+    local_dp_bound: float = key(_NUM, 1.0,
+        "local_dp: features clipped to [-B, B]")
+    validation: float = key(_NUM, 0.0,
+        "share of every peer's training records held out (seeded) for tuning (p2p.select)")
+    select: str = key((str,), "",
+        "a private selection: the configurations that differ only in this swept key (T_agent) are"
+        " candidates; each peer releases its noised validation score (attribute val_metric) at "
+        "the end of every candidate, and every candidate's releases are calibrated together to "
+        "the peer's (eps, delta) (one per-release noise for all); analyze picks the best score",
+        ("", "T_agent"))
+    val_clip: float | str = key(_NUM + (str,), "auto",
+        "the validation score's public bound: a regression score is the mean squared error with "
+        "every error clipped to +-val_clip (its sensitivity val_clip^2 / m_val); 'auto': 1 for a "
+        "binary shard (the error rate, sensitivity 1 / m_val), required for regression")
+    graph: str = key((str,), "shard",
+        GRAPH_HELP)
+    shard: str = key((str,), "",
+        "shard file of this configuration (default: the job's shard); sweep it ([sweep] shard = "
+        "[...]) to average over random splits (Table 1's five) or to compare dimensions (Fig. 2c)")
+
+
+#: the [p2p] keys (the registry and --help read the table)
+SECTION = P2PKeys.keys()
 
 
 @dataclasses.dataclass
@@ -152,7 +178,7 @@ class Prepared:
 
 @dataclasses.dataclass(frozen=True)
 class P2PSettings:
-    algo: C.Settings
+    algo: coordinate_descent.Settings
     path: str
     loss: str
     mu: float
@@ -162,8 +188,8 @@ class P2PSettings:
     variant: str
 
     @property
-    def objective(self) -> D.Objective:
-        return D.Objective(self.loss, self.mu, self.lam, self.smooth)
+    def objective(self) -> driver.Objective:
+        return driver.Objective(self.loss, self.mu, self.lam, self.smooth)
 
 
 def _lam(spec: Any, m: np.ndarray) -> np.ndarray:
@@ -190,19 +216,10 @@ class P2P(Method):
                 "n": "'all' (every peer uses all its records)",
                 "record_every": "ticks between records of Q and the test metric"}
     default_metric = "test_metric"
-    takes_hooks = True
     sweeps = ("p2p.shard", "p2p.T_agent", "p2p.init", "p2p.mu")
     paper_rule = ("eps is eps_bar of Theorem 1 (Kairouz et al.) at p2p.delta_bar over a peer's "
                   "T_i wake-ups, split by p2p.allocation (Algorithm 3); a private warm start "
                   "adds eps_ws")
-    paper_rule_name = "theorem1"
-
-    #: the wake-up schedule and its replay rounds, per tick (not per run)
-    PER_ITERATION_BYTES = 0.0
-
-    def footprint(self, ctx: Context, prep: Prepared, rc: Resolved, s: P2PSettings) -> Footprint:
-        base = super().footprint(ctx, prep, rc, s)
-        return dataclasses.replace(base, memory_bytes=base.memory_bytes + 48.0 * s.algo.T)
 
     def validate(self, values: dict[str, Any], path: str) -> None:
         if not values["p2p.mu"] > 0:
@@ -233,7 +250,7 @@ class P2P(Method):
         if values["p2p.tau"] < 0 or not values["p2p.wall_budget"] > 0:
             raise err(path, "p2p.tau", "tau must be >= 0 and wall_budget > 0")
         try:
-            tp.parse_graph_spec(values["p2p.graph"])
+            topology.parse_graph_spec(values["p2p.graph"])
         except ValueError as e:
             raise err(path, "p2p.graph", str(e)) from None
         if values["n"] != "all" or values["sweep.n"]:
@@ -297,8 +314,8 @@ class P2P(Method):
 
         def public() -> tuple[sp.csr_matrix, dict[str, Any], tuple | None]:
             shard, j = self._open(ctx, path), ctx.job
-            return (*PD.peer_graph(shard, j.section(P2PKeys).graph, int(j.generic.seed), j.path),
-                    PD.global_test(shard, j.path))
+            return (*peer_data.peer_graph(shard, j.section(P2PKeys).graph, int(j.generic.seed), j.path),
+                    peer_data.global_test(shard, j.path))
 
         got = on_root(comm, public)
         W = bcast_csr(comm, None if got is None else got[0])
@@ -315,15 +332,16 @@ class P2P(Method):
     def _load(self, ctx: Context, path: str, hosted: bool, W: sp.csr_matrix, m_all: np.ndarray,
               shard: ShardFile | None = None) -> Data:
         """With the public graph W and sizes m_all, the records of this rank's peers (`hosted`)
-        or of all of them (p2p_data.read_peers)."""
+        or of all of them (peer_data.read_peers)."""
         j = ctx.job
         shard = self._open(ctx, path) if shard is None else shard
         n = shard.n_agents
         rank, size = ctx.comm.Get_rank(), ctx.comm.Get_size()
         st = block_starts(n, size)
         mine = range(n) if not hosted else range(int(st[rank]), int(st[rank + 1]))
-        d = PD.read_peers(shard, path, W, m_all, mine, j.section(P2PKeys).validation, int(j.generic.seed),
-                          j.section(P2PKeys).row_norm, j.path, full=not hosted)
+        d = peer_data.read_peers(shard, path, W, m_all, mine, j.section(P2PKeys).validation,
+                                 int(j.generic.seed), j.section(P2PKeys).row_norm, j.path,
+                                 full=not hosted)
         if self._loss(j, shard.task) == "logistic" and shard.task != "binary":
             raise JobError(f"job file {j.path}: key 'p2p.loss': logistic needs a binary shard, "
                            f"{shard.path} is {shard.task}")
@@ -342,7 +360,7 @@ class P2P(Method):
                 f"{deg.mean():.1f}; clock {ctx.job['p2p.clock']}")
 
     # -- configuration -------------------------------------------------------------------
-    def settings(self, ctx: Context, prep: Prepared, rc: Resolved) -> P2PSettings:
+    def _settings(self, ctx: Context, prep: Prepared, rc: Resolved) -> P2PSettings:
         j = ctx.job
         path = rc.config.param("p2p.shard", j.section(P2PKeys).shard) or next(iter(prep.data))
         d = prep.data[path]
@@ -372,7 +390,7 @@ class P2P(Method):
         lam_ws = lam if lw == "lam" else lam * float(lw)
         mw = j.section(P2PKeys).mu_ws
         k = j.section(P2PKeys)
-        algo = C.Settings(
+        algo = coordinate_descent.Settings(
             T=int(j.generic.T), T_agent=cap, eps=eps if rc.variant == "cd" else math.inf,
             delta=float(k.delta_bar), allocation=k.allocation, mode=k.mode,
             clip=float(k.clip), init=init, eps_ws=float(k.eps_ws),
@@ -398,14 +416,6 @@ class P2P(Method):
         """T_i of a T_agent value ('auto': ceil(T / n))."""
         return math.ceil(ctx.job.generic.T / n) if value == "auto" else int(value)
 
-    def release_signal(self, ctx: Context, prep: Prepared, rc: Resolved, s: P2PSettings
-                       ) -> tuple[list[float], int] | None:
-        """cd: a wake-up's local gradient, a mean of m_i per-example gradients clipped to L0 (L1),
-        against Laplace noise of sensitivity 2 L0 / m_i. local_dp and admm: not defined."""
-        if s.variant != "cd":
-            return None
-        return [2.0 / float(m) for m in prep.data[s.path].m_all], int(ctx.shard.n_features)
-
     def plans(self, ctx: Context, prep: Prepared, rc: Resolved, s: P2PSettings
               ) -> list[contract.Plan] | None:
         """cd: each peer's T_i wake-ups (Laplace) and its private warm start (fixed), over its
@@ -419,7 +429,8 @@ class P2P(Method):
         m_all = d.m_all
         if s.variant == "local_dp" or not a.private:
             return owner_plans(ctx, rc, m_all, "laplace", 0)
-        ws = (C.warm_start_event(a.eps_ws),) if a.init == "private_ws" else ()
+        ws = (coordinate_descent.warm_start_event(a.eps_ws),) if a.init == "private_ws" else ()
+        assert a.T_agent is not None  # capped in a private run
         cap = int(a.T_agent[0])
         if j.section(PrivacyKeys).calibration == "paper":
             if a.delta > 0 and a.delta * int(m_all.min()) >= 1:
@@ -444,29 +455,38 @@ class P2P(Method):
         n = d.W.shape[0]
         return [self._cap(ctx, v, n) for v in ctx.job.axis("p2p.T_agent") or []]
 
-    def calibrated(self, ctx: Context, prep: Prepared, rc: Resolved, s: P2PSettings,
-                   cals: list) -> P2PSettings:
+    def configure(self, ctx: Context, prep: Prepared, rc: Resolved) -> Configured[P2PSettings]:
+        s = self._settings(ctx, prep, rc)
+        plans = self.plans(ctx, prep, rc, s)
         a = s.algo
-        if s.variant == "local_dp":  # each record in one release of eps_x + eps_y = eps
-            cals = [dataclasses.replace(c, rule="basic") for c in cals]
-            return dataclasses.replace(s, algo=dataclasses.replace(a, calibration=tuple(cals)))
-        extra: dict[str, Any] = {}
-        if ctx.job.section(P2PKeys).select and a.private and cals[0].rule != "paper":
+        other = 0
+        if ctx.job.section(P2PKeys).select and a.private:  # the plan spans every candidate
             caps = self._candidates(ctx, prep.data[s.path])
-            ws = (C.warm_start_event(a.eps_ws),) if a.init == "private_ws" else ()
-            extra = {"score_releases": 1,
-                     "other_releases": sum(caps) + len(caps) - int(a.T_agent[0]) - 1,
-                     "other_fixed": ws * (len(caps) - 1)}
-        return dataclasses.replace(s, algo=dataclasses.replace(a, calibration=tuple(cals),
-                                                               **extra))
+            assert a.T_agent is not None  # capped in a private run
+            other = sum(caps) + len(caps) - int(a.T_agent[0]) - 1
+            s = dataclasses.replace(s, algo=dataclasses.replace(a, score_releases=1))
+        records = s.algo.T // max(1, s.algo.record_every or s.algo.T) + 2
+        fp = footprint_of(ctx, records, ctx.shard.n_features)
+        # the wake-up schedule and its replay rounds, per tick (not per run)
+        fp = dataclasses.replace(fp, memory_bytes=fp.memory_bytes + 48.0 * s.algo.T)
+        signal = None
+        if s.variant == "cd":  # a mean of m_i gradients clipped to L0 (L1): 2 L0 / m_i
+            signal = Signal(tuple(2.0 / float(m) for m in prep.data[s.path].m_all),
+                            int(ctx.shard.n_features))
+        k = ctx.job.section(P2PKeys)
+        return Configured(rc, s, None if plans is None else tuple(plans), fp, records,
+                          lambda: self._attrs(ctx, prep, rc, s, other), signal,
+                          rules.Theorem1(delta_bar=float(k.delta_bar), allocation=k.allocation),
+                          # local DP: its split is fixed, eps_x + eps_y = eps (basic)
+                          rules.EVEN_SPLIT if s.variant == "local_dp" else None)
 
-    def record_attrs(self, ctx: Context, prep: Prepared, rc: Resolved, s: P2PSettings
-                     ) -> dict[str, Any]:
+    def _attrs(self, ctx: Context, prep: Prepared, rc: Resolved, s: P2PSettings,
+               other_releases: int) -> dict[str, Any]:
         d = prep.data[s.path]
         a = s.algo
         out = {k: v for k, v in settings_attrs(a).items()
-               if k not in ("lam_ws", "T_agent", "runs", "eps", "other_fixed")}
-        out.update(calibration_attrs(list(a.calibration)))
+               if k not in ("lam_ws", "T_agent", "runs", "eps")}
+        out["other_releases"] = other_releases
         if ctx.job.section(P2PKeys).select:
             out["select"] = ctx.job.section(P2PKeys).select
         out["eps_bar"] = a.eps
@@ -487,10 +507,6 @@ class P2P(Method):
         return {"graph": info, "graph_kind": str(info.get("kind", "")),
                 "graph_mean_degree": float(info.get("mean_degree", math.nan))}
 
-    def expected_records(self, ctx: Context, s: P2PSettings) -> int:
-        ev = s.algo.record_every or s.algo.T
-        return s.algo.T // max(1, ev) + 2
-
     # -- run -----------------------------------------------------------------------------
     def _full(self, ctx: Context, prep: Prepared, s: P2PSettings) -> Data | None:
         """Every peer's records on rank 0 (evaluation-only: Q*, the admm baseline)."""
@@ -504,13 +520,13 @@ class P2P(Method):
             prep.full[s.path].test_global = d.test_global
         return prep.full[s.path]
 
-    def run_config(self, ctx: Context, prep: Prepared, rc: Resolved, s: P2PSettings,
-                   recorder: Any, label: str, hooks: RunHooks | None = None) -> Outcome | None:
+    def run(self, ctx: Context, prep: Prepared, c: Configured[P2PSettings], contract: Contract,
+            hooks: RunHooks) -> Outcome | None:
         comm, j = ctx.comm, ctx.job
-        hooks = RunHooks.of(hooks, recorder, label, comm, ctx.progress)
+        s, rc = c.settings, c.resolved
         d = prep.data[s.path]
         t0 = time.perf_counter()
-        P = D.hosted_problem(comm, s.objective, d)
+        P = driver.hosted_problem(comm, s.objective, d)
         solver = self._solver(ctx, s)
         # every peer's records on rank 0 only where a solve needs them all (Q* on one rank, the
         # admm baseline simulated there)
@@ -522,16 +538,16 @@ class P2P(Method):
         # reference), not before its first round
         late = s.variant == "cd" and s.algo.init != "local" and solver not in ("scipy", "petsc")
         ref = prep.refs.get(key)
-        cache = RC.cache_dir(j.section(P2PKeys).reference_cache)
+        cache = reference_cache.cache_dir(j.section(P2PKeys).reference_cache)
         if ref is None:
-            ref = D.reference(comm, s.objective, P, d, full, solver, local=not late,
-                              cache=cache, log=hooks.info)
+            ref = driver.reference(comm, s.objective, P, d, full, solver, local=not late,
+                                   cache=cache, log=hooks.info)
         out: Outcome | None = None
         if s.variant == "admm":
             T = int(j.generic.T)
-            got = D.run_admm(comm, s.objective, P, d, full, ref, hooks, j.section(P2PKeys).admm_rho,
-                             int(j.section(P2PKeys).admm_inner), T, int(j.generic.seed),
-                             int(j.generic.record_every) or T)
+            got = driver.run_admm(comm, s.objective, P, d, full, ref, hooks, j.section(P2PKeys).admm_rho,
+                                  int(j.section(P2PKeys).admm_inner), T, int(j.generic.seed),
+                                  int(j.generic.record_every) or T)
             if got is not None:
                 out = self._final_outcome([], "non-private baseline (gossip ADMM): no DP claim",
                                           got[0], ref, d)
@@ -540,7 +556,8 @@ class P2P(Method):
                                  seconds=round(time.perf_counter() - t0, 3))
         elif s.variant == "local_dp":
             Bx = float(j.section(P2PKeys).local_dp_bound)
-            got_dp = D.run_local_dp(comm, P, d, s.algo, float(rc.eps[0]), Bx, ref, hooks)
+            got_dp = driver.run_local_dp(comm, P, d, s.algo, contract, float(rc.eps[0]), Bx, ref,
+                                         hooks)
             if got_dp is not None:
                 out = self._final_outcome(
                     got_dp[1], f"local DP: every record perturbed once by its owner (features "
@@ -550,10 +567,10 @@ class P2P(Method):
         else:
             a = s.algo
             keys = j.section(P2PKeys)
-            run = D.run_cd(comm, P, d, a, ref, hooks, s.clock, float(keys.tau),
-                           float(keys.wall_budget),
-                           self._val_clip(ctx, d) if a.score_releases else None, cache)
-            out = None if run is None else self._cd_outcome(s, d, ref, run, t0)
+            run = driver.run_cd(comm, P, d, a, contract, ref, hooks, s.clock, float(keys.tau),
+                                float(keys.wall_budget),
+                                self._val_clip(ctx, d) if a.score_releases else None, cache)
+            out = None if run is None else self._cd_outcome(s, d, ref, run, t0, contract)
         prep.refs[key] = ref  # whole now: run_cd added the local models a late one lacked
         return out
 
@@ -584,10 +601,10 @@ class P2P(Method):
         return "petsc_dist" if solver == "petsc" and s.loss == "quadratic" else solver
 
     # -- outcome -------------------------------------------------------------------------
-    def _cd_outcome(self, s: P2PSettings, d: Data, ref: dict[str, Any], run: D.CDRun,
-                    t0: float) -> Outcome:
+    def _cd_outcome(self, s: P2PSettings, d: Data, ref: dict[str, Any], run: driver.CDRun,
+                    t0: float, contract: Contract) -> Outcome:
         a = s.algo
-        out = self._final_outcome(run.ledgers, self._guarantee(a), run.final, ref, d)
+        out = self._final_outcome(run.ledgers, self._guarantee(a, contract), run.final, ref, d)
         per = run.theorem1(a)
         out.add("privacy/theorem1", per, what="per peer: wake-ups, sum of its per-release eps, "
                 "the Theorem-1 composition (Kairouz et al.) at delta_bar of what it released "
@@ -595,10 +612,11 @@ class P2P(Method):
                 "guarantee is privacy/ledger's), the warm start's eps and the total by "
                 "sequential composition")
         if a.private:  # the per-release eps of an equal split (the others vary by release)
-            if a.calibrated:
-                out.attrs["eps_step"] = max(c.eps_release for c in a.calibration)
+            if not contract.rule.paper:
+                out.attrs["eps_step"] = max(c.eps_release for c in contract.calibrations or ()
+                                            if c is not None)
             else:
-                out.attrs["eps_step"] = (K.equal_split(a.eps, int(a.T_agent[0]), a.delta)
+                out.attrs["eps_step"] = (kairouz.equal_split(a.eps, int(a.T_agent[0]), a.delta)
                                          if a.allocation == "equal" and a.T_agent is not None
                                          else math.nan)
         arrays, vectors = run.schedule_arrays(s.clock == "live")
@@ -611,13 +629,13 @@ class P2P(Method):
         return out
 
     @staticmethod
-    def _guarantee(a: C.Settings) -> str:
+    def _guarantee(a: coordinate_descent.Settings, contract: Contract) -> str:
         if not a.private:
             return "non-private (eps = inf): the models are broadcast without noise"
         cert = "" if a.certified else (" UNCERTIFIED (faithful mode: L0 = 1 without clipping, "
                                        "not DP unless every ||x||_1 <= 1);")
-        if a.calibrated:
-            rule = a.calibration[0].rule
+        if not contract.rule.paper:
+            rule, rule_text = contract.rule.name, contract.rule.text
             sel = ("; a private selection: every candidate's wake-ups, warm start and noised "
                    "validation score are calibrated together to the peer's (eps, delta) "
                    "(scope selection: the totals include the other candidates' planned "
@@ -626,7 +644,7 @@ class P2P(Method):
             return (f"every peer is (eps, delta)-DP for its records (replace-one) over all its "
                     f"releases:{cert} each wake-up broadcasts its model with Laplace noise on "
                     f"its clipped gradient (sensitivity 2 L0 / m_i), the noise calibrated by "
-                    f"{rule} ({contract.RULE_TEXT[rule]}){ws}{sel}")
+                    f"{rule} ({rule_text}){ws}{sel}")
         return (f"the paper's rule: every wake-up releases the peer's model with Laplace noise "
                 f"on its clipped "
                 f"gradient: (e_k, 0)-DP per release;{cert} a peer's releases compose by "
@@ -639,25 +657,25 @@ class P2P(Method):
     @staticmethod
     def _final_outcome(ledgers: list, guarantee: str, final: dict[str, Any], ref: dict[str, Any],
                        d: Data) -> Outcome:
-        """An outcome with the final models, the reference and the scores (p2p_eval)."""
-        arrays, attrs = PE.final_outcome(final, ref, d)
+        """An outcome with the final models, the reference and the scores (evaluation)."""
+        arrays, attrs = evaluation.final_outcome(final, ref, d)
         return Outcome(ledgers, guarantee=guarantee, arrays=arrays, attrs=attrs)
 
     # -- analysis ------------------------------------------------------------------------
     def analyze(self, result: Any, metric: str | None = None) -> str:
-        from ..analysis import p2p_report
+        from . import report
 
-        return p2p_report.p2p_text(result)
+        return report.p2p_text(result)
 
     def table_rows(self, result: Any, metric: str | None = None) -> list[dict[str, Any]]:
-        from ..analysis import p2p_report
+        from . import report
 
-        return p2p_report.p2p_rows(result)
+        return report.p2p_rows(result)
 
     def figures(self, result: Any, prefix: Path, metric: str | None = None) -> list[Path]:
-        from ..analysis import p2p_report
+        from . import report
 
-        return p2p_report.plot_p2p(result, prefix)
+        return report.plot_p2p(result, prefix)
 
 
 METHOD = P2P()

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import matplotlib
 
@@ -27,6 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from mpi_dp.analysis import guarantee  # noqa: E402
 from mpi_dp.analysis.load import ConfigView, Result, ResultFileError  # noqa: E402
 from mpi_dp.analysis.style import DPI, aligned  # noqa: E402
 
@@ -35,7 +37,7 @@ ALGORITHM = "p2p"
 PAPER_TABLE1 = {"purely local": 1.2834, "non-private CD": 0.9502, "eps 1": 0.9527,
                 "eps 0.5": 0.9545, "eps 0.1": 0.9855}
 TABLE1_TOL = 0.03
-COLORS = plt.get_cmap("tab10").colors
+COLORS: Sequence[Any] = cast(Any, plt.get_cmap("tab10")).colors  # a ListedColormap's
 
 
 def _check(result: Result) -> None:
@@ -110,7 +112,8 @@ def _eps_total(c: ConfigView) -> float:
         led = None
     if led is None or not len(led) or "eps_pld" not in (led.dtype.names or ()):
         return math.nan
-    return float(np.max(led["eps_pld"]))
+    # as every view shows it: inf for peers that released without noise (old files say 0)
+    return float(np.max(guarantee.shown_totals(led)["eps_pld"]))
 
 
 def _flag(c: ConfigView, value: float) -> str:
@@ -316,7 +319,7 @@ def plot_p2p(result: Result, prefix: Path) -> list[Path]:
     else:
         plt.close(fig)
     # vs p (Fig. 2c / 4): configurations on shards of different dimension
-    dims = {}
+    dims: dict[tuple[Any, float], list[tuple[int, float, float]]] = {}
     for c in result.configs:
         th = c.group.get("models/theta")
         if th is not None:

@@ -6,7 +6,7 @@ mu -> inf gives the purely local models, mu -> 0 one consensus model (the paper'
 
 Models carry a leading runs axis where noted: theta (R, p), Theta (R, n, p). An agent's data may
 be absent (None) on ranks that do not host it; the public constants (W, m, lam) are everywhere.
-The graph is mpi_dp.graphs.Graph (W, deg, nbrs, nbr_weights, laplacian); its term of Q is
+The graph is mpi_dp.agent_graph.Graph (W, deg, nbrs, nbr_weights, laplacian); its term of Q is
 `smooth_term` here.
 """
 
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import numpy as np
 import scipy.sparse as sp
 
+from mpi_dp.agent_graph import Graph
 from mpi_dp.backend import namespace, on_host, to_numpy
-from mpi_dp.graphs import Graph
 
 LOSSES = ("logistic", "quadratic")
 #: (edge, run, coordinate) entries of one block of `smooth_term` (128 MiB of differences)
@@ -77,6 +77,7 @@ def local_grad(loss: str, X: np.ndarray, y: np.ndarray, lam: float, theta: np.nd
     c = example_coef(loss, X, y, theta)
     frac = np.zeros(theta.shape[0])
     if math.isfinite(clip):
+        assert xnorm is not None  # given where clipping
         f = clip_factors(c, xnorm, clip)
         frac = np.mean(f < 1.0, axis=0)
         c = c * f
@@ -128,6 +129,7 @@ def local_grads(loss: str, X: Sequence[np.ndarray], y: Sequence[np.ndarray], lam
                                                             zip(X, theta, strict=True)]))
     frac = np.zeros((len(X), c.shape[1]))
     if math.isfinite(clip):
+        assert xnorm is not None  # given where clipping
         f = clip_factors(c, np.concatenate(xnorm), clip)
         frac = np.add.reduceat(f < 1.0, starts, axis=0, dtype=np.int64) / m[:, None]
         c = c * f
