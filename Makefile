@@ -20,8 +20,24 @@ export PETSC_CONFIGURE_OPTIONS ?= --with-fc=0 --with-debugging=0 --with-x=0
 
 STAMP := $(VENV)/.installed
 PETSC_STAMP := $(VENV)/.petsc
+# the oldest Python mpi_dp supports (pyproject.toml: requires-python)
+MIN_PY := 3.10
+# refuse a .venv of an unsupported Python, or an incomplete one made by another Python, before
+# anything uses it: a failed first try with an old python3 leaves a .venv that every later try
+# would reuse (a complete .venv of another supported Python, PYTHON=python3.12 once, is kept)
+define VENV_CHECK
+want=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || { \
+  echo "make: PYTHON=$(PYTHON) does not run: set PYTHON to a Python $(MIN_PY) or newer"; exit 1; }; \
+if ! $(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] < tuple(map(int, "$(MIN_PY)".split("."))))'; then \
+  echo "make: mpi_dp needs Python $(MIN_PY) or newer; PYTHON=$(PYTHON) is $$want: run e.g. make $(or $(MAKECMDGOALS),demo) PYTHON=python3.12"; exit 1; fi; \
+if [ -e $(VENV) ]; then \
+  have=$$($(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || have="a Python that does not run"; \
+  if ! $(PY) -c 'import sys; sys.exit(sys.version_info[:2] < tuple(map(int, "$(MIN_PY)".split("."))))' 2>/dev/null \
+     || { [ ! -e $(STAMP) ] && [ "$$have" != "$$want" ]; }; then \
+    echo "make: $(VENV) was made by $$have, not by PYTHON=$(PYTHON) ($$want), and is not a complete install (a failed first try, or another Python): remove it with rm -rf $(VENV) (make clean also does, and removes results/ too), then run make $(or $(MAKECMDGOALS),demo) again"; exit 1; fi; fi
+endef
 
-.PHONY: demo test test-serial test-mpi lint bench bench-quick gpu-check venv petsc clean help
+.PHONY: demo test test-serial test-mpi lint bench bench-quick gpu-check venv venv-check petsc clean help
 
 help:
 	@echo "make demo    - set up .venv, run the demo job under mpiexec -n $(NP), print its outputs"
@@ -38,9 +54,12 @@ help:
 	@echo "make bench-quick - every benchmarks/*.py in its --quick mode (tests/test_benchmarks.py;"
 	@echo "               make test runs it too): seconds each, no timing judged"
 
-venv: $(STAMP) $(if $(filter 1,$(WITH_PETSC)),$(PETSC_STAMP))
+venv: venv-check $(STAMP) $(if $(filter 1,$(WITH_PETSC)),$(PETSC_STAMP))
 
-$(STAMP): pyproject.toml
+venv-check:
+	@$(VENV_CHECK)
+
+$(STAMP): pyproject.toml | venv-check
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[mpich,test,fast]"

@@ -61,10 +61,11 @@ stopped, the iterations done so far stay readable.
 Before the first iteration a run prints its estimated result size, memory and time; it refuses
 a job past the node's memory, and past the free disk space or a month unless --force.
 SIGTERM or Ctrl-C stops every rank at its next record after a checkpoint (status
-'interrupted', exit 143 / 130); --resume continues it. A full disk stops with the complete
-configurations readable (exit 2); free space and --resume. Exit status: 0 done, 2 a mistake in
-the job or data (one line; MPI_DP_TRACEBACK=1 adds the traceback), 1 a bug in mpi_dp (its
-traceback, tagged with the rank), 143 / 130 interrupted.
+'interrupted', exit 143 / 130); --resume continues it. A rank still running 45 s
+(MPI_DP_STOP_GRACE_S) after the signal aborts the job: a frozen rank cannot hold it. A full
+disk stops with the complete configurations readable (exit 2); free space and --resume. Exit
+status: 0 done, 2 a mistake in the job or data (one line; MPI_DP_TRACEBACK=1 adds the
+traceback), 1 a bug in mpi_dp (its traceback, tagged with the rank), 143 / 130 interrupted.
 
 Splitting a sweep: --configs A:B or --config-block I/N runs one block of the configurations into
 a part file (each configuration at its own index /configs/00A...); `mpi-dp merge OUT PARTS...`
@@ -111,14 +112,15 @@ COLLECTIVE = ("run", "audit")
 def _under_mpi(fn) -> int:
     """Run a collective command: agreed user errors print once; a first SIGTERM/SIGINT (Slurm's
     warning, mpiexec passing on a kill, Ctrl-C) stops every rank at its next record with the
-    result file saying 'interrupted' (exit 143 / 130); a rank that raises stops every rank,
+    result file saying 'interrupted' (exit 143 / 130), and a rank that never answers cannot
+    hold the others (comm.watchdog aborts the job); a rank that raises stops every rank,
     never a hang: a user error (MpiDpError) in one line, anything else is a bug and prints its
     rank-tagged traceback."""
     global _EARLY
     early, _EARLY = _EARLY or _EarlyStop(), None  # a signal during the start-up stops cleanly too
     from mpi4py import MPI
 
-    from .comm import stop
+    from .comm import stop, watchdog
     from .runner import AgreedError
 
     comm = MPI.COMM_WORLD
@@ -126,7 +128,14 @@ def _under_mpi(fn) -> int:
     stop.install()
     early.hand_over(stop)
     try:
-        fn(comm)
+        grace = watchdog.grace_s()
+    except MpiDpError as e:  # the same environment on every rank: each stops, rank 0 says why
+        if rank == 0:
+            print(f"mpi-dp: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        with watchdog.Watchdog(comm, grace, RESUME_HINT):  # a frozen rank cannot hold the job
+            fn(comm)
     except AgreedError as e:
         # raised on every rank alike (the checks are collective): one message, from rank 0
         if rank == 0:
@@ -259,7 +268,7 @@ def owners_text(res, k: int = 20) -> str:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from .analysis import audit_report, load, privacy_text, table
+    from .analysis import audit_report, load, privacy_text, result_checks, table
 
     if audit_report.is_audit(args.result):
         print(audit_report.audit_text(args.result))
@@ -267,6 +276,9 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     with load.open_result(args.result) as res:
         method = _method_of(res)
         note = _completeness_note(res)
+        for line in (result_checks.leftovers_note(res), result_checks.data_note(res)):
+            if line:
+                print(f"mpi-dp: {line}", file=sys.stderr, flush=True)
         with _incomplete_guard(res, note):
             print(method.analyze(res, args.metric))
             owners = owners_text(res)
@@ -380,7 +392,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from .analysis.compare import run_compare
 
-    text, figure = run_compare(args.results, args.out, args.metric)
+    text, figure = run_compare(args.results, args.out, args.metric, args.overwrite)
     print(text)
     print(f"\nfigure: {figure}")
     return 0
@@ -679,7 +691,10 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("results", nargs="+", metavar="RESULT.h5",
                      help="result files written by mpi-dp run (any method)")
     cmp.add_argument("--out", metavar="FIG.png",
-                     help="the figure (default: compare.png next to the first file)")
+                     help="the figure (default: compare.png next to the first file); an existing "
+                     "figure is replaced only with --overwrite")
+    cmp.add_argument("--overwrite", action="store_true",
+                     help="replace an existing figure (never done silently)")
     cmp.add_argument("--metric", default="auto", choices=("auto", "test_error", "rmse"),
                      help="auto (default): test_error for classification results, rmse for "
                      "regression; a file without the metric shows '-'")

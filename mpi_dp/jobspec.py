@@ -32,23 +32,91 @@ from .errors import JobError
 
 
 @dataclasses.dataclass(frozen=True)
+class Range:
+    """The numbers a numeric key accepts, checked where the job is loaded (every number of the
+    key: a scalar, each entry of a per-owner list, each value of its sweep axis). NaN and -inf
+    never pass; +inf only where `inf` says it means something (eps: no noise, theta_max: no
+    box); `integer`: an int, not a float. `str(r)` is the short text of `--help` and errors."""
+
+    lo: float = -math.inf
+    hi: float = math.inf
+    lo_open: bool = False
+    hi_open: bool = False
+    inf: bool = False
+    integer: bool = False
+
+    def admits(self, x: float) -> bool:
+        """Whether the number `x` (int or float, not bool) is in the range."""
+        if self.integer and not isinstance(x, int):
+            return False
+        if math.isnan(x) or x == -math.inf:
+            return False
+        if x == math.inf:
+            return self.inf
+        return ((x > self.lo if self.lo_open else x >= self.lo)
+                and (x < self.hi if self.hi_open else x <= self.hi))
+
+    def __str__(self) -> str:
+        lo = f"{'>' if self.lo_open else '>='} {_g(self.lo)}" if self.lo > -math.inf else ""
+        hi = f"{'<' if self.hi_open else '<='} {_g(self.hi)}" if self.hi < math.inf else ""
+        if lo and hi:
+            bound = (f"in {'(' if self.lo_open else '['}{_g(self.lo)}, {_g(self.hi)}"
+                     f"{')' if self.hi_open else ']'}")
+        else:
+            bound = lo or hi
+        if self.integer:
+            return "an integer" + (f" {bound}" if bound else "")
+        if self.inf:
+            return f"{bound or 'a number'} or inf"
+        if lo and hi:
+            return bound
+        return "finite" + (f" and {bound}" if bound else "")
+
+
+def _g(x: float) -> str:
+    return f"{x:g}"
+
+
+#: the ranges most keys take
+FINITE = Range()
+NONNEG = Range(lo=0.0)  # finite and >= 0
+POSITIVE = Range(lo=0.0, lo_open=True)  # finite and > 0
+POSITIVE_OR_INF = Range(lo=0.0, lo_open=True, inf=True)  # > 0, inf meaning 'none' / 'no cap'
+COUNT = Range(lo=1, integer=True)  # an integer >= 1
+INDEX = Range(lo=0, integer=True)  # an integer >= 0
+OPEN_UNIT = Range(0.0, 1.0, lo_open=True, hi_open=True)  # in (0, 1): a delta
+
+
+def between(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> Range:
+    """A finite interval, closed unless said: between(0, 1) = [0, 1]."""
+    return Range(lo, hi, lo_open, hi_open)
+
+
+@dataclasses.dataclass(frozen=True)
 class Key:
-    """One job key: its type(s), default and a one-line description (shown by `mpi-dp run --help`)."""
+    """One job key: its type(s), default, a one-line description (shown by `mpi-dp run --help`),
+    its choices (strings) and, for a key that takes numbers, the `Range` they must lie in."""
 
     types: tuple[type, ...]
     default: Any
     help: str
     choices: tuple[Any, ...] | None = None
+    within: Range | None = None
+
+    @property
+    def numeric(self) -> bool:
+        """Whether the key takes numbers (bool is not one): it must declare a `within` Range."""
+        return int in self.types or float in self.types
 
 
 _NUM = (int, float)
 
 
 def key(types: tuple[type, ...], default: Any, help: str,
-        choices: tuple[Any, ...] | None = None) -> Any:
+        choices: tuple[Any, ...] | None = None, within: Range | None = None) -> Any:
     """A field of a typed job section (`Section`): its value's default and the `Key` that
-    `--help` and validation read."""
-    meta = {"key": Key(tuple(types), default, help, choices)}
+    `--help` and validation read (`within`: the numbers it accepts, for a numeric key)."""
+    meta = {"key": Key(tuple(types), default, help, choices, within)}
     if isinstance(default, list | dict):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -89,25 +157,28 @@ class GenericKeys(Section):
     data: str = key((str,), None, "HDF5 shard file (mpi-dp data synth / prepare), relative to "
                     "the working directory")
     output: str = key((str,), None, "result HDF5 file (default results/<name>.h5)")
-    seed: int = key((int,), 0, "base seed of every random stream")
-    runs: int = key((int,), 1, "Monte-Carlo runs, vectorised along a leading axis")
+    seed: int = key((int,), 0, "base seed of every random stream", within=INDEX)
+    runs: int = key((int,), 1, "Monte-Carlo runs, vectorised along a leading axis",
+                    within=COUNT)
     first_run: int = key((int,), 0, "index of the first run (run r of an R-run job equals the "
-                         "1-run job with first_run = r)")
-    T: int = key((int,), None, "horizon (iterations; each method says what it counts)")
+                         "1-run job with first_run = r)", within=INDEX)
+    T: int = key((int,), None, "horizon (iterations; each method says what it counts)",
+                 within=COUNT)
     eps: float | list = key(
         _NUM + (list,), math.inf, "each owner's total privacy budget: the eps of the "
         "(eps, delta)-DP guarantee every owner (peer) gets for its records over a whole "
         "configuration, composed over every release that depends on them (replace-one "
-        "neighbouring datasets; scalar or one per owner; inf: no noise)")
+        "neighbouring datasets; scalar or one per owner; inf: no noise)",
+        within=POSITIVE_OR_INF)
     n: int | str | list = key((int, str, list), "all", "records each owner uses: 'all', a number "
-                              "or one per owner (its first n records)")
+                              "or one per owner (its first n records)", within=COUNT)
     n_beyond_shard: str = key((str,), "error", "when n asks for more records than an owner "
                               "holds: 'error', or 'cap' (use all it holds; recorded as n, with "
                               "n_requested; for small real shards, e.g. the 2,433-row lending "
                               "sample)", ("error", "cap"))
     record_every: int = key((int,), 1, "record metrics every k iterations (and always at T); "
                             "sync_star: 0 records nothing (no evaluation-only passes, final "
-                            "models only)")
+                            "models only)", within=INDEX)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,8 +187,10 @@ class SweepKeys(Section):
 
     NAME: ClassVar[str] = "sweep"
     eps: list | None = key((list,), None, "eps values (each a scalar or a per-owner list); "
-                           "configurations are the product variant x owners x n x eps")
-    n: list | None = key((list,), None, "n values (each a scalar or a per-owner list)")
+                           "configurations are the product variant x owners x n x eps",
+                           within=POSITIVE_OR_INF)
+    n: list | None = key((list,), None, "n values (each a scalar or a per-owner list)",
+                         within=COUNT)
     variant: list | None = key((list,), None, "variants of the method side by side")
 
 
@@ -128,7 +201,7 @@ class PrivacyKeys(Section):
     NAME: ClassVar[str] = "privacy"
     delta: float | str = key(_NUM + (str,), "auto", "each owner's total delta, beside eps "
                              "('auto': the largest power of ten <= 1/(10 n_i) for an owner of n_i "
-                             "records; a delta >= 1/n_i is refused)")
+                             "records; a delta >= 1/n_i is refused)", within=OPEN_UNIT)
     calibration: str = key((str,), "pld", "how the per-release noise meets (eps, delta): pld "
                            "(tight: privacy loss distributions, dp-accounting), basic (even "
                            "split eps/k of basic composition) or paper (each method's paper "
@@ -143,16 +216,19 @@ class SharedKeys(Section):
 
     NAME: ClassVar[str] = ""
     loss: str = key((str,), "squared", "per-record loss", ("squared", "hinge", "logistic"))
-    lam: float = key(_NUM, 1e-5, "L2 regularisation lambda of g(theta) = lam/2 ||theta||^2")
-    theta_max: float = key(_NUM, 1e5, "box Theta = {||theta||_inf <= theta_max} (inf: no box)")
-    theta0: float = key(_NUM, 0.0, "initial model, every coordinate")
+    lam: float = key(_NUM, 1e-5, "L2 regularisation lambda of g(theta) = lam/2 ||theta||^2",
+                     within=NONNEG)
+    theta_max: float = key(_NUM, 1e5, "box Theta = {||theta||_inf <= theta_max} (inf: no box)",
+                           within=POSITIVE_OR_INF)
+    theta0: float = key(_NUM, 0.0, "initial model, every coordinate", within=FINITE)
     owners: int | str = key((int, str), "all", "owners taking part: 'all' or a number N (the "
                             "first N owners of the shard file; psi is scored on the "
-                            "participants' records)")
+                            "participants' records)", within=COUNT)
     xi: float | str = key(_NUM + (str,), "auto", "L1 clipping bound Xi of a per-record "
                           "gradient; 'auto': xi_quantile of the norms on public records at the "
-                          "public optimum")
-    xi_quantile: float = key(_NUM, 0.99, "quantile used by xi = 'auto'")
+                          "public optimum (no clipping: clip = false)", within=POSITIVE)
+    xi_quantile: float = key(_NUM, 0.99, "quantile used by xi = 'auto'",
+                             within=between(0, 1, lo_open=True))
     clip: bool = key((bool,), True, "clip per-record gradients to L1 norm xi (needed for DP)")
     backend: str = key((str,), "numpy", "array backend of the heavy kernels: numpy (the CPU), "
                        "cupy (one GPU per rank: the records move to the GPU once per "
@@ -172,14 +248,16 @@ class StepKeys(Section):
 
     NAME: ClassVar[str] = "step"
     alpha: float = key(_NUM, 1.0, "step constant c = alpha / L (alg2: mu_k = c/sqrt(k); "
-                       "alg1: mu_k = c/k)")
+                       "alg1: mu_k = c/k)", within=POSITIVE)
     L: float | str = key(_NUM + (str,), "public", "smoothness constant: 'public' (largest "
-                         "eigenvalue of the Hessian on public records) or a number")
+                         "eigenvalue of the Hessian on public records) or a number",
+                         within=POSITIVE)
     schedule: str = key((str,), "decreasing", "step decay: 'decreasing' (the spec's 1/k or "
                         "1/sqrt(k)) or 'constant' (eps = inf only)", ("decreasing", "constant"))
     rho: float | str = key(_NUM + (str,), "auto", "the paper's rho: alg1 mu_k = rho/(k T^2), "
                            "alg2 mu_k = rho/(T sqrt(k)), async_star a_own = N rho/(T^2 lam); "
-                           "'auto' derives it from alpha (sync) or async.gamma (async) and L")
+                           "'auto' derives it from alpha (sync) or async.gamma (async) and L",
+                           within=POSITIVE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +268,7 @@ class ReferenceKeys(Section):
     solver: str = key((str,), "auto", "theta* solver", ("auto", "closed", "scipy", "petsc"))
     isolated: int = key((int,), 256, "owners 0..k-1 get their isolated optimum and its psi "
                         "(reference/psi_isolated; NaN beyond k): each costs one evaluation over "
-                        "every record, so all 10,000 owners would cost O(N^2)")
+                        "every record, so all 10,000 owners would cost O(N^2)", within=INDEX)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,7 +291,7 @@ SHARED_SECTIONS: dict[str, dict[str, Key]] = {
     "step": StepKeys.keys(), "reference": ReferenceKeys.keys(), "comm": CommKeys.keys(),
     "sweep": {
         "owners": Key((list,), None, "numbers of participating owners N (configurations are the "
-                      "product variant x owners x n x eps)"),
+                      "product variant x owners x n x eps)", within=COUNT),
     },
 }
 
@@ -487,8 +565,9 @@ def method_keys(m: MethodSpec) -> dict[str, Key]:
     for sec, own in m.sections.items():
         keys.update({f"{sec}.{k}": s for k, s in own.items()})
     for key in m.sweeps:
-        keys[sweep_key(key)] = Key((list,), None, f"values of {key} (one "
-                                                  "configuration each)")
+        base = keys[key]
+        keys[sweep_key(key)] = Key((list,), None, f"values of {key} (one configuration each)",
+                                   within=base.within or (FINITE if base.numeric else None))
     return keys
 
 
@@ -511,7 +590,25 @@ def _migrate(flat: dict[str, Any], m: MethodSpec, path: str) -> list[str]:
     return notes
 
 
-#: Range checks of generic and shared keys, applied when the job's method reads the key.
+def check_ranges(path: str, values: Mapping[str, Any], keys: Mapping[str, Key]) -> None:
+    """Every number of the job inside its key's declared `Range` (a numeric key that declares
+    none must at least be finite): scalars, per-owner lists and sweep axes entry by entry; words
+    ('auto', 'all') are the other checks'. JobError naming the key, the value and the range."""
+    for name, spec in keys.items():
+        if spec.within is not None or spec.numeric:
+            _check_numbers(path, name, values.get(name), spec.within or FINITE)
+
+
+def _check_numbers(path: str, key: str, v: Any, within: Range) -> None:
+    if isinstance(v, list):
+        for i, x in enumerate(v):
+            _check_numbers(path, f"{key}[{i}]", x, within)
+    elif isinstance(v, int | float) and not isinstance(v, bool) and not within.admits(v):
+        raise JobError(f"job file {path}: key '{key}' = {v!r}: must be {within}")
+
+
+#: Checks of generic and shared keys with their own messages, applied when the job's method
+#: reads the key (before the declared ranges: `check_ranges`).
 def _positive_int(path: str, values: dict, key: str) -> None:
     if values[key] < 1:
         raise err(path, key, f"must be at least 1, got {values[key]}")
@@ -568,16 +665,11 @@ def _check_range(lo: float, hi: float, lo_open: bool, hi_open: bool, what: str):
 CHECKS: dict[str, Callable[[str, dict, str], None]] = {
     "T": _positive_int,
     "runs": _positive_int,
-    "reference.isolated": _check_range(0, math.inf, False, True, "must be non-negative"),
     "seed": _check_range(0, math.inf, False, True, "must be non-negative"),
     "first_run": _check_range(0, math.inf, False, True, "must be non-negative"),
-    "lam": _check_range(0, math.inf, False, False, "must be >= 0"),
-    "theta_max": _check_range(0, math.inf, True, False, "must be > 0 (inf for no box)"),
     "xi": _check_xi,
-    "xi_quantile": _check_range(0, 1, True, False, "must be in (0, 1]"),
     "step.L": _check_word_or_positive("public"),
     "step.rho": _check_word_or_positive("auto"),
-    "step.alpha": _check_range(0, math.inf, True, True, "must be > 0"),
     "privacy.delta": _check_word_or_range("auto", 0, 1, "must be 'auto' or a number in (0, 1)"),
 }
 
@@ -669,6 +761,7 @@ def validate(raw: Mapping[str, Any], path: str, methods: Mapping[str, MethodSpec
             for v in values[skey]:
                 m.validate({**values, key: v}, path)
     m.validate(values, path)
+    check_ranges(path, values, allowed)
     return Job(path=path, text=text, values=values, overrides=overrides,
                label_variant=m.label_variant, notes=tuple(notes),
                method_sweeps=tuple(m.sweeps))
@@ -729,8 +822,10 @@ def _key_lines(keys: Mapping[str, Key], indent: str, overrides: Mapping[str, str
             lines.append(f"{indent}[{sec}]")
         section = sec
         pad = indent + ("  " if sec else "")
-        default = "" if s.default is None else f" [default: {_compact(s.default)}]"
-        lines.append(f"{pad}{short:<16} {overrides.get(k, s.help)}{default}")
+        notes = ([str(s.within)] if s.within is not None else []) + (
+            [] if s.default is None else [f"default: {_compact(s.default)}"])
+        tail = f" [{'; '.join(notes)}]" if notes else ""
+        lines.append(f"{pad}{short:<16} {overrides.get(k, s.help)}{tail}")
     return lines
 
 
@@ -742,7 +837,8 @@ def describe_keys(methods: Mapping[str, MethodSpec]) -> str:
     shared: dict[str, Key] = dict(SHARED)
     for sec, table in SHARED_SECTIONS.items():
         shared.update({f"{sec}.{k}": s for k, s in table.items()})
-    lines = ["Keys of every job:"] + _key_lines(generic, "  ")
+    lines = ["(in brackets: the numbers a key accepts, checked when the job is loaded, and its "
+             "default)", "Keys of every job:"] + _key_lines(generic, "  ")
     lines += ["", "Keys some methods read (each method lists its own below):"]
     lines += _key_lines(shared, "  ")
     for m in methods.values():

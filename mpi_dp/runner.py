@@ -452,7 +452,8 @@ def collective_open(job: Job | None, n_configs: int, comm: MPI.Comm,
         out = final or job.output
         if resume:
             try:
-                return ResultFile.reopen(partial_path(out), job.to_json(), block)
+                return ResultFile.reopen(partial_path(out), job.to_json(), block,
+                                         (owners or {}).get("data_sha256"))
             except (OSError, ValueError) as e:
                 raise JobError(f"cannot resume {partial_path(out)}: {e}") from None
         try:

@@ -156,7 +156,7 @@ OTHER_CASES = [
      "an audit never overwrites a result"),
     ("synth without agents", ["data", "synth", "--task", "regression", "--agents", "0",
                               "--records", "10", "--dim", "3", "--out", "s.h5"],
-     "n_agents must be at least 1"),
+     "--agents 0: must be an integer >= 1"),
     ("synth of an unknown task", ["data", "synth", "--task", "nope", "--out", "s.h5"],
      "invalid choice: 'nope'"),
     ("prepare a missing CSV", ["data", "prepare", "csv", "none.csv", "--target", "y",

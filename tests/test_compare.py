@@ -183,3 +183,16 @@ def test_files_that_are_not_results(files, capsys):
     assert rc == 2 and "not found" in err
     rc, _, err = _compare(capsys, str(files["sync"].with_name("bin_shards.h5")))  # a shard file
     assert rc == 2 and "not an mpi_dp result file" in err
+
+
+def test_an_existing_figure_is_replaced_only_with_overwrite(files, capsys, tmp_path):
+    fig = tmp_path / "cmp.png"
+    fig.write_bytes(b"a figure of an earlier comparison")
+    rc, out, err = _compare(capsys, str(files["sync"]), "--out", str(fig))
+    assert rc == 2 and not out
+    assert f"{fig} exists: compare never replaces a figure silently" in err
+    assert "--overwrite" in err and "Traceback" not in err
+    assert fig.read_bytes() == b"a figure of an earlier comparison"
+    rc, out, err = _compare(capsys, str(files["sync"]), "--out", str(fig), "--overwrite")
+    assert rc == 0, err
+    assert f"figure: {fig}" in out and fig.read_bytes()[:8] == PNG

@@ -284,12 +284,12 @@ def test_key_partition_stores_each_agents_value(tmp_path, capsys):
     hospitals = _write(tmp_path / "h.csv", "hospital,x,y\n" + "".join(
         f"{[7, 12, 7][i % 3]},{i},{i % 2}\n" for i in range(9)))
     rc, _, err = _prepare([str(hospitals), "--target", "y", "--partition", "key", "--key",
-                           "hospital", "--out", str(out)], capsys)
+                           "hospital", "--out", str(out), "--overwrite"], capsys)
     assert rc == 0, err
     with ShardFile(out) as f:
         assert f.partition_values() == ["7", "12"]
-    rc, _, err = _prepare([str(hospitals), "--target", "y", "--agents", "2", "--out", str(out)],
-                          capsys)
+    rc, _, err = _prepare([str(hospitals), "--target", "y", "--agents", "2", "--out", str(out),
+                           "--overwrite"], capsys)
     with ShardFile(out) as f:
         assert f.partition_values() is None and "partition_key" not in f.attrs
 

@@ -469,10 +469,10 @@ def test_the_documented_online_synth_command_runs_with_its_defaults(tmp_path, ca
     assert f"flip {ONLINE_FLIP:g}" in capsys.readouterr().out and ONLINE_FLIP == 0.05
     with h5py.File(out, "r") as f:
         assert f"flip={ONLINE_FLIP!r}" in f.attrs["source"]
-    assert main([*argv[:-2], "--noise", "0.1", "--out", str(out)]) == 0
+    assert main([*argv[:-2], "--noise", "0.1", "--out", str(out), "--overwrite"]) == 0
     with h5py.File(out, "r") as f:
         assert "flip=0.1" in f.attrs["source"]
-    assert main([*argv[:-2], "--noise", "0.5", "--out", str(out)]) == 2  # a flip must be < 0.5
+    assert main([*argv[:-2], "--noise", "0.5", "--out", str(out), "--overwrite"]) == 2  # < 0.5
     assert "label flip fraction must be in [0, 0.5)" in capsys.readouterr().err
 
 

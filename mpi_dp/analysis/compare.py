@@ -370,7 +370,8 @@ def _series(rows: list[Row]) -> dict[tuple[str, str], list[Row]]:
     return out
 
 
-def plot_compare(rows: list[Row], metric: str, path: str | Path) -> Path:
+def plot_compare(rows: list[Row], metric: str, path: str | Path, overwrite: bool = False
+                 ) -> Path:
     """`metric` (median over runs, min..max bars) against eps, one line per file and variant
     (pooled beyond MAX_SERIES per file: the median of the configurations' medians, bars over all
     their runs), eps = inf drawn at the right past a gap, the recorded baselines as horizontal
@@ -391,6 +392,9 @@ def plot_compare(rows: list[Row], metric: str, path: str | Path) -> Path:
     elif path.suffix.lower()[1:] not in FigureCanvasBase.get_supported_filetypes():
         raise CompareError(f"--out {path}: {path.suffix} is not a figure format; give a .png, "
                            ".pdf or .svg file name")
+    if path.exists() and not overwrite:
+        raise CompareError(f"{path} exists: compare never replaces a figure silently; pass "
+                           "--overwrite to replace it, or --out another file")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -494,11 +498,11 @@ def plot_compare(rows: list[Row], metric: str, path: str | Path) -> Path:
 
 
 def run_compare(paths: list[str | Path], out: str | Path | None = None,
-                metric: str = "auto") -> tuple[str, Path]:
+                metric: str = "auto", overwrite: bool = False) -> tuple[str, Path]:
     """The text `mpi-dp compare` prints and the figure it writes (default: compare.png next to
-    the first file)."""
+    the first file; an existing figure is replaced only with `overwrite`)."""
     rows, heads = read_rows(paths)
     metric = choose_metric(rows, metric)
     text = compare_text(rows, heads, metric)
-    fig = plot_compare(rows, metric, out or Path(paths[0]).parent / "compare.png")
+    fig = plot_compare(rows, metric, out or Path(paths[0]).parent / "compare.png", overwrite)
     return text, fig

@@ -188,7 +188,10 @@ class Result:
             if partial.exists():  # the job has not completed (yet): read what it wrote
                 self.path = partial
             else:
-                raise ResultNotFoundError(f"result file not found: {self.path}")
+                from mpi_dp.analysis.result_checks import missing_note
+
+                raise ResultNotFoundError(f"result file not found: {self.path}"
+                                          f"{missing_note(self.path)}")
         if self.path.is_dir():
             raise ResultFileError(f"{self.path} is a directory; give a result file written by "
                                   "mpi-dp run (e.g. results/demo.h5)")

@@ -21,6 +21,14 @@ from mpi_dp.data import partition as part
 from mpi_dp.data import preprocess as pre
 from mpi_dp.data import readers, recipes
 from mpi_dp.data.bounds import ROW_NORM_MAX
+from mpi_dp.data.cli_checks import (
+    OVERWRITE_HELP,
+    Range,
+    add_number,
+    check_ranges,
+    launcher_rank,
+    refuse_existing,
+)
 from mpi_dp.data.prepare import Prepared, as_pairs, reader_decisions, run_prepare
 from mpi_dp.errors import DataError
 
@@ -87,7 +95,12 @@ agent's value (attributes partition_key and partition_values).
 
 Source files are looked up under --source (repeatable) and then the fetch cache
 ($MPI_DP_DATA_CACHE or ~/.cache/mpi_dp/data). The shard file records the recipe, options,
-source files (SHA-256), preprocessing steps, partition and decisions as attributes.
+source files (SHA-256), preprocessing steps, partition and decisions as attributes, and the
+SHA-256 of its own content (content_sha256).
+
+A shard file is a result too (results name it by path and SHA-256): an existing --out is refused
+unless --overwrite; a numeric flag out of its range (its help gives it in [...]) is refused before
+anything is read or written; under mpiexec or srun only rank 0 writes the file and prints.
 """
 
 #: --opt keys of the file paths, with the type each value must have
@@ -97,6 +110,19 @@ FILE_OPTS: dict[str, dict[str, type[Any]]] = {
 }
 #: one-hot up to this many levels under --encoding auto (--opt onehot_max_levels=N)
 ONEHOT_MAX_LEVELS = 16
+#: the declared range of every numeric flag (by dest), filled by `add_prepare_arguments`
+RANGES: dict[str, Range] = {}
+LINES = Range(int, 0, what="0 or more lines")
+PUBLIC = Range(int, 0, what="0 (no public hold-out) or more records")
+SHARE = Range(float, 0, 1, lo_open=True, hi_open=True, what="a share in (0, 1)")
+#: ranges of the numeric --opt values (recipes' and files'); a key not here takes any value
+OPT_RANGES = {
+    "public": PUBLIC, "pca": Range(int, 1), "agents": Range(int, 1), "sizes": Range(int, 1),
+    "min_records": Range(int, 1), "seed": Range(int, 0), "test_frac": SHARE,
+    "max_missing_frac": Range(float, 0, 1), "onehot_max_levels": Range(int, 1),
+    "n_features": Range(int, 1), "rank": Range(int, 1), "reg": Range(float, 0),
+    "sweeps": Range(int, 1), "knn": Range(int, 1),
+}
 #: --opt keys people try that are flags of their own
 _OPT_HINTS = {"target_map": "--target-map", "positive": "--positive", "names": "--names",
               "header": "--no-header", "target": "--target", "key": "--key", "sep": "--sep",
@@ -123,13 +149,15 @@ def add_prepare_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("what", metavar="RECIPE|csv|libsvm",
                     help=f"a recipe ({', '.join(recipes.RECIPES)}) or 'csv'/'libsvm' for a file")
     ap.add_argument("file", nargs="?", help="the CSV/LIBSVM file (with csv/libsvm)")
-    ap.add_argument("--out", metavar="PATH", help="shard file (default data/<recipe>.h5)")
+    ap.add_argument("--out", metavar="PATH", help="shard file (default data/<recipe>.h5); an "
+                    "existing file is refused unless --overwrite")
     ap.add_argument("--source", action="append", metavar="DIR", default=[],
                     help="folder holding the original files (repeatable)")
     ap.add_argument("--opt", action="append", metavar="KEY=VALUE", default=[],
                     help="option (Python literal value): a recipe's, e.g. --opt public=500; for "
                     f"csv onehot_max_levels=N (default {ONEHOT_MAX_LEVELS}) or delimiter=X (the "
                     "same as --sep X); for libsvm n_features=N. An unknown key is an error")
+    ap.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     ap.add_argument("--quiet", action="store_true", help="no summary")
     g = ap.add_argument_group("csv / libsvm files")
     g.add_argument("--target", help="target column (csv)")
@@ -149,8 +177,8 @@ def add_prepare_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--na-values", metavar="A,B",
                    help="more tokens meaning missing, beyond empty, NA, N/A, n/a, NaN, nan, null, "
                    "NULL and None, e.g. --na-values '?'; their cells are imputed and counted")
-    g.add_argument("--skip-rows", type=int, default=0, metavar="N",
-                   help="skip N lines (titles, notes) before the header row (or first record)")
+    add_number(g, "--skip-rows", LINES, RANGES, default=0, metavar="N",
+               help="skip N lines (titles, notes) before the header row (or first record)")
     g.add_argument("--target-map", metavar="JSON",
                    help="JSON object mapping the raw target values to numbers, e.g. "
                    "--target-map '{\">50K\": 1, \"<=50K\": -1}'; values are compared with blanks "
@@ -171,8 +199,8 @@ def add_prepare_arguments(ap: argparse.ArgumentParser) -> None:
                    "codes of the sorted levels, only when asked)")
     g.add_argument("--missing", default="zero", choices=("zero", "drop", "mean", "median", "error"),
                    help="missing values: set to 0, drop the row, impute, or fail")
-    g.add_argument("--max-missing-frac", type=float, default=1.0,
-                   help="drop feature columns missing in more than this share of rows")
+    add_number(g, "--max-missing-frac", Range(float, 0, 1), RANGES, default=1.0,
+               help="drop feature columns missing in more than this share of rows")
     g.add_argument("--task", choices=("regression", "binary", "multiclass"),
                    help="regression (default); binary: labels -1/+1 (two numeric label values map "
                    "the lower to -1, the higher to +1; string labels need --target-map or "
@@ -180,16 +208,20 @@ def add_prepare_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--partition", default="iid",
                    choices=("iid", "equal", "blocks", "key", "dirichlet"),
                    help="how records become agents")
-    g.add_argument("--agents", type=int, default=4, help="number of agents (iid/equal/dirichlet)")
-    g.add_argument("--sizes", type=int, nargs="*", help="block sizes (blocks)")
+    add_number(g, "--agents", Range(int, 1), RANGES, default=4,
+               help="number of agents (iid/equal/dirichlet)")
+    add_number(g, "--sizes", Range(int, 1), RANGES, nargs="*", help="block sizes (blocks)")
     g.add_argument("--key", help="key column, one agent per value (needs --partition key), e.g. "
                    "--partition key --key hospital; each agent's value is stored in the shard")
-    g.add_argument("--min-records", type=int,
-                   help="(--partition key) smallest agent kept, default 1; smaller key groups "
-                   "are dropped and counted")
-    g.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration (dirichlet)")
-    g.add_argument("--public", type=int, default=0, help="last M records as public hold-out")
-    g.add_argument("--pca", type=int, help="PCA to K components fitted on the hold-out (whitened)")
+    add_number(g, "--min-records", Range(int, 1), RANGES,
+               help="(--partition key) smallest agent kept, default 1; smaller key groups "
+               "are dropped and counted")
+    add_number(g, "--alpha", Range(float, 0, lo_open=True), RANGES, default=0.5,
+               help="Dirichlet concentration (dirichlet)")
+    add_number(g, "--public", PUBLIC, RANGES, default=0, metavar="M",
+               help="last M records as public hold-out")
+    add_number(g, "--pca", Range(int, 1), RANGES, metavar="K",
+               help="PCA to K components fitted on the hold-out (whitened)")
     std = g.add_mutually_exclusive_group()
     std.add_argument("--standardise", action="store_const", const=True, default=None,
                      help="z-score the numeric columns with hold-out statistics (all training "
@@ -202,16 +234,17 @@ def add_prepare_arguments(ap: argparse.ArgumentParser) -> None:
                    "the public bound /public/row_norm_max = 1, from which every method sets its "
                    "clipping and step sizes without reading private records: the default for csv "
                    "is l2 (after standardising); none for libsvm")
-    g.add_argument("--test-frac", type=float, default=0.0, help="per-agent test share")
+    add_number(g, "--test-frac", Range(float, 0, 1, hi_open=True), RANGES, default=0.0,
+               help="per-agent test share (0: none)")
     g.add_argument("--test-file", metavar="PATH",
                    help="(csv) a separate test file, read with the same flags and the training "
                    "file's preprocessing, stored as the global test set (not with --test-frac)")
-    g.add_argument("--test-split", type=float, metavar="F",
-                   help="a seeded share F of the rows (outside --public) as the global test set, "
-                   "held out before anything is fitted (not with --test-file or --test-frac)")
-    g.add_argument("--test-skip-rows", type=int, metavar="N",
-                   help="lines to skip before the test file's header (default: --skip-rows)")
-    g.add_argument("--seed", type=int, default=1, help="seed of random partitions")
+    add_number(g, "--test-split", SHARE, RANGES, metavar="F",
+               help="a seeded share F of the rows (outside --public) as the global test set, "
+               "held out before anything is fitted (not with --test-file or --test-frac)")
+    add_number(g, "--test-skip-rows", LINES, RANGES, metavar="N",
+               help="lines to skip before the test file's header (default: --skip-rows)")
+    add_number(g, "--seed", Range(int, 0), RANGES, default=1, help="seed of random partitions")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -299,17 +332,12 @@ def _check_csv_args(args: argparse.Namespace) -> None:
         if args.test_file is not None or args.test_frac > 0:
             raise DataError("--test-split makes the global test set from the file's rows: not "
                             "with --test-file or --test-frac (give one)")
-        if not 0.0 < args.test_split < 1.0:
-            raise DataError(f"--test-split {args.test_split}: must be a share in (0, 1)")
     if args.test_skip_rows is not None and args.test_file is None:
         raise DataError("--test-skip-rows applies to --test-file only")
 
 
 def _check_text_args(args: argparse.Namespace) -> None:
-    """--sep, --decimal, --skip-rows and --na-values, and the --opt delimiter alias."""
-    for flag, value in (("--skip-rows", args.skip_rows), ("--test-skip-rows", args.test_skip_rows)):
-        if value is not None and value < 0:
-            raise DataError(f"{flag} {value}: must be 0 or more lines")
+    """--sep, --decimal and --na-values, and the --opt delimiter alias."""
     sep = _delimiter(args)
     if sep is not None and sep == args.decimal:
         raise DataError(f"--decimal {args.decimal} needs another delimiter than {sep!r}: name it "
@@ -351,8 +379,6 @@ def _check_partition_args(args: argparse.Namespace) -> None:
         raise DataError("--min-records applies to --partition key only")
     if args.partition == "key" and not args.key:
         raise DataError("--partition key needs --key COLUMN")
-    if args.public < 0:
-        raise DataError(f"--public {args.public}: must be 0 (no public hold-out) or more records")
 
 
 def parse_names(arg: str) -> list[str]:
@@ -718,25 +744,45 @@ def _test_decisions(args: argparse.Namespace, test: readers.Table) -> dict[str, 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     """The arguments as stored in the shard file (the resolved task included)."""
-    opts = {k: v for k, v in vars(args).items() if k not in ("func", "command", "data_command")}
+    # --overwrite says what to do with an older file, nothing about the data: not stored, so
+    # the same command with and without it writes the same bytes (the same data_sha256)
+    opts = {k: v for k, v in vars(args).items()
+            if k not in ("func", "command", "data_command", "overwrite")}
     opts["task"] = _task(args)
     return opts
 
 
+def _recipe_options(r: recipes.Recipe, items: list[str]) -> dict[str, Any]:
+    """A recipe's options with the --opt overrides, each numeric one in its range."""
+    overrides = _parse_opts(items)
+    o = recipes.options(r, overrides)
+    for key in overrides:
+        if key in OPT_RANGES:
+            OPT_RANGES[key].check(f"--opt {key}", o[key], sep="=")
+    return o
+
+
 def run_prepare_command(args: argparse.Namespace) -> int:
+    """Check everything (flags, ranges, --out), then build and write the shard file and print
+    its summary; under mpiexec/srun only rank 0 works (the others return at once)."""
+    if launcher_rank() != 0:
+        return 0
+    check_ranges(args, RANGES)
     check_args(args)
     if args.what in ("csv", "libsvm"):
         file_opts(args.what, args.opt)  # fail before reading the file
         out = args.out or f"data/{Path(args.file or 'prepared').name.split('.')[0]}.h5"
+        refuse_existing(out, args.overwrite, "data prepare")
         run_prepare(lambda: build_file(args), out, recipe=args.what, options=_options(args),
                     source=str(args.file), quiet=args.quiet)
         return 0
     r = recipes.get(args.what)
     if args.file:
         raise DataError(f"recipe {r.name!r} takes no file argument; use --source DIR")
-    o = recipes.options(r, _parse_opts(args.opt))
-    paths = recipes.resolve_files(r, _sources(args))
+    o = _recipe_options(r, args.opt)
     out = args.out or f"data/{r.name}.h5"
+    refuse_existing(out, args.overwrite, "data prepare")
+    paths = recipes.resolve_files(r, _sources(args))
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     run_prepare(lambda: r.build(paths, o), out, recipe=r.name, options=o,
                 source=", ".join(str(p) for p in paths), quiet=args.quiet)

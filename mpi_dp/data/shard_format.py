@@ -4,7 +4,9 @@ Layout (format "mpi_dp.shards", version 2: "blocks")::
 
     /                  attrs: format, format_version, n_agents, n_features, task, storage
                               ("dense" | "csr"; absent in older files: dense), feature_names
-                              (optional), source, created_by, plus any extra writer attrs
+                              (optional), source, created_by, content_sha256 (the content
+                              digest, see below; absent in older files, which open as before),
+                              plus any extra writer attrs
     /agents/offsets    int64 (n_agents + 1,): owner i's records are rows offsets[i]:offsets[i+1]
                        of X and y (offsets[0] = 0, non-decreasing, offsets[-1] = N, the records of
                        all owners)
@@ -38,6 +40,12 @@ Version 1 ("groups", still read, and written with ``write_shards(layout="groups"
 group per owner instead: /agents/<i>/X and /agents/<i>/y (attr n = n_i), /agents/<i>/X_test,
 y_test and /agents/<i>/extra/<name>; groups are named by the decimal agent id without padding.
 
+content_sha256 is a SHA-256 over what the file holds, not its bytes (`shard_digest`): the root
+attributes but format_version, created_by and itself, every owner's records, held-out records and
+extra arrays, the public records and arrays and the global test set, each with its dtype and
+shape. It does not depend on the layout or the chunking: a file rewritten in another layout keeps
+it. (A result records the SHA-256 of the shard file's bytes as data_sha256.)
+
 Every X in a file (agents, test sets, public) is stored the same way: all dense or all CSR
 (``storage``). Writers validate everything before touching the disk and write atomically
 (temporary file + ``os.replace``), so a shard file that exists is complete. Readers open read-only
@@ -65,10 +73,13 @@ LAYOUTS = {1: "groups", 2: "blocks"}
 TASKS = ("regression", "binary", "multiclass")
 STORAGES = ("dense", "csr")
 
+#: Root attribute of the content digest (hex SHA-256 over what the file holds: `shard_digest`).
+CONTENT_DIGEST = "content_sha256"
+
 #: Root attributes the format owns; writer-supplied ``attrs`` may not override them.
 RESERVED_ATTRS = frozenset(
     {"format", "format_version", "n_agents", "n_features", "task", "feature_names", "source",
-     "created_by", "storage"}
+     "created_by", "storage", CONTENT_DIGEST}
 )
 
 #: Name suffix of per-agent extra arrays that are free-form (not one entry per record).

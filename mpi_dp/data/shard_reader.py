@@ -46,6 +46,27 @@ KEEP_BYTES = 512 * 2**20
 READ_BYTES = 64 * 2**20
 
 
+#: What each task's labels must be (the writer's rule, `shard_writer`): a binary shard's -1/+1 are
+#: what the logistic and hinge losses read (y x.theta), a multiclass shard's the class indices
+LABEL_RULES = {
+    "binary": "a binary shard's labels must be -1 or +1 (0/1 labels: write the file with "
+              "mpi-dp data prepare --task binary, which maps them)",
+    "multiclass": "a multiclass shard's labels must be class indices 0, 1, 2, ...",
+}
+
+
+def label_problem(task: str, y: np.ndarray) -> int | None:
+    """The index of the first label in `y` that the task does not allow (None: all fine);
+    regression takes any finite value."""
+    if task == "binary":
+        bad = (y != 1.0) & (y != -1.0)
+    elif task == "multiclass":
+        bad = (y < 0) | (y != np.floor(y))
+    else:
+        return None
+    return int(np.flatnonzero(bad)[0]) if bad.any() else None
+
+
 # ----------------------------------------------------------------------------------------------
 # reading
 
@@ -921,10 +942,12 @@ class ShardFile:
         return True
 
     def check_finite(self, ids: Iterable[int] | None = None) -> None:
-        """Check that the records of `ids` (default: all) hold no NaN or inf, naming the owner,
-        the record and the feature of the first bad value (a NaN would otherwise surface deep in
-        the solver as a traceback). Dense records are kept (up to KEEP_BYTES) for the run's own
-        read; the block layout reads a block of owners at a time (at most READ_BYTES)."""
+        """Check that the records of `ids` (default: all) hold no NaN or inf and that their
+        labels are the task's (`label_problem`: a binary shard's -1/+1), naming the owner, the
+        record and the first bad value (a NaN would otherwise surface deep in the solver as a
+        traceback, a label 0.5 would train a classifier on nonsense). Dense records are kept (up
+        to KEEP_BYTES) for the run's own read; the block layout reads a block of owners at a
+        time (at most READ_BYTES)."""
         if self._off is None:
             budget = KEEP_BYTES
             for i in range(self.n_agents) if ids is None else ids:
@@ -935,10 +958,12 @@ class ShardFile:
                 budget = self._keep(int(i), parts[0][1], parts[1][1] if len(parts) > 1 else None,
                                     budget)
                 self._raise_if_not_finite(i, parts)
+                self._raise_if_bad_labels(i, parts)
             return
         a = self._ids(ids)
         u = np.unique(a)
         bad: set[int] = set()
+        bad_labels: set[int] = set()
         budget = KEEP_BYTES
         for test in (False, True):
             off = self._toff if test else self._off
@@ -950,6 +975,9 @@ class ShardFile:
                     bad.update(int(i) for i, (X, yi) in zip(block, pairs, strict=True)
                                if not (np.isfinite(X.data if sp.issparse(X) else X).all()
                                        and np.isfinite(yi).all()))
+                if label_problem(self.task, y) is not None:
+                    bad_labels.update(int(i) for i, (_, yi) in zip(block, pairs, strict=True)
+                                      if label_problem(self.task, yi) is not None)
                 for i, pair in zip(block.tolist(), pairs, strict=True):
                     budget = self._keep(i, None if test else pair, pair if test else None,
                                         budget)
@@ -959,6 +987,20 @@ class ShardFile:
             if self.has_test(i):
                 parts.append(("test ", self.read_agent_test(i)))
             self._raise_if_not_finite(i, parts)
+        if bad_labels:
+            i = next(int(i) for i in a.tolist() if i in bad_labels)
+            parts = [("", self.read_agent(i))]
+            if self.has_test(i):
+                parts.append(("test ", self.read_agent_test(i)))
+            self._raise_if_bad_labels(i, parts)
+
+    def _raise_if_bad_labels(self, i: int, parts: list[tuple[str, ArrayPair]]) -> None:
+        """ShardError naming owner i's first label in `parts` that is not of the task."""
+        for what, (_, y) in parts:
+            r = label_problem(self.task, y)
+            if r is not None:
+                raise self._fail(f"owner {i}: {what}record {r} has the label {y[r]:g}: "
+                                 f"{LABEL_RULES[self.task]}")
 
     def _keep(self, i: int, pair: ArrayPair | None, test: ArrayPair | None, budget: int) -> int:
         """Keep owner i's dense records (and its dense test set) read-only for the run's own read
@@ -1031,6 +1073,10 @@ class ShardFile:
             if not np.all(np.isfinite(a)):
                 raise self._fail(f"{what}: {name} holds {np.count_nonzero(~np.isfinite(a))} NaN "
                                  "or infinite value(s); the data must be finite")
+        r = label_problem(self.task, y)
+        if r is not None:
+            raise self._fail(f"{what}: record {r} has the label {y[r]:g}: "
+                             f"{LABEL_RULES[self.task]}")
         return X, y
 
     def public_extra_names(self) -> list[str]:

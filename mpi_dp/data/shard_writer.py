@@ -3,10 +3,12 @@
 Every array is validated (shapes, dtypes, finite values, labels of the task, one storage for
 every X) before the disk is touched, then the file is written to a temporary file in the
 target's directory and moved into place with ``os.replace``, so a shard file that exists is
-complete. The owners' records are written one after another (layout "blocks", format_version 2)
-so that a rank reads its block of owners in a few large reads; ``layout="groups"`` writes the
-version-1 layout (one group per owner) for files that older readers must read. Dense X is
-chunked in whole rows and CSR X in runs of entries, so that a reader's prefix read is cheap.
+complete. The root attribute ``content_sha256`` is the digest of what is written
+(`shard_digest`), computed from the validated arrays. The owners' records are written one after
+another (layout "blocks", format_version 2) so that a rank reads its block of owners in a few
+large reads; ``layout="groups"`` writes the version-1 layout (one group per owner) for files that
+older readers must read. Dense X is chunked in whole rows and CSR X in runs of entries, so that a
+reader's prefix read is cheap.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from mpi_dp import __version__
+from mpi_dp.data.shard_digest import content_digest
 from mpi_dp.data.shard_format import (
+    CONTENT_DIGEST,
     FORMAT,
     LAYOUTS,
     META_SUFFIX,
@@ -383,11 +387,17 @@ def write_shards(
         names = [str(s) for s in feature_names]
         if len(names) != p:
             raise DataError(f"{len(names)} feature names given for {p} features")
-    extra_attrs: dict[str, Any] = {}
+    root: dict[str, Any] = {"format": FORMAT, "format_version": versions[layout],
+                            "n_agents": len(pairs), "n_features": p, "task": task,
+                            "storage": storage}
+    if names is not None:
+        root["feature_names"] = np.array(names, dtype=h5py.string_dtype())
+    root.update(source=str(source), created_by=f"mpi_dp {__version__}")
     for key, value in (attrs or {}).items():
         if key in RESERVED_ATTRS:
             raise DataError(f"attribute {key!r} is reserved by the shard format")
-        extra_attrs[key] = _attr_value(key, value)
+        root[key] = _attr_value(key, value)
+    root[CONTENT_DIGEST] = content_digest(root, pairs, tests, agent_extras, pub, extras, glob)
 
     if path.is_dir():
         raise DataError(f"output {path} is a directory; give the shard file's path, e.g. "
@@ -402,17 +412,7 @@ def write_shards(
     tmp = pathlib.Path(tmp_name)
     try:
         with h5py.File(tmp, "w") as f:
-            f.attrs["format"] = FORMAT
-            f.attrs["format_version"] = versions[layout]
-            f.attrs["n_agents"] = len(pairs)
-            f.attrs["n_features"] = p
-            f.attrs["task"] = task
-            f.attrs["storage"] = storage
-            if names is not None:
-                f.attrs["feature_names"] = np.array(names, dtype=h5py.string_dtype())
-            f.attrs["source"] = str(source)
-            f.attrs["created_by"] = f"mpi_dp {__version__}"
-            for key, value in extra_attrs.items():
+            for key, value in root.items():
                 f.attrs[key] = value
             if layout == "blocks":
                 _write_agents_blocks(f, pairs, tests, agent_extras, p)

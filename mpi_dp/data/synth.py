@@ -23,6 +23,14 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
 from mpi_dp import rng
+from mpi_dp.data.cli_checks import (
+    OVERWRITE_HELP,
+    Range,
+    add_number,
+    check_ranges,
+    launcher_rank,
+    refuse_existing,
+)
 from mpi_dp.data.shard_graph import graph_arrays, laplacian_lambda2
 from mpi_dp.data.shards import ShardFile, write_shards
 from mpi_dp.errors import DataError
@@ -550,12 +558,19 @@ class _Given(argparse.Action):
         namespace.given_options = {*getattr(namespace, "given_options", ()), self.dest}
 
 
+#: the declared range of every numeric option of `mpi-dp data synth` (by dest)
+SYNTH_RANGES: dict[str, Range] = {}
+
+
 def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options of `mpi-dp data synth` to `parser`."""
     parser.description = (
         "Write a synthetic dataset as an HDF5 shard file, one group per data owner. Owner i's "
         "records depend only on --seed and i, so changing --agents or another owner's size leaves "
-        "them unchanged. The true parameter is stored as /public/theta_true."
+        "them unchanged. The true parameter is stored as /public/theta_true. A shard file is a "
+        "result too: an existing --out is refused unless --overwrite, a number out of its range "
+        "[...] is refused before anything is written, and under mpiexec or srun only rank 0 "
+        "writes the file."
     )
     parser.add_argument(
         "--task", choices=SYNTH_TASKS, default="regression",
@@ -569,53 +584,48 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
         "--test-records; y = sign(s_i^T x[:2]) with a fraction --noise flipped) "
         "(default: %(default)s)",
     )
-    parser.add_argument("--classes", type=int, default=4, metavar="K",
-                        help="multiclass: number of classes (default: %(default)s)")
-    parser.add_argument(
-        "--agents", type=int, default=3, metavar="N", action=_Given,
-        help="number of data owners (default: %(default)s; p2p: 100)",
-    )
+    add_number(parser, "--classes", Range(int, 2), SYNTH_RANGES, default=4, metavar="K",
+               help="multiclass: number of classes (default: %(default)s)")
+    add_number(parser, "--agents", Range(int, 1), SYNTH_RANGES, default=3, metavar="N",
+               action=_Given, help="number of data owners (default: %(default)s; p2p: 100)")
     parser.add_argument(
         "--records", type=_records_arg, default=1000, metavar="N[,N...]", action=_Given,
         help="records per owner: one integer for all owners, or a comma-separated list with one "
-        "count per owner; not for p2p (default: %(default)s)",
+        "count per owner; not for p2p (default: %(default)s) [each an integer >= 1]",
     )
-    parser.add_argument(
-        "--dim", type=int, default=5, action=_Given,
-        help="number of features before any bias column (default: %(default)s; p2p: 100)",
-    )
-    parser.add_argument(
-        "--noise", type=float, default=0.5, action=_Given,
-        help="standard deviation of the label noise; online and p2p: the label flip probability "
-        "(default: %(default)s; online and p2p: 0.05)",
-    )
-    parser.add_argument(
-        "--seed", type=int, default=0,
-        help="random seed; same seed, same file (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--public", type=int, default=10000, metavar="N", action=_Given,
-        help="public hold-out records every agent and the learner may see, e.g. to set step "
-        "sizes and the clipping bound; 0 for none; not for p2p (default: %(default)s)",
-    )
+    SYNTH_RANGES["records"] = Range(int, 1)
+    add_number(parser, "--dim", Range(int, 1), SYNTH_RANGES, default=5, action=_Given,
+               help="number of features before any bias column (default: %(default)s; p2p: 100)")
+    add_number(parser, "--noise", Range(float, 0), SYNTH_RANGES, default=0.5, action=_Given,
+               help="standard deviation of the label noise; online and p2p: the label flip "
+               "probability, below 0.5 (default: %(default)s; online and p2p: 0.05)")
+    add_number(parser, "--seed", Range(int, 0), SYNTH_RANGES, default=0,
+               help="random seed; same seed, same file (default: %(default)s)")
+    add_number(parser, "--public", Range(int, 0), SYNTH_RANGES, default=10000, metavar="N",
+               action=_Given,
+               help="public hold-out records every agent and the learner may see, e.g. to set "
+               "step sizes and the clipping bound; 0 for none; not for p2p (default: "
+               "%(default)s)")
     g = parser.add_argument_group("p2p (personalised peer-to-peer, spec personalized-p2p §5)")
-    g.add_argument("--min-records", type=int, default=10, metavar="M",
-                   help="p2p: m_i ~ UniformInt[M, --max-records] (default: %(default)s)")
-    g.add_argument("--max-records", type=int, default=100, metavar="M",
-                   help="p2p: largest m_i (default: %(default)s)")
-    g.add_argument("--test-records", type=int, default=100, metavar="M",
-                   help="p2p: test records per agent (default: %(default)s)")
-    g.add_argument("--gamma", type=float, default=0.1,
-                   help="p2p: kernel bandwidth, W_ij = exp((cos phi_ij - 1)/gamma) "
-                   "(default: %(default)s)")
+    add_number(g, "--min-records", Range(int, 1), SYNTH_RANGES, default=10, metavar="M",
+               help="p2p: m_i ~ UniformInt[M, --max-records] (default: %(default)s)")
+    add_number(g, "--max-records", Range(int, 1), SYNTH_RANGES, default=100, metavar="M",
+               help="p2p: largest m_i (default: %(default)s)")
+    add_number(g, "--test-records", Range(int, 1), SYNTH_RANGES, default=100, metavar="M",
+               help="p2p: test records per agent (default: %(default)s)")
+    add_number(g, "--gamma", Range(float, 0, lo_open=True), SYNTH_RANGES, default=0.1,
+               help="p2p: kernel bandwidth, W_ij = exp((cos phi_ij - 1)/gamma) "
+               "(default: %(default)s)")
     g.add_argument("--normalise", choices=P2P_NORMALISE, default="l1",
                    help="p2p: l1 divides every x by its L1 norm (labels unchanged; ||x||_1 = 1 "
                    "as the DP constant L0 = 1 needs); none keeps x ~ N(0, I/2) "
                    "(default: %(default)s)")
     parser.add_argument(
         "--out", type=pathlib.Path, required=True, metavar="PATH",
-        help="shard file to write (parent directories are created; an existing file is replaced)",
+        help="shard file to write (parent directories are created; an existing file is refused "
+        "unless --overwrite)",
     )
+    parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
 
 def _run_p2p(args: argparse.Namespace) -> pathlib.Path:
@@ -642,8 +652,13 @@ def _run_p2p(args: argparse.Namespace) -> pathlib.Path:
     return path
 
 
-def run_synth_command(args: argparse.Namespace) -> pathlib.Path:
-    """Run `mpi-dp data synth` from parsed arguments; prints a short summary, returns the path."""
+def run_synth_command(args: argparse.Namespace) -> pathlib.Path | None:
+    """Run `mpi-dp data synth` from parsed arguments; prints a short summary, returns the path.
+    Ranges and --out are checked first; under mpiexec/srun only rank 0 works (others: None)."""
+    if launcher_rank() != 0:
+        return None
+    check_ranges(args, SYNTH_RANGES)
+    refuse_existing(args.out, args.overwrite, "data synth")
     if args.task == "p2p":
         return _run_p2p(args)
     start = time.perf_counter()

@@ -19,7 +19,18 @@ from ..comm.star import Star
 from ..data import ShardFile
 from ..data.bounds import row_norm_bound
 from ..errors import JobError
-from ..jobspec import CommKeys, Section, err, key
+from ..jobspec import (
+    COUNT,
+    INDEX,
+    NONNEG,
+    OPEN_UNIT,
+    POSITIVE,
+    POSITIVE_OR_INF,
+    CommKeys,
+    Section,
+    err,
+    key,
+)
 from ..models import multinomial
 from ..privacy import GAUSSIAN_CALIBRATIONS, rules, tap
 from ..privacy.contract import Contract
@@ -83,17 +94,22 @@ class AdmmKeys(Section):
     """The [admm] section of a job (`ctx.job.section(AdmmKeys)`)."""
 
     NAME: ClassVar[str] = "admm"
-    gamma: float = key(_NUM, _d("gamma"), "regularisation weight: F(w) = loss + gamma ||w||_F^2")
+    gamma: float = key(_NUM, _d("gamma"), "regularisation weight: F(w) = loss + gamma ||w||_F^2",
+                       within=NONNEG)
     rho: str | float = key(
         (str,) + _NUM, "auto", "penalty: auto (B^2 max_p n_p / (2 I), the smoothness bound of the "
         "largest agent's share of F from the shard's public row-norm bound B (`data prepare "
         "--row-norm l2`); (21) when the shard has no bound), dynamic_1 = min(1e9, c1 "
-        "1.2^floor((t+1)/T_c) + c2/eps) (21), dynamic_2 = (21)/100, or a constant")
-    rho_c1: float = key(_NUM, _d("rho_c1"), "c1 of (21) (MNIST 2, FEMNIST 0.005)")
-    rho_c2: float = key(_NUM, _d("rho_c2"), "c2 of (21) (MNIST 5, FEMNIST 0.05)")
-    rho_tc: int = key((int,), _d("rho_tc"), "T_c of (21) (MNIST 10000, FEMNIST 2000)")
+        "1.2^floor((t+1)/T_c) + c2/eps) (21), dynamic_2 = (21)/100, or a constant",
+        within=POSITIVE)
+    rho_c1: float = key(_NUM, _d("rho_c1"), "c1 of (21) (MNIST 2, FEMNIST 0.005)",
+                         within=NONNEG)
+    rho_c2: float = key(_NUM, _d("rho_c2"), "c2 of (21) (MNIST 5, FEMNIST 0.05)",
+                         within=NONNEG)
+    rho_tc: int = key((int,), _d("rho_tc"), "T_c of (21) (MNIST 10000, FEMNIST 2000)",
+                     within=COUNT)
     prox_scale: float = key(_NUM, _d("prox_scale"), "a: eta^t = a/sqrt(t+1) (ObjP), delta^t "
-                            "(ObjT), OutP's eta")
+                            "(ObjT), OutP's eta", within=POSITIVE)
     tr_schedule: str = key((str,), _d("tr_schedule"), "ObjT trust radius: const (delta = a, the "
                            "released code) or inv_sq (a/(t+1)^2, the paper's prose)",
                            ("const", "inv_sq"))
@@ -117,20 +133,20 @@ class AdmmKeys(Section):
     reg_grad: str = key((str,), _d("reg_grad"), "regulariser gradient in ObjT/ObjP: consistent "
                         "(2 gamma/P z_p) or code (2 gamma w)", ("consistent", "code"))
     w_bound: float = key(_NUM, _d("w_bound"), "box W = [-B, B]^(J x K) (inf: unconstrained, the "
-                         "final code; 1.0: the April 2021 code)")
+                         "final code; 1.0: the April 2021 code)", within=POSITIVE_OR_INF)
     dp_delta: float = key(
         _NUM, _d("dp_delta"), "OutP's per-iteration delta: of the paper rule's (eps_bar, "
         "dp_delta) Gaussian, and of Huang et al.'s step schedule 1/eta^t (under a calibrated "
-        "rule: at the per-iteration eps of the calibrated sigma)")
+        "rule: at the per-iteration eps of the calibrated sigma)", within=OPEN_UNIT)
     reference_iters: int = key(
         (int,), 100, "iterations (full passes) of the L-BFGS-B that solves the non-private "
         "optimum w* beside test_error (evaluation-only; stops earlier at gradient 1e-8; attrs "
-        "w_star_iterations, w_star_gradient); 0: no w*")
+        "w_star_iterations, w_star_gradient); 0: no w*", within=INDEX)
     budget_eps: float = key(
         _NUM, _d("budget_eps"), "privacy.calibration = 'paper' only: each agent's total over "
         "all iterations by basic composition: a release beyond it is refused and the run ends "
         "there (inf: no cap, the paper's per-iteration guarantee); a calibrated rule is limited "
-        "by its plan instead")
+        "by its plan instead", within=POSITIVE_OR_INF)
 
 SECTION = AdmmKeys.keys()
 

@@ -18,7 +18,18 @@ from ..algorithms import async_star
 from ..comm.p2p_star import P2PStar
 from ..comm.schedule import Scheduler
 from ..errors import JobError
-from ..jobspec import Job, PrivacyKeys, Section, SharedKeys, StepKeys, err, key, resolve_per_owner
+from ..jobspec import (
+    INDEX,
+    POSITIVE,
+    Job,
+    PrivacyKeys,
+    Section,
+    SharedKeys,
+    StepKeys,
+    err,
+    key,
+    resolve_per_owner,
+)
 from ..privacy import rules
 from ..privacy.contract import Contract
 from .base import (
@@ -67,7 +78,8 @@ class AsyncKeys(Section):
                          "(independent clocks of rate async.rates, t_1 = 0) or uniform (i_k ~ U, "
                          "t_k = k - 1)", ("poisson", "uniform"))
     rates: float | list = key((int, float, list), 1.0, "Poisson clock rate lambda_j of each owner "
-                              "(scalar or one per owner; unequal rates leave the paper's 1/N law)")
+                              "(scalar or one per owner; unequal rates leave the paper's 1/N law)",
+                              within=POSITIVE)
     schedule_from: str = key((str,), "", "replay the schedule logged in this result file (e.g. of "
                              "a live run): same configuration index, run 0's schedule for all runs")
     protocol: str = key((str,), "owner_request", "live mode: owner_request (an owner asks when its "
@@ -76,9 +88,10 @@ class AsyncKeys(Section):
     clock_unit_s: float = key((int, float), default_of(_S, "clock_unit_s"), "live mode: seconds "
                               "per unit of clock time (ticks are Exp(lambda) x clock_unit_s apart; "
                               "when owners tick faster than the learner serves, requests queue and "
-                              "service is near round-robin)")
+                              "service is near round-robin)", within=POSITIVE)
     poll_interval_s: float = key((int, float), default_of(_S, "poll_interval_s"), "live "
-                                 "learner_broadcast: seconds between polls when no owner claimed")
+                                 "learner_broadcast: seconds between polls when no owner claimed",
+                                 within=POSITIVE)
     per_owner_cap: int | list | str = key(
         (int, list, str), "auto", "answers each owner gives before it declines (m_i; its noise "
         "is calibrated for m_i answers): 'schedule' (replay: the most answers the public, seeded "
@@ -87,9 +100,10 @@ class AsyncKeys(Section):
         "Binomial(T, lambda_i / sum lambda): at its cap it declines and another owner is "
         "served), 0 = T (the paper's Theorem 1), or m_i > 0 (scalar or one per owner); 'auto' "
         "(default): T under privacy.calibration = 'paper', else 'schedule' in replay mode and "
-        "'quantile' in live mode")
+        "'quantile' in live mode", within=INDEX)
     gamma: float = key((int, float), 0.1, "rho = 'auto': local gain gamma = a_own (n_i/n) L, so "
-                       "rho = gamma T^2 lam / L_public (spec: keep gamma in [0.02, 0.3])")
+                       "rho = gamma T^2 lam / L_public (spec: keep gamma in [0.02, 0.3])",
+                       within=POSITIVE)
     init: str = key((str,), "const", "initial models: const (theta0 everywhere) or uniform "
                     "(U[0,1)^p per run, the authors' lending setting)", ("const", "uniform"))
     preset: str = key((str,), "dp", "dp (clipping, i.i.d. noise; dp_valid = true) or paper_code "

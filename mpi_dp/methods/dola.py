@@ -29,7 +29,20 @@ from ..comm.rma import on_root
 from ..data import ShardFile
 from ..data.shard_graph import read_descriptors, stored_graph
 from ..errors import DataError, JobError
-from ..jobspec import PrivacyKeys, Section, SharedKeys, err, key
+from ..jobspec import (
+    COUNT,
+    INDEX,
+    NONNEG,
+    OPEN_UNIT,
+    POSITIVE,
+    POSITIVE_OR_INF,
+    PrivacyKeys,
+    Section,
+    SharedKeys,
+    between,
+    err,
+    key,
+)
 from ..models import reference
 from ..privacy import GAUSSIAN_CALIBRATIONS, rules, tap
 from ..privacy.calibration import Calibration
@@ -76,27 +89,31 @@ class DolaKeys(Section):
                      "stored graph), 'random_geometric[:r]', an edge-list path; 'shard' and "
                      "'knn:K' need one agent per shard owner (no pool_owners); edge weights are "
                      "ignored (Metropolis-Hastings mixing)")
-    graph_degree: float = key(_NUM, 4.0, "mean degree of graph = 'geometric'")
+    graph_degree: float = key(_NUM, 4.0, "mean degree of graph = 'geometric'", within=POSITIVE)
     graph_p: float | str = key(_NUM + (str,), "auto", "edge probability of erdos_renyi ('auto': 2 "
-                               "ln(m)/m)")
+                               "ln(m)/m)", within=between(0, 1, lo_open=True))
     graph_file: str = key((str,), "", "edge list 'i j [w]' per line for graph = 'from_file' (w "
                           "ignored)")
     activation: str = key((str,), "hash", "edges on in round t: hash (u(seed, t, i, j) < p_act, "
                           "both ends agree without a message; an edge idle N-1 rounds is forced "
                           "on) or fixed (all)", tp.ACTIVATIONS)
-    p_act: float = key(_NUM, 0.5, "activation probability of an edge per round")
-    window: int = key((int,), 10, "N: every edge is on at least once in any N consecutive rounds")
+    p_act: float = key(_NUM, 0.5, "activation probability of an edge per round",
+                       within=between(0, 1, lo_open=True))
+    window: int = key((int,), 10, "N: every edge is on at least once in any N consecutive rounds",
+                      within=COUNT)
     weights: str = key((str,), "mh_static", "A_t weights: mh_static 1/(1+max(d_i,d_j)), mh_active "
                        "(active degrees), max_degree 1/(1+d_max)", tp.WEIGHTS)
     exchange: str = key((str,), "allgather", "neighbour exchange: allgather (Neighbor_allgatherv), "
                         "alltoallv (only active edges), rma (one window, PSCW)", graph_exchange.MODES)
-    lam: float = key(_NUM, 0.1, "lambda: f = hinge + lam/2 ||w||^2 (0: plain convex)")
+    lam: float = key(_NUM, 0.1, "lambda: f = hinge + lam/2 ||w||^2 (0: plain convex)",
+                     within=NONNEG)
     radius: float | str = key(_NUM + (str,), "auto", "r of W = {||w|| <= r}: 'auto' = 1/sqrt(lam) "
-                              "(the regularised SVM optimum lies inside), 10 when lam = 0")
+                              "(the regularised SVM optimum lies inside), 10 when lam = 0; inf: "
+                              "no ball", within=POSITIVE_OR_INF)
     step: str = key((str,), "auto", "alpha_t: strong 1/(lam t), convex 1/(2 sqrt t), auto (strong "
                     "if lam > 0 and not sparse)", dola.STEPS)
     batch: int | str = key((int, str), "auto", "h records per agent per round ('auto': 10 for "
-                           "minibatch, else 1)")
+                           "minibatch, else 1)", within=COUNT)
     sens_mode: str = key((str,), "sound", "Laplace sensitivity 2 alpha sqrt(n) L / h with L = "
                          "L_data (sound) or L_data + lam r (paper; both valid, sound is tighter)",
                          SENS_MODES)
@@ -109,12 +126,15 @@ class DolaKeys(Section):
                                  "calibration: auto (classical below eps 1, analytic from 1), "
                                  "classical, analytic", GAUSSIAN_CALIBRATIONS)
     delta: float = key(_NUM, 1e-4, "privacy.calibration = 'paper' only: delta of each Alg. 2 "
-                       "release (a calibrated rule uses the owner's privacy.delta)")
-    rho: float = key(_NUM, 0.0, "lasso weight of the sparse variant (threshold alpha_t rho)")
+                       "release (a calibrated rule uses the owner's privacy.delta)",
+                       within=OPEN_UNIT)
+    rho: float = key(_NUM, 0.0, "lasso weight of the sparse variant (threshold alpha_t rho)",
+                     within=NONNEG)
     reg_point: str = key((str,), "mixed", "minibatch regulariser at the mixed point b_t (sound) or "
                          "at the clean w_t (the paper: breaks invariant P, recorded uncertified)",
                          dola.REG_POINTS)
-    ref_agent: int = key((int,), 0, "j of the regret R_D (the reference agent's iterate)")
+    ref_agent: int = key((int,), 0, "j of the regret R_D (the reference agent's iterate)",
+                         within=INDEX)
     regret: str = key((str,), "exact", "exact: broadcast the reference agent's iterate every round "
                       "(evaluation-only) for R_D; own: only R_own (no extra collective)",
                       ("exact", "own"))
@@ -123,7 +143,8 @@ class DolaKeys(Section):
                       "seeded permutation, so T may reach passes x the smallest agent's records / "
                       "h; each record is then in `passes` releases and its noise is calibrated to "
                       "(eps, delta) over them (privacy/ledger scope record); w* stays the SVM on "
-                      "each consumed record once (the stream's own optimum when passes divides T)")
+                      "each consumed record once (the stream's own optimum when passes divides T)",
+                      within=COUNT)
     pool_owners: bool = key((bool,), False, "with owners = N: split ALL of the shard file's owners "
                             "into N contiguous groups, one agent streaming each group (the same "
                             "records for every N, as the paper's Table 3)")

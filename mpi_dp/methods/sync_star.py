@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..algorithms import sync_star
-from ..jobspec import CommKeys, Section, SharedKeys, StepKeys, err, key
+from ..jobspec import NONNEG, CommKeys, Section, SharedKeys, StepKeys, err, key
 from ..privacy import rules
 from ..privacy.calibration import Sensitivity
 from ..privacy.contract import Contract
@@ -51,7 +51,8 @@ class AverageKeys(Section):
 
     NAME: ClassVar[str] = "average"
     kind: str = key((str,), "polynomial", "averaging of alg2", ("polynomial", "stepweighted"))
-    eta: float = key((int, float), 3.0, "polynomial-decay parameter (0: uniform running mean)")
+    eta: float = key((int, float), 3.0, "polynomial-decay parameter (0: uniform running mean)",
+                     within=NONNEG)
 
 
 class SyncStar(StarMethod[Prepared, sync_star.Settings]):

@@ -36,7 +36,17 @@ from ..comm.graph_exchange import block_starts
 from ..comm.rma import bcast_csr, on_root
 from ..data import ShardFile
 from ..errors import DataError, JobError
-from ..jobspec import PrivacyKeys, Section, err, key
+from ..jobspec import (
+    COUNT,
+    NONNEG,
+    POSITIVE,
+    POSITIVE_OR_INF,
+    PrivacyKeys,
+    Section,
+    between,
+    err,
+    key,
+)
 from ..methods.base import (
     Configured,
     Context,
@@ -80,11 +90,11 @@ class P2PKeys(Section):
         ("auto",) + objective.LOSSES)
     mu: float = key(_NUM, 1.0,
         "trade-off mu of objective (2): large -> the purely local models, small -> one consensus "
-        "model")
+        "model", within=POSITIVE)
     lam: float | str = key(_NUM + (str,), "1/m",
-        "L2 weight lam_i of L_i: '1/m' (1/m_i, the paper's) or a number")
+        "L2 weight lam_i of L_i: '1/m' (1/m_i, the paper's) or a number", within=NONNEG)
     conf_floor: float = key(_NUM, 1e-3,
-        "confidence c_i of a peer without records")
+        "confidence c_i of a peer without records", within=between(0, 1, lo_open=True))
     smoothness: str = key((str,), "bound",
         "L_loc of alpha_i: bound (from the public row-norm bound row_norm: alpha_i does not read "
         "private data) or data (the paper: lmax(X_i^T X_i), data-dependent step)",
@@ -92,10 +102,10 @@ class P2PKeys(Section):
     row_norm: float | str = key(_NUM + (str,), "auto",
         "public bound on every record's L2 norm: 'auto' = the shard's public item_norm_max if "
         "present, else its row_norm_max (`data prepare --row-norm`), else 1 (rows normalised to "
-        "norm <= 1); checked against the data before the run")
+        "norm <= 1); checked against the data before the run", within=POSITIVE)
     T_agent: int | str = key((int, str), "auto",
         "T_i, wake-ups of each peer: 'auto' = ceil(T / n) when private (the paper's T/n) and no "
-        "cap at eps = inf; a number caps every peer")
+        "cap at eps = inf; a number caps every peer", within=COUNT)
     allocation: str = key((str,), "equal",
         "budget split over a peer's T_i wake-ups: equal (every release alike; the paper rule: "
         "Theorem-1 composition, bisection); with privacy.calibration = 'paper' also simple "
@@ -103,34 +113,34 @@ class P2PKeys(Section):
         kairouz.ALLOCATIONS)
     delta_bar: float = key(_NUM, math.exp(-5),
         "privacy.calibration = 'paper' only: delta_bar of Theorem 1 (the paper: e^-5; refused at "
-        "or above 1/m_i)")
+        "or above 1/m_i)", within=between(0, 1, hi_open=True))
     mode: str = key((str,), "sound",
         "sound: clip per-example gradients to L1 norm <= clip (L0 = clip); faithful: L0 = 1 and "
         "no clipping (the paper: not DP unless ||x||_1 <= 1, recorded uncertified)",
         coordinate_descent.MODES)
     clip: float = key(_NUM, 1.0,
-        "C_clip = L0: L1 bound on every per-example gradient (sound mode)")
+        "C_clip = L0: L1 bound on every per-example gradient (sound mode)", within=POSITIVE)
     init: str = key((str,), "zero",
         "Theta(0): zero, local (the non-private local models: only at eps = inf), private_ws "
         "(Algorithm 4: local models + L2-Laplace output perturbation at eps_ws, then model "
         "propagation)",
         coordinate_descent.INITS)
     eps_ws: float = key(_NUM, 0.05,
-        "eps of the private warm start (charged to every peer)")
+        "eps of the private warm start (charged to every peer)", within=POSITIVE_OR_INF)
     lam_ws: float | str = key(_NUM + (str,), "lam",
         "L2 weight of the warm start's local models: 'lam' (lam_i) or a multiple of lam_i, e.g. "
-        "10")
+        "10", within=POSITIVE)
     mu_ws: float | str = key(_NUM + (str,), "mu",
-        "mu of the warm start's model propagation ('mu': mu)")
+        "mu of the warm start's model propagation ('mu': mu)", within=POSITIVE)
     clock: str = key((str,), "replay",
         "replay: the seeded schedule in conflict-free rounds (bitwise equal to the serial "
         "simulator on any layout); live: Poisson clocks in wall time, no barriers, the realised "
         "schedule logged",
         ("replay", "live"))
     tau: float = key(_NUM, 0.0,
-        "live: mean seconds between a peer's ticks (0: as fast as possible)")
+        "live: mean seconds between a peer's ticks (0: as fast as possible)", within=NONNEG)
     wall_budget: float = key(_NUM, 3600.0,
-        "live: seconds before the peers stop")
+        "live: seconds before the peers stop (inf: no limit)", within=POSITIVE_OR_INF)
     reference: str = key((str,), "auto",
         "Q* solver: auto (PETSc KSP if petsc4py, else SciPy CG; L-BFGS for logistic), scipy, "
         "petsc, none",
@@ -141,13 +151,14 @@ class P2PKeys(Section):
         "content and parameters (mpi_dp.p2p.reference_cache): auto ($MPI_DP_CACHE/p2p_reference, "
         "else ~/.cache/mpi_dp/p2p_reference), off, or a folder")
     admm_rho: float | str = key(_NUM + (str,), "auto",
-        "gossip ADMM penalty ('auto': mean positive W_ij)")
+        "gossip ADMM penalty ('auto': mean positive W_ij)", within=POSITIVE)
     admm_inner: int = key((int,), 10,
-        "K, gradient steps per ADMM activation")
+        "K, gradient steps per ADMM activation", within=COUNT)
     local_dp_bound: float = key(_NUM, 1.0,
-        "local_dp: features clipped to [-B, B]")
+        "local_dp: features clipped to [-B, B]", within=POSITIVE)
     validation: float = key(_NUM, 0.0,
-        "share of every peer's training records held out (seeded) for tuning (p2p.select)")
+        "share of every peer's training records held out (seeded) for tuning (p2p.select)",
+        within=between(0, 1, hi_open=True))
     select: str = key((str,), "",
         "a private selection: the configurations that differ only in this swept key (T_agent) are"
         " candidates; each peer releases its noised validation score (attribute val_metric) at "
@@ -157,7 +168,8 @@ class P2PKeys(Section):
     val_clip: float | str = key(_NUM + (str,), "auto",
         "the validation score's public bound: a regression score is the mean squared error with "
         "every error clipped to +-val_clip (its sensitivity val_clip^2 / m_val); 'auto': 1 for a "
-        "binary shard (the error rate, sensitivity 1 / m_val), required for regression")
+        "binary shard (the error rate, sensitivity 1 / m_val), required for regression",
+        within=POSITIVE)
     graph: str = key((str,), "shard",
         GRAPH_HELP)
     shard: str = key((str,), "",

@@ -6,7 +6,8 @@ of the supported values as keys: str, int, tuples of them, ...), lists, tuples, 
 order and every bit kept), and objects of the classes allowed below (`ALLOWED`, `register`):
 rebuilt with ``cls.__new__(cls)`` and their attributes, never by importing a class a file names.
 
-Layout of the group (format `CHECKPOINT_FORMAT_VERSION`, attribute `format_version`):
+Layout of the group (format `CHECKPOINT_FORMAT_VERSION`, attribute `format_version`; attribute
+`digest`: the SHA-256 of everything below and of the writer's `context`, below):
   structure    a JSON text (scalar string dataset): the state's tree, each node a list
                [tag, ...]: ["N"] None, ["b", v] bool, ["i", v] int, ["f", text] float
                (float.hex; a NaN "nan:" and its 8 bytes in hex), ["s", text] str,
@@ -25,6 +26,12 @@ where there are several groups: {"tmpl": template, "count": m, "pos": dataset | 
 "leaves": [dataset, ...]}; a template's leaves are ["L", j, kind] (kind: b, i, f, I<words>
 (an int beyond int64: <words> uint64 words, two's complement), x<dtype>,
 a<dtype>;<C or F>;<shape>).
+
+A checkpoint proves itself: `digest` covers the structure text, every dataset (name, dtype, shape,
+bytes) and the `context` the writer gives (the recorder's: the job, the data's SHA-256, the
+configuration and the records the state goes with). `read_state` recomputes it before anything
+is built and refuses a checkpoint that does not match (CheckpointDigestError): one altered value,
+an RNG position moved, an entry of another shape, a checkpoint of another job or data.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import hashlib
 import importlib
 import json
 import struct
@@ -41,8 +49,9 @@ from typing import Any
 import h5py
 import numpy as np
 
-#: version of the layout above; a checkpoint of another version is not read (CheckpointError)
-CHECKPOINT_FORMAT_VERSION = 1
+#: version of the layout above; a checkpoint of another version is not read (CheckpointError).
+#: 2: the attribute `digest` (version 1 had none)
+CHECKPOINT_FORMAT_VERSION = 2
 
 #: containers of at least this many entries are stacked (entries of one template share datasets)
 STACK_MIN = 4
@@ -54,6 +63,40 @@ _DTYPE_KINDS = "biufc"  # bool, signed, unsigned, float, complex
 class CheckpointError(ValueError):
     """A checkpoint this version cannot read (another format version, an unknown class, a
     malformed tree), or a state it cannot write (an unsupported value)."""
+
+
+class CheckpointDigestError(CheckpointError):
+    """A checkpoint whose content does not match its digest: altered or damaged after it was
+    written, or written for another job, data, configuration or record count."""
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__("the checkpoint does not match its digest"
+                         + (f": {detail}" if detail else ""))
+
+
+def _dataset_hash(name: str, a: np.ndarray) -> bytes:
+    """SHA-256 of one dataset: its name, dtype (little-endian), shape and bytes (C order)."""
+    a = np.asarray(a)
+    dt = a.dtype.newbyteorder("<")
+    a = a.astype(dt, copy=False)
+    if not a.flags.c_contiguous:
+        a = a.copy(order="C")
+    h = hashlib.sha256(f"{name}|{dt.str}|{a.shape}|".encode())
+    h.update(a.reshape(-1).data)
+    return h.digest()
+
+
+def _digest(context: str, structure: bytes, hashes: dict[str, bytes]) -> str:
+    """The checkpoint's digest: its context, structure text and datasets (by name)."""
+    h = hashlib.sha256(b"mpi_dp checkpoint digest 1\0")
+    for part in (context.encode(), structure):
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    for name in sorted(hashes):
+        h.update(len(name).to_bytes(8, "little"))
+        h.update(name.encode())
+        h.update(hashes[name])
+    return h.hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,11 +250,14 @@ class _Writer:
     def __init__(self, group: h5py.Group) -> None:
         self.group = group
         self.n = 0
+        #: each dataset's hash (_dataset_hash), for the digest
+        self.hashes: dict[str, bytes] = {}
 
     def dataset(self, data: np.ndarray) -> str:
         name = f"d{self.n}"
         self.n += 1
         self.group.create_dataset(name, data=data)
+        self.hashes[name] = _dataset_hash(name, data)
         return name
 
     # a value outside any stacked container: scalars inline in the tree, arrays as datasets
@@ -369,9 +415,11 @@ def _column(kind: str, values: list) -> np.ndarray:
     return np.stack(values).astype(dt, copy=False) if values else np.empty(0, dtype=dt)
 
 
-def write_state(group: h5py.Group, state: Any) -> None:
-    """Store `state` in the (empty) group `group`: the tree, its datasets and `format_version`.
-    CheckpointError, with nothing meaningful written, for a value the format does not hold."""
+def write_state(group: h5py.Group, state: Any, context: str = "") -> None:
+    """Store `state` in the (empty) group `group`: the tree, its datasets, `format_version` and
+    `digest` (of all of it and `context`: what the state belongs to; `read_state` needs the
+    same). CheckpointError, with nothing meaningful written, for a value the format does not
+    hold."""
     w = _Writer(group)
     _MEMO.clear()
     try:
@@ -379,9 +427,10 @@ def write_state(group: h5py.Group, state: Any) -> None:
             tree = w.node(state)
     finally:
         _MEMO.clear()
-    group.create_dataset("structure", data=json.dumps(tree, separators=(",", ":")),
-                         dtype=h5py.string_dtype())
+    text = json.dumps(tree, separators=(",", ":"))
+    group.create_dataset("structure", data=text, dtype=h5py.string_dtype())
     group.attrs["format_version"] = CHECKPOINT_FORMAT_VERSION
+    group.attrs["digest"] = _digest(context, text.encode(), w.hashes)
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -405,10 +454,13 @@ def _shaped(a: np.ndarray, dtype: str, order: str) -> np.ndarray:
 
 
 class _Reader:
-    def __init__(self, group: h5py.Group) -> None:
+    def __init__(self, group: h5py.Group, arrays: dict[str, np.ndarray]) -> None:
         self.group = group
+        self.arrays = arrays  # the datasets read to check the digest (each used once)
 
     def dataset(self, name: Any) -> np.ndarray:
+        if isinstance(name, str) and name in self.arrays:
+            return self.arrays.pop(name)
         if not isinstance(name, str) or name == "structure" or name not in self.group:
             raise _bad(f"no dataset {name!r}")
         ds = self.group[name]
@@ -560,20 +612,53 @@ def _build(t: list, cols: Iterator[list], m: int) -> list:
     return [_make(name, dict(zip(names, r, strict=True))) for r in rows]
 
 
-def read_state(group: h5py.Group) -> Any:
-    """The state `write_state` stored in `group`; CheckpointError for a group of another format
-    version, a class not allowed, or a malformed tree."""
+def _verified(group: h5py.Group, context: str) -> tuple[bytes, dict[str, np.ndarray]]:
+    """The structure text and every dataset of a checkpoint, read once and checked against its
+    `digest` before anything is built (CheckpointDigestError: no digest, a member that is not a
+    numeric dataset, or a mismatch)."""
+    stored = group.attrs.get("digest")
+    if stored is None:
+        raise CheckpointDigestError("it has none")
+    stored = stored.decode() if isinstance(stored, bytes) else str(stored)
+    node = group.get("structure")
+    text = node[()] if isinstance(node, h5py.Dataset) and node.dtype.kind == "O" else None
+    if isinstance(text, str):
+        text = text.encode()
+    if not isinstance(text, bytes):
+        raise CheckpointDigestError("its structure is not a text")
+    arrays: dict[str, np.ndarray] = {}
+    hashes: dict[str, bytes] = {}
+    for name, obj in group.items():
+        if name == "structure":
+            continue
+        if not isinstance(obj, h5py.Dataset) or obj.dtype.kind not in _DTYPE_KINDS:
+            raise CheckpointDigestError(f"it holds {name!r}, not a numeric dataset")
+        try:
+            arrays[name] = obj[...]
+        except OSError as e:  # a damaged file
+            raise CheckpointDigestError(f"its {name!r} cannot be read ({e})") from e
+        hashes[name] = _dataset_hash(name, arrays[name])
+    if _digest(context, text, hashes) != stored:
+        raise CheckpointDigestError()
+    return text, arrays
+
+
+def read_state(group: h5py.Group, context: str = "") -> Any:
+    """The state `write_state` stored in `group` with the same `context`; CheckpointError for a
+    group of another format version, a class not allowed, or a malformed tree, and its subclass
+    CheckpointDigestError for one that does not match its digest (checked before anything is
+    built: an altered value, another shape, another context)."""
     version = group.attrs.get("format_version")
     if version is None or int(version) != CHECKPOINT_FORMAT_VERSION:
         raise CheckpointError(f"checkpoint format version {version!r}, this version reads "
                               f"{CHECKPOINT_FORMAT_VERSION}")
     if "structure" not in group:
         raise _bad("no structure")
+    text, arrays = _verified(group, context)
     try:
-        text = group["structure"][()]
-        tree = json.loads(text.decode() if isinstance(text, bytes) else text)
+        tree = json.loads(text.decode())
         with _gc_paused():
-            return _Reader(group).node(tree)
+            return _Reader(group, arrays).node(tree)
     except CheckpointError:
         raise
     except (KeyError, IndexError, TypeError, ValueError, StopIteration) as e:

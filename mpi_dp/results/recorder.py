@@ -26,7 +26,8 @@ the per-configuration `sweep_values` and strict JSON (mpi_dp.results.schema):
   G attrs (also)          eval_set, prediction (classification), config_complete (resume)
   G/checkpoint            while a configuration runs (methods that checkpoint inside it): the
                           method's state as plain datasets (mpi_dp.results.checkpoint; attrs
-                          format_version, n_records, complete); removed when it completes
+                          format_version, digest, n_records, complete); removed when it
+                          completes
   G/privacy/ledger        per-agent ledger, every method (privacy.accountants.LEDGER_DTYPE: the
                           owner's target eps / delta, calibration rule and scope, mechanism,
                           releases, per-release eps and noise multiplier, the scope's totals by
@@ -58,7 +59,7 @@ import numpy as np
 from .. import strict_json
 from ..errors import DiskFullError, JobError
 from . import schema
-from .checkpoint import CheckpointError, read_state, write_state
+from .checkpoint import CheckpointDigestError, CheckpointError, read_state, write_state
 
 FORMAT = "mpi_dp.results"
 FORMAT_VERSION = 2
@@ -104,8 +105,11 @@ class ConfigRecorder:
 
     def __init__(self, group: h5py.Group, runs: int, flush_every: int = 1,
                  expected_records: int | None = None,
-                 on_record: Callable[[int], None] | None = None) -> None:
+                 on_record: Callable[[int], None] | None = None, context: str = "") -> None:
         self.group = group
+        #: what a checkpoint of this configuration belongs to (job, data, configuration), bound
+        #: into its digest with the record count
+        self._context = context
         self._on_record = on_record
         self.runs = runs
         # chunk rows: at most the records a run will write (small files for short runs)
@@ -134,7 +138,7 @@ class ConfigRecorder:
         if CHECKPOINT_NEW in g:  # an earlier write that did not finish
             del g[CHECKPOINT_NEW]
         new = g.create_group(CHECKPOINT_NEW)
-        write_state(new, state)
+        write_state(new, state, self.checkpoint_context(self.n_records))
         new.attrs["n_records"] = self.n_records
         new.attrs["complete"] = True
         g.file.flush()
@@ -144,6 +148,10 @@ class ConfigRecorder:
         g.file.flush()
         self._saved_at = time.monotonic()
 
+    def checkpoint_context(self, n_records: int) -> str:
+        """The context a checkpoint's digest binds: the configuration's and its record count."""
+        return f"{self._context}\nn_records={n_records}"
+
     def saved_state(self) -> Any:
         """The state a resumed configuration continues from (None: start afresh)."""
         return self._resume_state
@@ -151,14 +159,24 @@ class ConfigRecorder:
     def resume_from_checkpoint(self) -> None:
         """Load the group's checkpoint and drop the records written after it. A checkpoint this
         version does not read (an older format: the pickled uint8 dataset of earlier versions,
-        another format_version, an unfinished write) is dropped with a note, and the
-        configuration restarts from its start (its records dropped too)."""
+        another format_version, an unfinished write) or one that does not match its digest
+        (altered, damaged, of another job or data) is dropped with a note, and the configuration
+        restarts from its start (its records dropped too): what it then writes is what an
+        uninterrupted run writes."""
         node = self.group["checkpoint"]
         try:
             if not (isinstance(node, h5py.Group) and node.attrs.get("complete", False)
                     and "n_records" in node.attrs):
                 raise CheckpointError("not a complete checkpoint group")
-            state, n = read_state(node), int(node.attrs["n_records"])
+            n = _records_of(node, self.metrics)
+            state = read_state(node, self.checkpoint_context(n))
+        except CheckpointDigestError as e:
+            print(f"mpi-dp: {self.group.file.filename} [{self.group.name}]: {e} (altered or "
+                  "damaged, or not of this job and data): it is not used; this configuration "
+                  "restarts from its start, the complete ones are kept", file=sys.stderr,
+                  flush=True)
+            del self.group["checkpoint"]
+            state, n = None, 0
         except CheckpointError as e:
             print(f"mpi-dp: [{self.group.name}] checkpoint of an older format: configuration "
                   f"restarts from its start ({e})", file=sys.stderr, flush=True)
@@ -244,6 +262,26 @@ class ConfigRecorder:
         schema.annotate(self.group, self.runs, self.n_agents, self.run_ids)
 
 
+def _records_of(node: h5py.Group, metrics: h5py.Group) -> int:
+    """The records a checkpoint goes with (its `n_records`), checked against those in the file
+    (CheckpointDigestError: not a count of records the file holds)."""
+    raw = node.attrs["n_records"]
+    it = metrics.get("iteration")
+    have = it.shape[0] if isinstance(it, h5py.Dataset) else 0
+    if not (np.ndim(raw) == 0 and np.issubdtype(np.asarray(raw).dtype, np.integer)
+            and 0 <= int(raw) <= have):
+        raise CheckpointDigestError(f"its n_records {raw!r} is not a count of the {have} "
+                                    "records written")
+    return int(raw)
+
+
+def _identity(job_json: Any, data_sha256: Any) -> str:
+    """What a job's checkpoints belong to: its resolved values (output aside) and its data."""
+    return strict_json.dumps({"job": _without_output(job_json),
+                              "data_sha256": str(data_sha256 or "")},
+                             sort_keys=True, separators=(",", ":"))
+
+
 def _kill_at(var: str = "MPI_DP_TEST_KILL_AT") -> tuple[int, int] | None:
     """MPI_DP_TEST_KILL_AT=c:k: the writer SIGKILLs itself at record k of configuration c (a
     seam for the resume tests: a real kill at a reproducible point)."""
@@ -313,6 +351,7 @@ class ResultFile:
         self.file = h5py.File(tmp, "w", libver=("v108", "latest"), locking=False)
         os.replace(tmp, self.path)  # same inode: appear under the final name at once
         self.sweep = bool(sweep)
+        self._identity = _identity(job_json, provenance.get("data_sha256"))
         #: the recorders of configurations being written (annotated when they complete)
         self._recorders: dict[int, ConfigRecorder] = {}
         a = self.file.attrs
@@ -341,10 +380,12 @@ class ResultFile:
 
     @classmethod
     def reopen(cls, path: str | Path, job_json: str,
-               block: tuple[int, int] | None = None) -> ResultFile:
+               block: tuple[int, int] | None = None,
+               data_sha256: str | None = None) -> ResultFile:
         """Continue an unfinished result file of the same job (resume) and the same block of
-        configurations: its complete configurations stay, an unfinished one is dropped and run
-        again."""
+        configurations: its complete configurations stay, an unfinished one continues from its
+        checkpoint or is run again. `data_sha256`: the data's now (default: the file's
+        provenance), which the checkpoints' digests must name."""
         self = cls.__new__(cls)
         self.path = Path(path)
         self.file = h5py.File(self.path, "r+", locking=False)
@@ -365,6 +406,10 @@ class ResultFile:
             raise ValueError(f"{path} holds {what}; resume it with the same --configs / "
                              "--config-block")
         self.completed = sorted(int(c) for c in self.complete_indices())
+        if data_sha256 is None:
+            prov = self.file.get("provenance")
+            data_sha256 = prov.attrs.get("data_sha256", "") if prov is not None else ""
+        self._identity = _identity(job_json, data_sha256)
         a["status"] = "running"
         a["writer_host"] = socket.gethostname()
         a["writer_pid"] = os.getpid()
@@ -416,7 +461,8 @@ class ResultFile:
             del group[k]
         self.beat(index, 0, force=True)
         rec = ConfigRecorder(group, runs, expected_records=expected_records,
-                             on_record=lambda k: self.beat(index, k))
+                             on_record=lambda k: self.beat(index, k),
+                             context=f"{self._identity}\nconfig={index}")
         if keep:
             rec.resume_from_checkpoint()
         rec.set_attrs(config_index=index, runs=runs, **attrs)
