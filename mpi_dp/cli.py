@@ -10,6 +10,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import gc  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
@@ -58,14 +59,16 @@ Rank 0 is the learner; owners are split in blocks over the other ranks. Results 
 identical for any number of ranks. The result file is written as the run goes: if the run is
 stopped, the iterations done so far stay readable.
 
-Before the first iteration a run prints its estimated result size, memory and time; it refuses
-a job past the node's memory, and past the free disk space or a month unless --force.
-SIGTERM or Ctrl-C stops every rank at its next record after a checkpoint (status
-'interrupted', exit 143 / 130); --resume continues it. A rank still running 45 s
-(MPI_DP_STOP_GRACE_S) after the signal aborts the job: a frozen rank cannot hold it. A full
-disk stops with the complete configurations readable (exit 2); free space and --resume. Exit
-status: 0 done, 2 a mistake in the job or data (one line; MPI_DP_TRACEBACK=1 adds the
-traceback), 1 a bug in mpi_dp (its traceback, tagged with the rank), 143 / 130 interrupted.
+Before the first iteration a run prints its estimated result size, memory and time (the noise
+calibration included: minutes at T = 1e6); it refuses a job past the node's memory, and past
+the free disk space or a month unless --force. SIGTERM or Ctrl-C stops every rank at its next
+record after a checkpoint (status 'interrupted', exit 143 / 130), or within a second during the
+noise calibration (which prints progress every 5 s); --resume continues it. A rank still
+running 45 s (MPI_DP_STOP_GRACE_S) after the signal aborts the job: a frozen rank cannot hold
+it. A full disk stops with the complete configurations readable (exit 2); free space and
+--resume. Exit status: 0 done, 2 a mistake in the job or data (one line; MPI_DP_TRACEBACK=1
+adds the traceback), 1 a bug in mpi_dp (its traceback, tagged with the rank), 143 / 130
+interrupted.
 
 Splitting a sweep: --configs A:B or --config-block I/N runs one block of the configurations into
 a part file (each configuration at its own index /configs/00A...); `mpi-dp merge OUT PARTS...`
@@ -110,6 +113,17 @@ COLLECTIVE = ("run", "audit")
 
 
 def _under_mpi(fn) -> int:
+    """`_run_under_mpi`, then a garbage collection while mpi_dp's handlers are in place: HDF5
+    objects left in reference cycles by a failed run (a full disk) are closed now, where
+    output.quiet_full_disk_deallocs keeps their expected errors quiet, not at interpreter exit,
+    where Python prints them as tracebacks."""
+    try:
+        return _run_under_mpi(fn)
+    finally:
+        gc.collect()
+
+
+def _run_under_mpi(fn) -> int:
     """Run a collective command: agreed user errors print once; a first SIGTERM/SIGINT (Slurm's
     warning, mpiexec passing on a kill, Ctrl-C) stops every rank at its next record with the
     result file saying 'interrupted' (exit 143 / 130), and a rank that never answers cannot
@@ -144,7 +158,9 @@ def _under_mpi(fn) -> int:
         return 2
     except stop.Interrupted as e:  # every rank stopped together: no abort needed
         if rank == 0:
-            print(f"mpi-dp: interrupted ({e}); {RESUME_HINT}", file=sys.stderr, flush=True)
+            where = f" {e.where}" if e.where else ""
+            print(f"mpi-dp: interrupted ({e}){where}; {RESUME_HINT}", file=sys.stderr,
+                  flush=True)
         return e.exit_status
     except KeyboardInterrupt:  # a second signal: at once, wherever each rank was
         if rank == 0:

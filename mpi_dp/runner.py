@@ -31,7 +31,8 @@ from .job import load_job
 from .jobspec import Job, resolve_per_owner, sweep_key
 from .methods import REGISTRY, Context, Method, Outcome, Resolved
 from .methods.base import Configured, RunHooks, ledger_delta, rule_for, shard_sizes
-from .privacy import accountants, noise_signal
+from .privacy import accountants, calibration_cost, calibration_run, noise_signal
+from .privacy.calibration import Plan
 from .privacy.contract import Contract
 from .privacy.rules import Rule
 from .results import footprint, provenance
@@ -173,19 +174,27 @@ def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool, final: P
     lo, hi = block if block is not None else (0, len(configs))
     fp = footprint.job_footprint(comm, [c.footprint for c in configured
                                         if lo <= c.resolved.index < hi])
+    rules, distinct = calibration_keys(ctx, configured)
     reserve = SpaceReserve(final) if rank == 0 else None
 
     def check_and_reserve() -> None:
-        if rank == 0:
+        nonlocal fp
+        if rank == 0:  # the calibration (rank 0's) too: minutes and GBs at T = 1e6
+            cost = calibration_cost.job_cost(distinct)
+            fp = fp.with_calibration(cost.seconds, cost.peak_bytes)
             footprint.check(fp, final, max(hosts.count(h) for h in hosts), force, progress)
             assert reserve is not None  # rank 0's
             reserve.hold()
     collective(comm, check_and_reserve)
     try:
-        contracts = make_contracts(ctx, configured)
-        signal = noise_to_signal(ctx, configured, contracts)
+        stopped = None
+        try:
+            contracts = make_contracts(ctx, configured, rules, distinct, fp.calibration_seconds)
+            signal = noise_to_signal(ctx, configured, contracts)
+        except stop.Interrupted as e:  # the file still says so, as for any other stop
+            stopped, contracts, signal = e, [], {}
         return _write(job, comm, method, ctx, prepared, configured, contracts, signal, hosts,
-                      resume, final, block, task, reserve, progress)
+                      resume, final, block, task, reserve, progress, stopped)
     finally:
         if reserve is not None:
             reserve.release()
@@ -194,8 +203,10 @@ def _run_locked(job: Job, comm: MPI.Comm, progress: bool, resume: bool, final: P
 def _write(job: Job, comm: MPI.Comm, method: Method, ctx: Context, prepared: Any,
            configured: list[Configured], contracts: list[Contract], signal: dict,
            hosts: list[str] | None, resume: bool, final: Path, block: tuple[int, int] | None,
-           task: tuple[int, int] | None, reserve: SpaceReserve | None, progress: bool) -> Path:
-    """The result file: open (or reopen), run the configurations, close with the status."""
+           task: tuple[int, int] | None, reserve: SpaceReserve | None, progress: bool,
+           stopped: stop.Interrupted | None = None) -> Path:
+    """The result file: open (or reopen), run the configurations, close with the status
+    (`stopped`: a stop during the noise calibration, raised once the file says so)."""
     rank, shard, run_ids = comm.Get_rank(), ctx.shard, ctx.run_ids
     if rank == 0:
         quiet_full_disk_deallocs()
@@ -223,6 +234,8 @@ def _write(job: Job, comm: MPI.Comm, method: Method, ctx: Context, prepared: Any
     t_start = time.perf_counter()
     status, why = "failed", None
     try:
+        if stopped is not None:  # no configuration runs; --resume runs them all
+            raise stopped
         for c, con in zip(configured, contracts, strict=True):
             i = c.resolved.index
             if lo <= i < hi and i not in done:
@@ -231,7 +244,8 @@ def _write(job: Job, comm: MPI.Comm, method: Method, ctx: Context, prepared: Any
                          signal.get(i, {}))
         status = "complete"
     except (stop.Interrupted, KeyboardInterrupt) as e:
-        status, why = "interrupted", str(e) or "interrupted"
+        status = "interrupted"
+        why = (e.reason if isinstance(e, stop.Interrupted) else str(e)) or "interrupted"
         raise
     except BaseException as e:
         full = result is not None and no_space(e)
@@ -265,32 +279,50 @@ def _write(job: Job, comm: MPI.Comm, method: Method, ctx: Context, prepared: Any
     return final
 
 
-def make_contracts(ctx: Context, configured: list[Configured]) -> list[Contract]:
-    """Collective: every configuration's privacy contract (privacy.contract.Contract): its
-    owners' plans under the job's privacy.calibration (the method's paper rule for 'paper').
-    Each distinct plan of an accounted rule (pld, basic) is searched once, on rank 0, and
-    broadcast (a search composes privacy loss distributions ~10 times: seconds, not per owner
-    and never per rank); a paper rule's formulas are computed where they are used."""
-    job, comm, g = ctx.job, ctx.comm, ctx.job.generic
-    rules = [ctx.agree(lambda c=c: rule_for(job, c)) for c in configured]
+def calibration_keys(ctx: Context, configured: list[Configured]
+                     ) -> tuple[list[Rule], list[tuple[str, Plan]]]:
+    """Collective: every configuration's calibration rule, and the distinct (rule name, plan)
+    pairs of the accounted rules (pld, basic), each searched once by make_contracts."""
+    rules = [ctx.agree(lambda c=c: rule_for(ctx.job, c)) for c in configured]
     distinct = list(dict.fromkeys((r.name, p) for r, c in zip(rules, configured, strict=True)
                                   if not r.paper for p in c.plans or () if p is not None))
+    return rules, distinct
+
+
+def make_contracts(ctx: Context, configured: list[Configured], rules: list[Rule],
+                   distinct: list[tuple[str, Plan]], expected_s: float = 0.0) -> list[Contract]:
+    """Collective: every configuration's privacy contract (privacy.contract.Contract): its
+    owners' plans under its rule (`calibration_keys`; the method's paper rule for 'paper').
+    Each distinct plan of an accounted rule is searched once, on rank 0, and broadcast (a
+    search composes privacy loss distributions ~15 times: seconds, minutes at T = 1e6; never
+    per owner and never per rank), watched (privacy.calibration_run: a progress line every few
+    seconds against `expected_s`, the estimate; a stop signal ends it within a second on every
+    rank: comm.stop.Interrupted, and the result file then says 'interrupted' with no
+    configuration done); a paper rule's formulas are computed where they are used."""
+    job, comm, g = ctx.job, ctx.comm, ctx.job.generic
     by_name = {r.name: r for r in rules}
 
-    def search() -> dict | None:
+    def search() -> dict | tuple[int, str] | None:
         if comm.Get_rank() != 0:
             return None
         t0 = time.perf_counter()
+        when = "before" if stop.requested() else "during"
         try:
-            out = {key: by_name[key[0]].calibrate(key[1]) for key in distinct}
+            out = calibration_run.run(distinct, lambda key: by_name[key[0]].calibrate(key[1]),
+                                      stopped=stop.requested, describe=_plan_text,
+                                      expected_s=expected_s, report=ctx.progress)
         except ValueError as e:
             raise JobError(f"job file {job.path}: {e}") from None
+        if isinstance(out, int):  # the signal that stopped it
+            return out, f"{when} the noise calibration"
         if ctx.progress and distinct:
             _print_calibrations(out, ", ".join(dict.fromkeys(k[0] for k in out)),
                                 time.perf_counter() - t0)
         return out
 
     found = comm.bcast(ctx.agree(search), root=0) if distinct else {}
+    if isinstance(found, tuple):  # every rank stops together
+        raise stop.Interrupted(*found)
 
     def contract_of(rule: Rule, c: Configured) -> Contract:
         try:
@@ -343,6 +375,12 @@ def noise_to_signal(ctx: Context, configured: list[Configured], contracts: list[
                   + (f"\nmpi-dp: warning: the noise wins for every owner in {warned} "
                      "configuration(s)" if warned and len(lines) > 12 else ""))
     return out
+
+
+def _plan_text(key: tuple[str, Plan]) -> str:
+    """A plan in a progress line: rule, releases, mechanism, target."""
+    rule, p = key
+    return f"{rule}, {p.releases} {p.mechanism} release(s) per {p.scope}, eps={p.eps:g}"
 
 
 def _print_calibrations(found: dict, rule: str, seconds: float) -> None:

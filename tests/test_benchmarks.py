@@ -114,6 +114,16 @@ QUICK: dict[str, Quick] = {
                                                    "throttle\\+none", "throttle\\+iprobe",
                                                    "throttle\\+nap")),
         r"^env\+mode rows: ")),
+    # the demo job at T = 1e3 and 1e4 (eps = 1, one run): the estimate against the run
+    "estimate.py": Quick(None, (
+        r"^estimate \(quick\): the demo job \(3 owners x 4,000 records, d = 10, eps \[1\.0\]\), "
+        r"runs = 1, record_every = 50, 1 rank\(s\), T in \[1000, 10000\], 1 block\(s\)",
+        r"^block 1 T=1e\+03: estimate \S+ s \(calibration \S+ s\), measured \S+ s "
+        r"\(calibration \S+ s\), ratio \S+, core share \S+, idle ratio \S+",
+        r"^block 1 T=1e\+04: estimate ",
+        r"^T +estimate s +calibration est\. s +measured s \(median\) +calibration s +ratio median",
+        r"^1e\+03 +\S+ +\S+ +\S+ +\S+ +\S+ \[\S+, \S+\] +\S+ +(yes|no|NO)",
+        r"^1e\+04 +\S+ +\S+ +\S+ +\S+ +\S+ \[\S+, \S+\] +\S+ +(yes|no|NO)")),
     "audit_rate.py": Quick(None, (
         r"^audit_rate \(quick\): 3 owners x 4,000 records, d = 10, R = 200 runs, 2 blocks",
         r"^block 2: audit \S+ releases/s \| plain loop \S+/s \| ratio",

@@ -111,23 +111,28 @@ def test_a_checkpoint_of_another_context_restarts_its_configuration(tmp_path, ca
 
 @pytest.mark.parametrize("data", ["same", "changed"])
 def test_a_result_files_checkpoints_name_its_job_and_data(tmp_path, capsys, data):
-    """ResultFile binds its configurations' checkpoints to the job and the data's SHA-256: a
-    resume on other data (its digest given to reopen) does not continue the checkpoint."""
+    """ResultFile binds its configurations to the data's SHA-256: a resume on the same data
+    continues the checkpoint; on other data (its digest given to reopen) the file is refused,
+    naming both digests and what to do, and stays as it was (its checkpoint kept)."""
     path = tmp_path / "r.h5"
     rf = ResultFile(path, job_text='name = "x"\n', job_json='{"T": 3}', algorithm="sync_star",
                     variant="alg2", n_configs=2, sweep={"eps": [1, 2]},
-                    provenance={"data_sha256": "aa"})
+                    provenance={"data_sha256": "a" * 64, "data_path": "s.h5"})
     rec = rf.config(1, R)
     rec.append(0, {"psi": np.zeros(R)})
     rec.save_state({"k": 0})
     rf.close("interrupted")
-    rf = ResultFile.reopen(path, '{"T": 3}', data_sha256="aa" if data == "same" else "bb")
+    if data == "changed":
+        with pytest.raises(ValueError, match=r"the shard file s.h5 changed since .*r.h5 was "
+                           r"started from it \(its SHA-256 was a{16}\.\.\., is now b{16}"
+                           r"\.\.\.\): .*put that file back and resume, or start afresh"):
+            ResultFile.reopen(path, '{"T": 3}', data_sha256="b" * 64)
+        with h5py.File(path, "r") as f:  # untouched: still interrupted, its checkpoint kept
+            assert f.attrs["status"] == "interrupted" and "checkpoint" in f["configs/001"]
+        return
+    rf = ResultFile.reopen(path, '{"T": 3}', data_sha256="a" * 64)
     rec = rf.config(1, R)
-    err = capsys.readouterr().err
-    if data == "same":
-        assert rec.saved_state() == {"k": 0} and err == ""
-    else:
-        assert rec.saved_state() is None and NOTE in err, err
+    assert rec.saved_state() == {"k": 0} and capsys.readouterr().err == ""
     rf.close("interrupted")
 
 
@@ -208,3 +213,35 @@ def test_an_altered_checkpoint_restarts_its_configuration_bit_for_bit(tmp_path, 
     assert sorted(a) == sorted(b) and not any("checkpoint" in k for k in b)
     for k in a:
         assert a[k].tobytes() == b[k].tobytes(), k
+
+
+def test_resume_on_changed_data_is_refused_and_the_file_kept(tmp_path):
+    """The shard rewritten with other data between the run and --resume: the resume is refused
+    (exit 2, one line naming the shard, both digests and what to do; the complete configuration
+    was computed from the old data), the partial file is left as it was; with the old data put
+    back the resume finishes it."""
+    from mpi_dp.data.synth import write_synth
+
+    data = tmp_path / "s.h5"
+    write_synth(data, "regression", 3, [600, 500, 700], 5, 0.5, 11, public=2000)
+    job = write_job(tmp_path / "c.toml", data, T=30, runs=3, record_every=3,
+                    sweep={"eps": [0.5, 2.0]})
+    cut = tmp_path / "cut.h5"
+    cp = mpi_run(1, ["run", str(job), "--out", str(cut), "--quiet"],
+                 env={"MPI_DP_TEST_KILL_AT": "1:6", "MPI_DP_CHECKPOINT_S": "0"})
+    assert cp.returncode != 0 and partial_path(cut).exists()
+    before = read_datasets(partial_path(cut))
+    shutil.move(data, tmp_path / "old.h5")
+    write_synth(data, "regression", 3, [600, 500, 700], 5, 0.5, 12, public=2000)
+    cp = mpi_run(1, ["run", str(job), "--out", str(cut), "--resume"])
+    assert cp.returncode == 2, cp.stderr
+    errors = [ln for ln in cp.stderr.splitlines() if ln.startswith("mpi-dp: error")]
+    assert len(errors) == 1 and "Traceback" not in cp.stderr, cp.stderr
+    assert f"the shard file {data} changed since" in errors[0], errors
+    assert "put that file back and resume, or start afresh" in errors[0], errors
+    after = read_datasets(partial_path(cut))
+    assert sorted(after) == sorted(before)
+    assert all(np.asarray(after[k]).tobytes() == np.asarray(before[k]).tobytes() for k in before)
+    shutil.move(tmp_path / "old.h5", data)
+    cp = mpi_run(1, ["run", str(job), "--out", str(cut), "--resume", "--quiet"])
+    assert cp.returncode == 0 and cut.exists(), cp.stderr

@@ -230,3 +230,31 @@ def test_sync_star_logistic_on_a_label_of_one_half_stops_before_anything_runs(tm
                          "file with mpi-dp data prepare --task binary, which maps them)")
     assert "Traceback" not in cp.stderr
     assert not out.exists() and not Path(f"{out}.partial").exists()
+
+
+@pytest.mark.parametrize("fault", ["label", "nan"])
+def test_a_swept_p2p_shard_is_checked_like_the_job_s(tmp_path, fault):
+    """p2p.shard sweeps over shard files besides the job's data: each is checked when opened,
+    as the job's data is: a label 0.5 or a NaN feature in the second stops the job before
+    anything runs, with the shard checks' own line."""
+    from mpi_dp.data.synth import write_synth
+
+    good = write_synth(tmp_path / "a.h5", "p2p", 16, 0, 4, 0.05, 3)
+    bad = write_synth(tmp_path / "b.h5", "p2p", 16, 0, 4, 0.05, 4)
+    if fault == "label":
+        _set_label(bad, 5, 2, 0.5)
+        said = "record 2 has the label 0.5: a binary shard's labels must be -1 or +1"
+    else:
+        with h5py.File(bad, "r+") as f:
+            f["agents/X"][int(f["agents/offsets"][5]) + 2, 1] = np.nan
+        said = "record 2, feature 1 is nan: the data must be finite"
+    job = write_job(tmp_path / "p.toml", good, algorithm="p2p", T=16 * 8, runs=1,
+                    record_every=64, sweep={"shard": [str(good), str(bad)]})
+    out = tmp_path / "p.h5"
+    cp = subprocess.run([sys.executable, "-m", "mpi_dp", "run", str(job), "--out", str(out)],
+                        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    errors = [ln for ln in cp.stderr.splitlines() if ln.startswith("mpi-dp: error")]
+    assert cp.returncode == 2 and len(errors) == 1, cp.stderr
+    assert f"shard file '{bad}': owner 5: " in errors[0] and said in errors[0], errors
+    assert "Traceback" not in cp.stderr
+    assert not out.exists() and not Path(f"{out}.partial").exists()

@@ -105,7 +105,9 @@ def _contents(path) -> dict:
 
         def visit(name, obj):
             if isinstance(obj, h5py.Dataset):
-                out[name] = (obj.dtype.str, obj[()].tobytes())
+                value = obj[()]  # strings (e.g. /meta/feature_names) by value, not by pointer
+                out[name] = (obj.dtype.str, value.tolist() if obj.dtype.kind == "O"
+                             else value.tobytes())
             out[name + "@"] = {k: np.asarray(v).tolist() for k, v in obj.attrs.items()}
 
         f.visititems(visit)

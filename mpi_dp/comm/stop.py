@@ -36,11 +36,18 @@ GRACE_S = 40
 
 
 class Interrupted(BaseException):  # noqa: N818 - a stop, like KeyboardInterrupt, not an error
-    """Every rank stops together at a record (or between configurations) after a signal."""
+    """Every rank stops together at a record (or between configurations, or in the noise
+    calibration) after a signal; `where` says where, when not at a record (e.g. 'during the
+    noise calibration')."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, where: str = "") -> None:
         super().__init__(f"stopped by {signal.Signals(signum).name}")
-        self.signum = signum
+        self.signum, self.where = signum, where
+
+    @property
+    def reason(self) -> str:
+        """'stopped by SIGTERM' and where (the result file's status_reason, the CLI's line)."""
+        return f"{self} {self.where}" if self.where else str(self)
 
     @property
     def exit_status(self) -> int:

@@ -4,7 +4,9 @@ A recipe or the generic CSV/LIBSVM path builds a `Prepared` (per-agent records p
 that says how they were made); `write_prepared` stores it atomically with its provenance as root
 attributes (recipe, options, source files with SHA-256, preprocessing steps, partition, notes and
 the decisions: rows dropped, columns dropped, cells imputed and values clipped, each counted by
-reason), so a shard file says how it was made; `summary_text` prints what a user checks first.
+reason; one over 16 KiB, e.g. the decisions of a very wide table, as a /meta dataset, and the
+column names always as /meta/feature_names), so a shard file says how it was made;
+`summary_text` prints what a user checks first.
 """
 
 from __future__ import annotations
@@ -113,12 +115,7 @@ def write_prepared(prep: Prepared, out: str | os.PathLike[str], *, recipe: str,
     }
     if prep.decisions:
         attrs["decisions"] = _json(prep.decisions)
-    names: list[str] | None
-    names = list(prep.feature_names)
-    if sum(len(n) + 1 for n in names) > 32_768:  # HDF5 attributes are limited to 64 KiB
-        attrs["feature_names_omitted"] = (f"{len(names)} names, too long for an attribute; "
-                                          f"they run {names[0]}, {names[1]}, ... {names[-1]}")
-        names = None
+    names = list(prep.feature_names)  # dataset /meta/feature_names: any number of columns
     kwargs: dict[str, Any] = {}
     extra = [dict(e) for e in prep.agent_extra] if prep.agent_extra is not None else None
     if prep.parts is not None:  # provenance: which source records each agent holds

@@ -1,7 +1,8 @@
 """The content digest of a shard file: root attribute ``content_sha256``.
 
-A SHA-256 over what the file holds, not over its bytes: the root attributes (by name, except
-``format_version``, ``created_by`` and the digest itself), then each owner's records (X, y),
+A SHA-256 over what the file holds, not over its bytes: the root attributes and the /meta
+datasets (by name, one namespace, except ``format_version``, ``created_by`` and the digest
+itself: a value digests the same as an attribute or a dataset), then each owner's records (X, y),
 held-out records and extra arrays (by name), the public records and extra public arrays (by
 name) and the global test set, each value with its kind, dtype and shape, strings as UTF-8, and
 CSR matrices as their canonical data/indices/indptr. So the digest does not depend on the
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from mpi_dp.data.shard_format import CONTENT_DIGEST
+from mpi_dp.data.shard_format import CONTENT_DIGEST, stored_meta
 
 #: root attributes outside the digest: the layout's version, the writing package's version (a
 #: rewrite in another layout or by another release holds the same data) and the digest itself
@@ -134,6 +135,6 @@ def file_digest(path: str | os.PathLike[str]) -> str:
         extra_names = sf.public_extra_names()
         test_global = sf.read_test() if sf.has_global_test else None
     with h5py.File(path, "r", locking=False) as f:
-        attrs = dict(f.attrs.items())
+        attrs = {**stored_meta(f), **dict(f.attrs.items())}  # /meta datasets count as attrs
         public_extra = {name: f["public"][name][()] for name in extra_names}
     return content_digest(attrs, agents, tests, extras, public, public_extra, test_global)

@@ -3,10 +3,17 @@
 Layout (format "mpi_dp.shards", version 2: "blocks")::
 
     /                  attrs: format, format_version, n_agents, n_features, task, storage
-                              ("dense" | "csr"; absent in older files: dense), feature_names
-                              (optional), source, created_by, content_sha256 (the content
-                              digest, see below; absent in older files, which open as before),
-                              plus any extra writer attrs
+                              ("dense" | "csr"; absent in older files: dense), source,
+                              created_by, content_sha256 (the content digest, see below; absent
+                              in older files, which open as before), plus any extra writer
+                              attrs up to META_INLINE_BYTES (16 KiB) each
+    /meta/feature_names  optional UTF-8 strings (n_features,): the column names (older files
+                       hold them as the root attribute feature_names, still read)
+    /meta/<name>       a writer attr over META_INLINE_BYTES (e.g. the decisions of a table with
+                       thousands of columns) stored as a dataset of the same value (JSON text as a
+                       scalar UTF-8 string) instead of a root attribute: HDF5 keeps attributes in
+                       the object header, 64 KiB a message at most, datasets anywhere, so
+                       10,000 columns fit
     /agents/offsets    int64 (n_agents + 1,): owner i's records are rows offsets[i]:offsets[i+1]
                        of X and y (offsets[0] = 0, non-decreasing, offsets[-1] = N, the records of
                        all owners)
@@ -41,10 +48,11 @@ group per owner instead: /agents/<i>/X and /agents/<i>/y (attr n = n_i), /agents
 y_test and /agents/<i>/extra/<name>; groups are named by the decimal agent id without padding.
 
 content_sha256 is a SHA-256 over what the file holds, not its bytes (`shard_digest`): the root
-attributes but format_version, created_by and itself, every owner's records, held-out records and
-extra arrays, the public records and arrays and the global test set, each with its dtype and
-shape. It does not depend on the layout or the chunking: a file rewritten in another layout keeps
-it. (A result records the SHA-256 of the shard file's bytes as data_sha256.)
+attributes but format_version, created_by and itself, with the /meta datasets among them by name
+(so moving a value between an attribute and /meta does not change it), every owner's records,
+held-out records and extra arrays, the public records and arrays and the global test set, each
+with its dtype and shape. It does not depend on the layout or the chunking: a file rewritten in
+another layout keeps it. (A result records the SHA-256 of the shard file's bytes as data_sha256.)
 
 Every X in a file (agents, test sets, public) is stored the same way: all dense or all CSR
 (``storage``). Writers validate everything before touching the disk and write atomically
@@ -55,13 +63,13 @@ indptr and the matching data/indices).
 
 This module holds what the writer (`shard_writer`) and the reader (`shard_reader`) both need:
 the format's name and version, its tasks and storages, the root attributes it reserves, the
-suffix of free-form extra arrays and the types of the arrays read back. `mpi_dp.data.shards`
-re-exports all three modules' names.
+/meta group and its size rule, the suffix of free-form extra arrays and the types of the arrays
+read back. `mpi_dp.data.shards` re-exports all three modules' names.
 """
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 import scipy.sparse as sp
@@ -82,9 +90,37 @@ RESERVED_ATTRS = frozenset(
      "created_by", "storage", CONTENT_DIGEST}
 )
 
+#: Group of the metadata stored as datasets: feature_names and writer attrs too large to inline.
+META_GROUP = "meta"
+#: Bytes above which a writer attr is stored as the dataset /meta/<name>, not a root attribute:
+#: attributes live in the object header, one message at most 64 KiB (HDF5: "object header
+#: message is too large": 4,096 strings of an array, each a 16-byte reference, or 8,192 float64
+#: already are); a dataset has no such limit.
+META_INLINE_BYTES = 16 * 1024
+
 #: Name suffix of per-agent extra arrays that are free-form (not one entry per record).
 META_SUFFIX = "_meta"
 
 #: A feature matrix as read back: dense float64 array or CSR matrix (sparse files).
 Matrix: TypeAlias = np.ndarray | sp.csr_matrix
 ArrayPair = tuple[Matrix, np.ndarray]
+
+
+def stored_meta(f: Any) -> dict[str, Any]:
+    """The /meta datasets of an open h5py file (`f`), by name: UTF-8 text as str (one) or an
+    object array of str, numbers as arrays; {} for files without /meta (older files)."""
+    import h5py
+
+    g = f.get(META_GROUP)
+    out: dict[str, Any] = {}
+    if not isinstance(g, h5py.Group):
+        return out
+    for name, ds in g.items():
+        if not isinstance(ds, h5py.Dataset):
+            continue
+        if h5py.check_string_dtype(ds.dtype) is not None:
+            value = ds.asstr()[()]
+            out[name] = value if isinstance(value, str) else np.asarray(value, dtype=object)
+        else:
+            out[name] = ds[()]
+    return out

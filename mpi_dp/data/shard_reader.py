@@ -33,10 +33,12 @@ from mpi_dp.data.shard_format import (
     FORMAT_VERSION,
     LAYOUTS,
     META_SUFFIX,
+    RESERVED_ATTRS,
     STORAGES,
     TASKS,
     ArrayPair,
     Matrix,
+    stored_meta,
 )
 from mpi_dp.errors import ShardError
 
@@ -140,8 +142,11 @@ class ShardFile:
                 "file becomes a shard file with mpi-dp data prepare csv|libsvm FILE"
             ) from None
         try:
-            with self._reading("its root attributes or agent groups"):
+            with self._reading("its root attributes, /meta or agent groups"):
                 self._attrs = {k: _plain(v) for k, v in self._f.attrs.items()}
+                for k, v in stored_meta(self._f).items():  # feature names, large writer attrs
+                    if k not in self._attrs and (k == "feature_names" or k not in RESERVED_ATTRS):
+                        self._attrs[k] = _plain(v)
                 self._validate_root()
         except BaseException:
             self._f.close()
@@ -288,6 +293,7 @@ class ShardFile:
 
     @property
     def feature_names(self) -> list[str] | None:
+        """The column names: /meta/feature_names, or the root attribute of older files."""
         names = self._attrs.get("feature_names")
         return None if names is None else [str(s) for s in names]
 
@@ -297,11 +303,12 @@ class ShardFile:
 
     @property
     def attrs(self) -> dict[str, Any]:
-        """All root attributes as plain Python values (writer dict/list attrs stay JSON strings)."""
+        """All root attributes and /meta datasets (feature_names, writer attrs too large for an
+        attribute) as plain Python values (writer dict/list attrs stay JSON strings)."""
         return dict(self._attrs)
 
     def json_attr(self, key: str) -> Any:
-        """A writer attr that was stored as JSON (a dict or list), decoded."""
+        """A writer attr that was stored as JSON (a dict or list), decoded (attribute or /meta)."""
         if key not in self._attrs:
             raise self._fail(f"has no attribute {key!r}")
         try:

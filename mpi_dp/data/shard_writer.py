@@ -30,11 +30,14 @@ from mpi_dp.data.shard_format import (
     CONTENT_DIGEST,
     FORMAT,
     LAYOUTS,
+    META_GROUP,
+    META_INLINE_BYTES,
     META_SUFFIX,
     RESERVED_ATTRS,
     TASKS,
     ArrayPair,
     Matrix,
+    stored_meta,
 )
 from mpi_dp.errors import DataError, unwritable_why
 
@@ -142,6 +145,31 @@ def _attr_value(key: str, value: Any) -> Any:
     if value is None:
         raise DataError(f"attribute {key!r} is None; HDF5 attributes cannot be None")
     return value
+
+
+def _stored_bytes(value: Any) -> int:
+    """About the bytes `value` takes as an HDF5 attribute (a variable-length string costs its
+    UTF-8 bytes plus a 16-byte heap reference)."""
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "surrogatepass")) + 16
+    if isinstance(value, bytes):
+        return len(value) + 16
+    a = np.asarray(value)
+    if a.dtype.kind in "OSU":
+        return sum(_stored_bytes(v if isinstance(v, (str, bytes)) else str(v))
+                   for v in a.ravel().tolist())
+    return int(a.nbytes)
+
+
+def _write_meta(f: h5py.File, meta: Mapping[str, Any]) -> None:
+    """/meta/<name> datasets: strings (one, or an array) as UTF-8, numbers as they are."""
+    g = f.create_group(META_GROUP)
+    for name, value in meta.items():
+        a = np.asarray(value)
+        if isinstance(value, (str, bytes)) or a.dtype.kind in "OSU":
+            g.create_dataset(name, data=value, dtype=h5py.string_dtype())
+        else:
+            g.create_dataset(name, data=a)
 
 
 def _chunk_rows(n: int, p: int) -> int:
@@ -390,14 +418,20 @@ def write_shards(
     root: dict[str, Any] = {"format": FORMAT, "format_version": versions[layout],
                             "n_agents": len(pairs), "n_features": p, "task": task,
                             "storage": storage}
+    meta: dict[str, Any] = {}  # datasets under /meta: no 64 KiB limit, so any width fits
     if names is not None:
-        root["feature_names"] = np.array(names, dtype=h5py.string_dtype())
+        meta["feature_names"] = np.array(names, dtype=h5py.string_dtype())
     root.update(source=str(source), created_by=f"mpi_dp {__version__}")
     for key, value in (attrs or {}).items():
         if key in RESERVED_ATTRS:
             raise DataError(f"attribute {key!r} is reserved by the shard format")
-        root[key] = _attr_value(key, value)
-    root[CONTENT_DIGEST] = content_digest(root, pairs, tests, agent_extras, pub, extras, glob)
+        value = _attr_value(key, value)
+        if _stored_bytes(value) > META_INLINE_BYTES:
+            meta[key] = value
+        else:
+            root[key] = value
+    root[CONTENT_DIGEST] = content_digest({**root, **meta}, pairs, tests, agent_extras, pub,
+                                          extras, glob)
 
     if path.is_dir():
         raise DataError(f"output {path} is a directory; give the shard file's path, e.g. "
@@ -414,6 +448,8 @@ def write_shards(
         with h5py.File(tmp, "w") as f:
             for key, value in root.items():
                 f.attrs[key] = value
+            if meta:
+                _write_meta(f, meta)
             if layout == "blocks":
                 _write_agents_blocks(f, pairs, tests, agent_extras, p)
             else:
@@ -458,7 +494,8 @@ def rewrite_shards(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         test_global = sf.read_test() if sf.has_global_test else None
         task, names, source = sf.task, sf.feature_names, sf.source
     with h5py.File(src, "r", locking=False) as f:  # attributes and arrays as stored
-        attrs = {k: v for k, v in f.attrs.items() if k not in RESERVED_ATTRS}
+        attrs = {k: v for k, v in stored_meta(f).items() if k not in RESERVED_ATTRS}
+        attrs.update((k, v) for k, v in f.attrs.items() if k not in RESERVED_ATTRS)
         public_extra = {}
         for name in extra_names:
             ds = f["public"][name]

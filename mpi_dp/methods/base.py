@@ -44,7 +44,13 @@ from ..jobspec import Config, Job, Key, PrivacyKeys
 from ..privacy import Ledger, contract
 from ..privacy.contract import Contract
 from ..privacy.rules import PaperRule, Rule
-from ..results.footprint import Footprint, config_footprint, hosted
+from ..results.footprint import (
+    ITERATION_FLOPS,
+    ITERATION_S,
+    Footprint,
+    config_footprint,
+    hosted,
+)
 
 #: what a method's `prepare` returns and its per-configuration settings (Method's parameters)
 PreparedT = TypeVar("PreparedT")
@@ -182,13 +188,16 @@ class Configured(Generic[SettingsT]):
 
 
 def footprint_of(ctx: Context, records: int, model_size: int,
-                 per_iteration_bytes: float = 0.0) -> Footprint:
+                 per_iteration_bytes: float = 0.0, iteration_s: float = ITERATION_S,
+                 iteration_flops: float = ITERATION_FLOPS) -> Footprint:
     """This rank's estimated cost of one configuration (results.footprint), checked before the
     output is touched: `records` written, `model_size` coordinates of one model,
-    `per_iteration_bytes` kept per iteration and run (a trace, a schedule)."""
+    `per_iteration_bytes` kept per iteration and run (a trace, a schedule); the method's
+    `iteration_s` and `iteration_flops` where they differ from footprint's defaults."""
     a, n = hosted(ctx)
     return config_footprint(int(ctx.job.generic.T), ctx.runs, records, int(model_size), a, n,
-                            ctx.shard.n_agents, per_iteration_bytes * ctx.runs)
+                            ctx.shard.n_agents, per_iteration_bytes * ctx.runs, iteration_s,
+                            iteration_flops)
 
 
 def default_records(ctx: Context) -> int:

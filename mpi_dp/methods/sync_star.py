@@ -12,6 +12,7 @@ from ..jobspec import NONNEG, CommKeys, Section, SharedKeys, StepKeys, err, key
 from ..privacy import rules
 from ..privacy.calibration import Sensitivity
 from ..privacy.contract import Contract
+from ..results.footprint import ITERATION_FLOPS
 from .base import (
     Configured,
     Context,
@@ -43,6 +44,13 @@ EVALUATION_ONLY = ("metrics psi, psi_iterate, objective, clip_fraction, train_er
                    "train_mse and group reference (theta*, the trivial baselines) are "
                    "evaluation-only (oracle=True): computed from un-noised owner data, never part "
                    "of the private protocol")
+
+
+#: the estimate's overhead of one synchronous round besides the owners' (broadcast, gather,
+#: the learner's step and average: ~0.35 ms measured on the demo job), and the arithmetic of a
+#: squared-loss iteration per run, record and feature (the owner's X^T X statistics and the
+#: screening skip most records: ~1 measured at eps = 1; other losses: a full pass)
+SYNC_ROUND_S, SQUARED_FLOPS = 0.35e-3, 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,9 +119,11 @@ class SyncStar(StarMethod[Prepared, sync_star.Settings]):
                      **utility_attrs(s.loss, prep.evalset), "evaluation_only": EVALUATION_ONLY}
         # a mean of n_i gradients clipped to xi: sensitivity 2 xi / n_i of the signal's bound xi
         signal = Signal(tuple(2.0 / n for n in rc.n[: len(rc.eps)]), ctx.shard.n_features)
-        return Configured(rc, s, tuple(owner_plans(ctx, rc, rc.n, "laplace", s.T)),
-                          footprint_of(ctx, records, ctx.shard.n_features), records, attrs,
-                          signal, rules.BasicSplit())
+        fp = footprint_of(ctx, records, ctx.shard.n_features, iteration_s=SYNC_ROUND_S,
+                          iteration_flops=SQUARED_FLOPS if s.loss == "squared" else
+                          ITERATION_FLOPS)
+        return Configured(rc, s, tuple(owner_plans(ctx, rc, rc.n, "laplace", s.T)), fp,
+                          records, attrs, signal, rules.BasicSplit())
 
     def run(self, ctx: Context, prep: Prepared, c: Configured[sync_star.Settings],
             contract: Contract, hooks: RunHooks) -> Outcome | None:

@@ -351,6 +351,8 @@ class P2P(Method):
         rank, size = ctx.comm.Get_rank(), ctx.comm.Get_size()
         st = block_starts(n, size)
         mine = range(n) if not hosted else range(int(st[rank]), int(st[rank + 1]))
+        if hosted and shard is not ctx.shard:  # a swept p2p.shard: checked as the job's data is
+            shard.check_finite(mine)
         d = peer_data.read_peers(shard, path, W, m_all, mine, j.section(P2PKeys).validation,
                                  int(j.generic.seed), j.section(P2PKeys).row_norm, j.path,
                                  full=not hosted)

@@ -30,6 +30,11 @@ and equal plans share one search; never one per owner per run). Sensitivities do
 calibration fixes the noise multiplier (noise scale / sensitivity), and each release's noise is
 that multiplier times its own sensitivity.
 
+A search can be long (its compositions grow with the number of releases: privacy.
+calibration_cost), so it counts its accountant evaluations (`evaluations`, for progress lines)
+and one running in a thread stops before the next once cancelled (`cancel_thread`: Cancelled,
+nothing cached; privacy.calibration_run).
+
 Pure: no MPI. dp-accounting is imported on first use.
 """
 
@@ -38,6 +43,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import overload
 
@@ -334,16 +341,48 @@ def _no_room(plan: Plan, eps_fixed: float) -> str:
             f"{plan.eps:g}: lower them or raise eps")
 
 
-def _search(total: Callable[[float], float], x0: float, target: float) -> float:
+class Cancelled(Exception):
+    """A calibration stopped on request (`cancel_thread`) between two accountant evaluations."""
+
+
+_cancelled: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # their searches stop
+_evaluations = 0
+
+
+def cancel_thread(thread: threading.Thread) -> None:
+    """Stop the calibration running in `thread` before its next accountant evaluation."""
+    _cancelled.add(thread)
+
+
+def evaluations() -> int:
+    """Accountant evaluations of the searches so far in this process (progress lines)."""
+    return _evaluations
+
+
+def _step() -> None:
+    """Before an accountant evaluation: stop if this thread was cancelled, else count it."""
+    global _evaluations
+    me = threading.current_thread()
+    if me in _cancelled:
+        _cancelled.discard(me)
+        raise Cancelled("the noise calibration was stopped")
+    _evaluations += 1
+
+
+def _search(total: Callable[[float], float], x0: float, target: float,
+            watched: bool = True) -> float:
     """The largest x with total(x) <= target for total increasing in x (x: privacy per release,
     the inverse noise multiplier): an expanding bracket from x0, then Brent's method in log x,
-    then the feasible side of the root (the answer is always one that was evaluated)."""
+    then the feasible side of the root (the answer is always one that was evaluated).
+    `watched`: each evaluation is counted and may be cancelled (`_step`)."""
     from scipy import optimize
 
     memo: dict[float, float] = {}
 
     def f(x: float) -> float:
         if x not in memo:
+            if watched:
+                _step()
             memo[x] = total(x)
         return memo[x]
 
@@ -405,13 +444,27 @@ def _pld(plan: Plan) -> float:
         nm = 1.0 / x
         return accountants.pld(planned_pairs(plan, nm), plan.delta)
 
-    if plan.mechanism == "laplace":  # the pure split: never looser than it
-        x0 = max((plan.eps - eps_f) / plan.releases, 1e-300) if plan.eps > eps_f else \
+    return 1.0 / _search(total, search_start(plan), plan.eps)
+
+
+def searched(plan: Plan) -> bool:
+    """Whether the pld rule searches this plan (not: no noise, or negligible noise in closed
+    form)."""
+    if math.isinf(plan.eps) or plan.releases == 0:
+        return False
+    return (plan.eps - _fixed_eps(plan)[0]) / plan.releases <= accountants.EXACT_EPS
+
+
+def search_start(plan: Plan) -> float:
+    """Where the pld search starts (privacy per release): the pure split for Laplace (never
+    looser than it), the exact analytic start for Gaussian (k Gaussians are one of noise
+    z / sqrt(k))."""
+    eps_f, _ = _fixed_eps(plan)
+    if plan.mechanism == "laplace":
+        return max((plan.eps - eps_f) / plan.releases, 1e-300) if plan.eps > eps_f else \
             plan.eps / plan.releases
-    else:  # k Gaussians are one of noise z / sqrt(k): the exact (analytic) start
-        sigma = gaussian_noise_multiplier(max(plan.eps - eps_f, plan.eps / 2), plan.delta)
-        x0 = 1.0 / (sigma * math.sqrt(plan.releases))
-    return 1.0 / _search(total, x0, plan.eps)
+    sigma = gaussian_noise_multiplier(max(plan.eps - eps_f, plan.eps / 2), plan.delta)
+    return 1.0 / (sigma * math.sqrt(plan.releases))
 
 
 _CACHE: dict[tuple[str, Plan], Calibration] = {}
@@ -433,6 +486,7 @@ def calibrate(plan: Plan, rule: str) -> Calibration:
         cal = Calibration(rule, plan, 0.0)
     else:
         nm = _pld(plan) if rule == "pld" else _basic(plan)
+        _step()  # the planned totals: one more composition
         cal = Calibration(rule, plan, nm, planned=accountants.compose(planned_pairs(plan, nm),
                                                                       plan.delta))
     _CACHE[(rule, plan)] = cal
@@ -446,6 +500,11 @@ def paper(plan: Plan, name: str, noise_multiplier: float) -> Calibration:
     if noise_multiplier > 0 and plan.releases and math.isfinite(noise_multiplier):
         planned = accountants.compose(planned_pairs(plan, noise_multiplier), plan.delta)
     return Calibration("paper", plan, noise_multiplier, paper=name, planned=planned)
+
+
+def cached(plan: Plan, rule: str) -> bool:
+    """Whether calibrate(plan, rule) is known in this process (costs nothing)."""
+    return (rule, plan) in _CACHE
 
 
 def calibrate_all(plans: Sequence[Plan | None], rule: str) -> list[Calibration | None]:

@@ -385,7 +385,8 @@ class ResultFile:
         """Continue an unfinished result file of the same job (resume) and the same block of
         configurations: its complete configurations stay, an unfinished one continues from its
         checkpoint or is run again. `data_sha256`: the data's now (default: the file's
-        provenance), which the checkpoints' digests must name."""
+        provenance), which the checkpoints' digests must name; other data than the file was
+        started from is refused (ValueError): its complete configurations would not match."""
         self = cls.__new__(cls)
         self.path = Path(path)
         self.file = h5py.File(self.path, "r+", locking=False)
@@ -405,10 +406,20 @@ class ResultFile:
             what = "all configurations" if had is None else f"configurations {had[0]}:{had[1]}"
             raise ValueError(f"{path} holds {what}; resume it with the same --configs / "
                              "--config-block")
+        prov = self.file.get("provenance")
+        had_data = str(prov.attrs.get("data_sha256", "")) if prov is not None else ""
+        if data_sha256 and had_data and data_sha256 != had_data:
+            where = prov.attrs.get("data_path", "")
+            self.file.close()
+            raise ValueError(
+                f"the shard file {where} changed since {path} was "
+                f"started from it (its SHA-256 was {had_data[:16]}..., is now "
+                f"{data_sha256[:16]}...): the configurations it holds were computed from the "
+                "other data; put that file back and resume, or start afresh (move the .partial "
+                "file away and run without --resume)")
         self.completed = sorted(int(c) for c in self.complete_indices())
         if data_sha256 is None:
-            prov = self.file.get("provenance")
-            data_sha256 = prov.attrs.get("data_sha256", "") if prov is not None else ""
+            data_sha256 = had_data
         self._identity = _identity(job_json, data_sha256)
         a["status"] = "running"
         a["writer_host"] = socket.gethostname()
