@@ -21,7 +21,7 @@ from . import __version__  # noqa: E402
 from .errors import MpiDpError  # noqa: E402
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from .analysis.export import ReleaseReport
 
@@ -63,7 +63,9 @@ Before the first iteration a run prints its estimated result size, memory and ti
 calibration included: minutes at T = 1e6); it refuses a job past the node's memory, and past
 the free disk space or a month unless --force. SIGTERM or Ctrl-C stops every rank at its next
 record after a checkpoint (status 'interrupted', exit 143 / 130), or within a second during the
-noise calibration (which prints progress every 5 s); --resume continues it. A rank still
+noise calibration (which prints progress every 5 s); --resume continues it. A calibrated plan
+is kept for later jobs, which read the same noise without searching ($MPI_DP_CALIBRATION_CACHE,
+default $MPI_DP_CACHE/calibration or ~/.cache/mpi_dp/calibration; 'off' disables it). A rank still
 running 45 s (MPI_DP_STOP_GRACE_S) after the signal aborts the job: a frozen rank cannot hold
 it. A full disk stops with the complete configurations readable (exit 2); free space and
 --resume. Exit status: 0 done, 2 a mistake in the job or data (one line; MPI_DP_TRACEBACK=1
@@ -518,7 +520,15 @@ In pandas:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The command line. `words`: the command's words (main's, options left out): the arguments
+    of `data ...` and `forecast`, whose modules cost imports (readers, downloads, analysis), are
+    added only when the command is theirs, so `mpi-dp run` never imports them (None: every
+    command's arguments)."""
+
+    def wanted(command: str) -> bool:
+        return words is None or list(words[:1]) == [command]
+
     fmt = argparse.RawDescriptionHelpFormatter
     ap = _Parser(prog="mpi-dp", description=DESCRIPTION, formatter_class=fmt)
     ap.add_argument("--version", action="version", version=f"mpi_dp {__version__}")
@@ -609,9 +619,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "linear regression (y = X theta + noise) or binary classification "
                             "(y = sign(X theta + noise)), with a public hold-out.",
                             formatter_class=fmt)
-    from .data.synth import add_synth_arguments
+    if wanted("data"):
+        from .data.synth import add_synth_arguments
 
-    add_synth_arguments(synth)
+        add_synth_arguments(synth)
     synth.set_defaults(func=_cmd_synth)
 
     prep = dsub.add_parser("prepare", help="real data -> shard file (recipes, CSV, LIBSVM)",
@@ -619,18 +630,20 @@ def build_parser() -> argparse.ArgumentParser:
                            "preprocess, partition into agents, write atomically, print a summary. "
                            "Either a named recipe (each paper's data setting) or a CSV/LIBSVM "
                            "file of your own.", formatter_class=fmt)
-    from .data.prepare_cli import add_prepare_arguments
+    if wanted("data"):
+        from .data.prepare_cli import add_prepare_arguments
 
-    add_prepare_arguments(prep)
+        add_prepare_arguments(prep)
     prep.set_defaults(func=_cmd_prepare)
 
     fetch = dsub.add_parser("fetch", help="download a dataset's original files (SHA-256 checked)",
                             description="Download a dataset's original files from their official "
                             "URLs into the cache (SHA-256 checked), or from a mirror.",
                             formatter_class=fmt)
-    from .data.fetch import add_fetch_arguments
+    if wanted("data"):
+        from .data.fetch import add_fetch_arguments
 
-    add_fetch_arguments(fetch)
+        add_fetch_arguments(fetch)
     fetch.set_defaults(func=_cmd_fetch)
 
     upg = dsub.add_parser("upgrade", help="an old shard file (one group per owner) -> block "
@@ -639,9 +652,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "owner, read one owner at a time) again in the block layout "
                           "(format_version 2: a rank's owners in a few large reads), the same "
                           "data bit for bit.")
-    from .data.upgrade_cli import add_upgrade_arguments
+    if wanted("data"):
+        from .data.upgrade_cli import add_upgrade_arguments
 
-    add_upgrade_arguments(upg)
+        add_upgrade_arguments(upg)
     upg.set_defaults(func=_cmd_upgrade)
 
     an = sub.add_parser("analyze", help="table per configuration of a result file",
@@ -721,9 +735,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "+ c2 S/n^2 (S = sum_i 1/eps_i^2, n = sum_i n_i) to sweeps of result files, "
                         "then predict E[psi] for a proposed coalition and whether each owner gains "
                         "by joining.", formatter_class=fmt)
-    from .analysis.forecast_cli import add_forecast_arguments
+    if wanted("forecast"):
+        from .analysis.forecast_cli import add_forecast_arguments
 
-    add_forecast_arguments(fc)
+        add_forecast_arguments(fc)
     fc.set_defaults(func=_cmd_forecast)
 
     mg = sub.add_parser(
@@ -793,7 +808,7 @@ def main(argv: list[str] | None = None) -> int:
             import signal
 
             os.kill(os.getpid(), signal.SIGTERM)
-    args = build_parser().parse_args(argv)
+    args = build_parser(words).parse_args(argv)
     from .progress import configure
 
     configure(_verbosity(args))

@@ -265,7 +265,10 @@ class ReferenceKeys(Section):
     """The shared [reference] section: the evaluation-only optimum theta*."""
 
     NAME: ClassVar[str] = "reference"
-    solver: str = key((str,), "auto", "theta* solver", ("auto", "closed", "scipy", "petsc"))
+    solver: str = key((str,), "auto", "theta* solver; none: no theta* (psi, psi_iterate, "
+                      "dist_sq, the isolated optima and theta*'s utility are not recorded: a "
+                      "short exploring run starts at once)",
+                      ("auto", "closed", "scipy", "petsc", "none"))
     isolated: int = key((int,), 256, "owners 0..k-1 get their isolated optimum and its psi "
                         "(reference/psi_isolated; NaN beyond k): each costs one evaluation over "
                         "every record, so all 10,000 owners would cost O(N^2)", within=INDEX)

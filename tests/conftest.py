@@ -9,8 +9,13 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-# the p2p reference cache of the suite's jobs (and their mpiexec children) stays out of ~/.cache
+# the reference caches of the suite's jobs (p2p's and the star methods', and those of their
+# mpiexec children) stay out of ~/.cache
 os.environ.setdefault("MPI_DP_CACHE", tempfile.mkdtemp(prefix="mpi_dp_test_cache_"))
+# the on-disk calibration cache (privacy.calibration_store) is off: every job of the suite searches
+# its noise afresh, as the tests of the calibration's cost, progress and stops expect; the tests of
+# the cache give it a folder of their own
+os.environ.setdefault("MPI_DP_CALIBRATION_CACHE", "off")
 
 
 @pytest.fixture(scope="session")

@@ -117,6 +117,7 @@ def test_final_model_audit_and_no_evaluation_inside_an_audit(tmp_path, monkeypat
         return real(self, thetas, *a, **k)
 
     monkeypatch.setattr(common.Oracle, "loss_sums", counted)
+    monkeypatch.setenv("MPI_DP_REFERENCE_CACHE", "off")  # the reference's own sums are seen
     job = _job(tmp_path, "audit_sync_star", demo_shards)
     ok = run_audit(str(job), ["T=2", "record_every=2"], out=str(tmp_path / "f.h5"), runs=400,
                    release="final", progress=False)

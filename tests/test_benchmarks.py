@@ -60,7 +60,9 @@ QUICK: dict[str, Quick] = {
         r"^raw ping-pong round trips/s +median",
         r"^live learner updates/s +median",
         r"^ratio updates / ping-pong +median",
-        r"^owner shares of the updates \(last block\): \[0\.25 0\.25 0\.25 0\.25\]",
+        # live (wall-clock) answers: every owner served, about equally (exactly 1/4 each only
+        # on an idle machine; one owner ahead by a few updates under load)
+        r"^owner shares of the updates \(last block\): \[0\.2\d* +0\.2\d* +0\.2\d* +0\.2\d*\]",
         r"^VERDICT: ",
         r"^  query-to-answer round trip .* of which owner's answer timed alone \d",
         r"^  raw ping-pong round trip +\d")),
@@ -130,6 +132,23 @@ QUICK: dict[str, Quick] = {
         r"^  mpi-dp audit +median +\S+ releases/s",
         r"^  plain NumPy loop +median +\S+ releases/s",
         r"^  ratio \(goal >= 50\)  median \S+  spread \S+  \(1 rank\(s\), R = 200, quick\)")),
+    # mpi_dp beside pfl and Flower; the peers run only where their venvs exist (CI: skipped,
+    # with the reason); the job itself starts under mpiexec -n 2
+    "peers.py": Quick(None, (
+        r"^peers \(quick\): mpi_dp sync_star on 2 rank\(s\) vs pfl, flower; N in \[10\] owners "
+        r"x 500 records, d = 10 \(\+ bias\), T = 5, eps = 10, delta = 1e-05, 1 block\(s\)",
+        r"^pfl: (skipped: (no virtual environment at .* \(pass --install|.*does not import)"
+        r"|pfl \S+ in )",
+        r"^flower: (skipped: (no virtual environment at .* \(pass --install|.*does not import)"
+        r"|flwr \S+ in )",
+        r"^N = 10: clip xi = \S+ \(mpi_dp, L1 per record\), C = \S+ \(peers, L2 per client",
+        r"^block 1 N=10: mpi_dp total \S+ s, \S+ ms/round, start-up \S+ s, test accuracy 0\.\d+",
+        r"^ +N  system  ms/round +start-up s +total s +test acc +round ratio +total ratio",
+        r"^ +10  mpi_dp  \S+ \[\S+, \S+\] +\S+ \[\S+, \S+\] +\S+ \[\S+, \S+\] +0\.\d+ +1 +1$",
+        r"^equal work N=10: test accurac(y|ies) mpi_dp 0\.\d+",
+        r"^DP: mpi_dp sync_star: record-level DP, .* \(local noise.*; pfl/flower: client-level "
+        r"central DP",
+        r"^done in \d+ s")),
     # CuPy where a GPU is usable, else array_api_strict (the device code path on the CPU); its
     # part 3 starts the job on 2 ranks itself
     "gpu.py": Quick(None, (

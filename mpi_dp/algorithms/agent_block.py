@@ -214,6 +214,21 @@ class AgentBlock:
                               loss, g.X[c], g.y[c], T, np.inf, g.row_l1[c])[0][:, 0],
                           lambda sh: linear.grad_sum(loss, sh.X, sh.y, T)[0])
 
+    def loss_grad_sums(self, loss: str, theta: np.ndarray) -> np.ndarray:
+        """(A, 1 + p): `loss_sums` and `grad_sums` at one model theta (1, p) side by side, in one
+        pass over the records (bit for bit the two calls: see linear.loss_grad_sum)."""
+        T = linear.as_runs(theta)
+        if T.shape[0] != 1:
+            raise ValueError("loss_grad_sums takes one model")
+
+        def alone(sh: Shard) -> np.ndarray:
+            f, g = linear.loss_grad_sum(loss, sh.X, sh.y, T)
+            return np.concatenate([f, g[0]])
+
+        return self._each(1 + T.shape[1], 1,
+                          lambda g, c: linear.loss_grad_sum_stack(loss, g.X[c], g.y[c], T),
+                          alone)
+
     def error_counts(self, thetas: np.ndarray) -> np.ndarray:
         """Every agent's `linear.error_counts` of the models thetas (M, p): (A, M)."""
         T = linear.as_runs(thetas)

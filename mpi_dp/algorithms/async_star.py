@@ -512,8 +512,10 @@ class _Records:
                  hooks: RunHooks) -> None:
         self.s, self.ref, self.gram, self.hooks = s, ref, gram, hooks
         self.utility = tap.evaluating()
-        self.f_star = None
-        if ref is not None and gram is not None and gram.ready:
+        self.f_star: float | None = None
+        #: theta* known (not reference.solver = 'none'): psi and dist_sq are recorded
+        self.optimum = ref is not None and ref.has_optimum
+        if ref is not None and ref.theta_star is not None and gram is not None and gram.ready:
             self.f_star = float(gram.f(ref.theta_star)[0])
         self.pending: list[tuple[int, np.ndarray]] = []
         self.last_psi: np.ndarray | None = None
@@ -540,6 +542,10 @@ class _Records:
     def _append(self, k: int, theta: np.ndarray, f: np.ndarray,
                 util: dict[str, np.ndarray]) -> None:
         assert self.ref is not None  # needed on the learner
+        if self.ref.theta_star is None or self.f_star is None:  # reference.solver = 'none'
+            if self.hooks.recording:
+                self.hooks.record(k, {"objective": f, **util})
+            return
         psi = f / self.f_star - 1.0
         d = theta - self.ref.theta_star
         self.last_psi = psi
@@ -557,16 +563,18 @@ class _Records:
         R, p = self.s.runs, self.s.p
         thetas = (np.concatenate([th for _, th in self.pending]) if is_learner
                   else np.zeros((m * R, p)))
-        if is_learner:
+        optimum = star.bcast_object(self.optimum if is_learner else None)
+        if is_learner and optimum:
             assert self.ref is not None  # needed on the learner
             thetas = np.concatenate([thetas, np.asarray(self.ref.theta_star)[None, :]])
-        else:
+        elif optimum:
             thetas = np.concatenate([thetas, np.zeros((1, p))])
         util = oracle.record(thetas, slice(0, m * R) if self.utility else None)
         if util is None:
             return
         f = util.pop("objective")
-        self.f_star = float(f[-1])
+        if optimum:
+            self.f_star = float(f[-1])
         for j, (k, th) in enumerate(self.pending):
             rows = slice(j * R, (j + 1) * R)
             self._append(k, th, f[rows], {name: v[rows] for name, v in util.items()})
@@ -596,7 +604,7 @@ class AsyncStarResult(ResultRecord):
     f_star: float | None
     ledgers: list[Ledger] | np.ndarray  # or their privacy/ledger rows (ledger_delta)
     final_psi: np.ndarray | None
-    psi_isolated: np.ndarray
+    psi_isolated: np.ndarray | None  # None: reference.solver = 'none'
 
 
 def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
@@ -697,8 +705,9 @@ def run_config(star: Star, link: P2PStar, shards: list[LocalShard], s: Settings,
         n_a = np.array([s.n[i] for i in a.tolist()])
         clip_frac[:, a] = (clipped / np.maximum(releases, 1) / n_a[:, None]).T
     assert ref is not None and ledgers is not None  # the learner's
-    psi_isolated = ref.psi_isolated[:N]
-    if records.gram is not None:  # psi of the isolated optima on the same (Gram) footing
+    psi_isolated = None if ref.psi_isolated is None else ref.psi_isolated[:N]
+    if records.gram is not None and ref.theta_isolated is not None:
+        # psi of the isolated optima on the same (Gram) footing
         assert records.f_star is not None  # set from the Gram statistics on the learner
         gram_final = records.gram.final(ref.theta_isolated[:N], records.f_star)
         assert gram_final is not None

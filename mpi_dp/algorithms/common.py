@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 import scipy.sparse as sp
 
+from .. import progress
 from ..comm.star import Star
 from ..errors import JobError
 from ..models import linear, reference
@@ -24,6 +26,7 @@ from ..privacy import Ledger, tap
 from ..privacy.release import OwnerRelease
 from .agent_block import AgentBlock
 from .hooks import RunHooks
+from .reference_cache import DiskCache
 
 #: losses whose models are binary classifiers (labels in {-1, +1}): they get error rates
 CLASSIFICATION_LOSSES = ("hinge", "logistic")
@@ -143,15 +146,30 @@ class Reference:
     """Non-private reference quantities of one configuration (evaluation-only).
 
     `utility`: the trivial baselines and theta*'s own utility (see `baselines`); empty inside a
-    privacy audit, which skips evaluation.
+    privacy audit, which skips evaluation. With reference.solver = 'none' (`NO_REFERENCE`) the
+    optima and f* are None (nothing needing theta* is recorded) and `utility` holds the
+    baselines only.
     """
 
-    theta_star: np.ndarray
-    f_star: float
-    theta_isolated: np.ndarray  # (N, p): each owner's own optimum theta*_i
-    psi_isolated: np.ndarray  # (N,): psi(theta*_i) on the full objective
+    theta_star: np.ndarray | None
+    f_star: float | None
+    theta_isolated: np.ndarray | None  # (N, p): each owner's own optimum theta*_i
+    psi_isolated: np.ndarray | None  # (N,): psi(theta*_i) on the full objective
     solver: str
     utility: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def has_optimum(self) -> bool:
+        """Whether theta* was computed (not reference.solver = 'none')."""
+        return self.theta_star is not None and self.f_star is not None
+
+
+#: reference.solver value that skips theta* (and everything that needs it)
+NO_REFERENCE = "none"
+#: what a run without theta* leaves out, for its progress line and result attribute
+NO_REFERENCE_NOTE = ("reference.solver = 'none': theta* not computed, so psi, psi_iterate, "
+                     "theta_star, f_star, the isolated optima and theta*'s utility are not "
+                     "recorded")
 
 
 class Oracle:
@@ -309,9 +327,7 @@ class Oracle:
             self._fg_local(self.star.bcast(theta))
 
     def _fg_local(self, theta: np.ndarray) -> np.ndarray | None:
-        local = np.empty((len(self.shards), 1 + self.p))
-        local[:, 0] = self.block.loss_sums(self.loss, theta)[:, 0]
-        local[:, 1:] = self.block.grad_sums(self.loss, theta)
+        local = self.block.loss_grad_sums(self.loss, theta)  # one pass: loss and gradient
         return self.star.gather_agents(local, (1 + self.p,))
 
     def _fg_learner(self, theta: np.ndarray) -> tuple[float, np.ndarray]:
@@ -394,12 +410,26 @@ def baselines(stats: np.ndarray, has_test: bool, classify: bool) -> dict[str, fl
     return out
 
 
+def baselines_only(oracle: Oracle) -> Reference | None:
+    """The Reference of reference.solver = 'none': no optimum, only the trivial baselines
+    (outside an audit; collective, the learner gets it)."""
+    stats = oracle.label_stats() if tap.evaluating() else None
+    if not oracle.star.is_learner:
+        return None
+    utility = ({} if stats is None
+               else baselines(stats, oracle.evalset.has_test, oracle.classify))
+    return Reference(theta_star=None, f_star=None, theta_isolated=None, psi_isolated=None,
+                     solver=NO_REFERENCE, utility=utility)
+
+
 def reference_quantities(oracle: Oracle, theta_max: float, solver: str,
                          isolated: int | None = None) -> Reference | None:
     """theta*, f*, the isolated optimum of owners 0..isolated-1 (default: all) and its psi, and
     (outside an audit) the trivial baselines and theta*'s own utility (collective; learner gets
     it). Owners from `isolated` on get NaN: each isolated psi is an evaluation over every
-    record, so all of them cost O(N^2) for N owners."""
+    record, so all of them cost O(N^2) for N owners. solver = 'none': `baselines_only`."""
+    if solver == NO_REFERENCE:
+        return baselines_only(oracle)
     theta_star, used = oracle.theta_star(theta_max, solver)
     n_agents = oracle.star.layout.n_agents
     k_iso = n_agents if isolated is None else min(int(isolated), n_agents)
@@ -449,13 +479,45 @@ def reference_quantities(oracle: Oracle, theta_max: float, solver: str,
 def cached_reference(cache: dict, star: Star, shards: list[LocalShard], loss: str, lam: float,
                      n: list[int], p: int, theta_max: float, solver: str,
                      evalset: EvalSet | None = None,
-                     isolated: int | None = None) -> Reference | None:
-    """reference_quantities for the sizes n, computed once per n vector of a sweep (collective)."""
+                     isolated: int | None = None, disk: DiskCache | None = None
+                     ) -> Reference | None:
+    """reference_quantities for the sizes n, computed once per n vector of a sweep (collective),
+    and read from / written to the on-disk cache `disk` (reference_cache; None or a disabled
+    one: always computed). A cached reference is bit for bit the computed one."""
     key = tuple(n)
     if key not in cache:
         oracle = Oracle(star, shards, loss, lam, int(sum(n)), p, evalset)
-        cache[key] = reference_quantities(oracle, theta_max, solver, isolated)
+        if solver == NO_REFERENCE or disk is None:
+            cache[key] = reference_quantities(oracle, theta_max, solver, isolated)
+        else:
+            cache[key] = _on_disk(disk, oracle, theta_max, solver, isolated, n)
     return cache[key]
+
+
+def _on_disk(disk: DiskCache, oracle: Oracle, theta_max: float, solver: str,
+             isolated: int | None, n: list[int]) -> Reference | None:
+    """reference_quantities through the disk cache: the learner looks its entry up and tells
+    the others whether it hit (collective); a computed reference is stored by the learner."""
+    star = oracle.star
+    entry = None
+    if star.is_learner and disk.folder is not None:
+        entry = disk.key(loss=oracle.loss, lam=oracle.lam, theta_max=theta_max, solver=solver,
+                         isolated=isolated, n=n, n_agents=star.layout.n_agents, p=oracle.p,
+                         evalset=oracle.evalset, evaluating=tap.evaluating())
+    got = None if entry is None else disk.load(entry, star.layout.n_agents, oracle.p)
+    if star.bcast_object(got is not None):
+        if got is None:
+            return None  # not the learner
+        progress.info(f"reference theta* read from the cache ({disk.folder}/{str(entry)[:12]}...)")
+        return Reference(**got)
+    t0 = time.perf_counter()
+    ref = reference_quantities(oracle, theta_max, solver, isolated)
+    if entry is not None and ref is not None:
+        where = disk.store(entry, dataclasses.asdict(ref))
+        progress.info(f"reference theta* computed in {time.perf_counter() - t0:.1f} s"
+                      + (f" (cached in {disk.folder})" if where is not None
+                         else f" (the cache folder {disk.folder} is not writable)"))
+    return ref
 
 
 # -- checkpoints inside a configuration (resume) -------------------------------------------------

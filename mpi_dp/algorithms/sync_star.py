@@ -285,6 +285,10 @@ def run_config(star: Star, shards: list[LocalShard], s: Settings, contract: Cont
         f, clip_total = util.pop("objective"), util.pop("extra")
         f_avg, f_it = f[:R], f[R:]
         report = f_avg if s.variant == "alg2" else f_it
+        if ref.f_star is None:  # reference.solver = 'none': no theta*, no psi
+            hooks.record(k, {"objective": report, "clip_fraction": clip_total / n_total,
+                             "step_size": mu, **util})
+            return None
         psi = report / ref.f_star - 1.0
         hooks.record(k, {"psi": psi, "psi_iterate": f_it / ref.f_star - 1.0,
                          "objective": report, "clip_fraction": clip_total / n_total,

@@ -127,11 +127,13 @@ class ConfigView:
         """Per-run metric `name` as float64 (records, runs)."""
         m = self._metrics()
         if m is None or name not in m:
+            left_out = self.attrs.get("not_recorded")
             raise ResultError(
                 f"{self._path}: configuration {self.index} has no metric {name!r}; "
                 f"available: {', '.join(self.metric_names()) or 'none'}"
                 + ("" if self.metric_names() else " (run with record_every = 0: no records; "
                    "the final models are in models/final)")
+                + ("" if left_out is None else f" (run with {_text(left_out)})")
             )
         d = m[name]
         if d.ndim != 2:
@@ -315,6 +317,19 @@ class Result:
             f"Result({str(self.path)!r}, algorithm={self.algorithm!r}, status={self.status!r}, "
             f"configs={len(self.configs)})"
         )
+
+
+#: what the analysis summarises where a result recorded no psi (reference.solver = 'none')
+NO_PSI_METRIC = "objective"
+
+
+def shown_metric(result: Result, preferred: str) -> str:
+    """`preferred`, or NO_PSI_METRIC where no configuration recorded `preferred` but every one
+    recorded that (a star job run with reference.solver = 'none' has no theta*, so no psi)."""
+    names = [set(c.metric_names()) for c in result.configs]
+    if any(preferred in n for n in names) or not names:
+        return preferred
+    return NO_PSI_METRIC if all(NO_PSI_METRIC in n for n in names) else preferred
 
 
 def open_result(path: str | Path) -> Result:

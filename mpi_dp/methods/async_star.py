@@ -51,7 +51,7 @@ from .star_common import (
     STAR_READS,
     StarMethod,
     StarPrepared,
-    add_utility_reference,
+    add_reference_outputs,
     agreed_public_constants,
     evaluation_set,
     lap_scale_formula,
@@ -348,7 +348,7 @@ class AsyncStar(StarMethod[Prepared, _S]):
     def figures(self, result: Any, prefix: Path, metric: str | None = None) -> list[Path]:
         from ..analysis import async_report
 
-        return async_report.plot_async(result, prefix, metric or self.default_metric)
+        return async_report.plot_async(result, prefix, self.metric_of(result, metric))
 
 
 def _outcome(out: async_star.AsyncStarResult, ref, s: _S, contract: Contract) -> Outcome:
@@ -371,14 +371,12 @@ def _outcome(out: async_star.AsyncStarResult, ref, s: _S, contract: Contract) ->
         res.add("schedule/rtt_s", tr.rtt, what="learner's query-to-answer seconds")
         res.add("schedule/dropped_ticks", out.dropped_ticks,
                 what="clock ticks dropped per host while a request was outstanding")
-    f_star = out.f_star if out.f_star is not None else ref.f_star
-    if not math.isfinite(f_star):
-        raise JobError("the reference objective is not finite")
-    res.add("reference/theta_star", ref.theta_star, evaluation_only=True, solver=ref.solver)
-    res.add("reference/f_star", f_star, evaluation_only=True)
-    res.add("reference/theta_isolated", ref.theta_isolated[:N], evaluation_only=True)
-    res.add("reference/psi_isolated", out.psi_isolated, evaluation_only=True)
-    add_utility_reference(res, ref)
+    if ref.has_optimum:
+        f_star = out.f_star if out.f_star is not None else ref.f_star
+        if not math.isfinite(f_star):
+            raise JobError("the reference objective is not finite")
+        ref = dataclasses.replace(ref, f_star=f_star)
+    add_reference_outputs(res, ref, N, out.psi_isolated)
     res.add("privacy/answered", out.answered)
     res.add("privacy/spent_eps", out.spent_eps, composition="basic (sequential) sum of the "
             "per-release eps each owner spent, per run and owner (inf: eps = inf, no noise); the "

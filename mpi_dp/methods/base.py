@@ -355,23 +355,32 @@ class Method(Generic[PreparedT, SettingsT]):
         raise NotImplementedError
 
     # -- analysis ----------------------------------------------------------------------------
+    def metric_of(self, result: Any, metric: str | None) -> str:
+        """The metric to summarise: `metric`, else the default one, else (a result without it,
+        e.g. no psi under reference.solver = 'none') the objective (analysis.load)."""
+        if metric is not None:
+            return metric
+        from ..analysis.load import shown_metric
+
+        return shown_metric(result, self.default_metric)
+
     def analyze(self, result: Any, metric: str | None = None) -> str:
         """What `mpi-dp analyze` prints for a result of this method (before the privacy block)."""
         from ..analysis import table
 
-        return table.analyze_text(result, metric=metric or self.default_metric)
+        return table.analyze_text(result, metric=self.metric_of(result, metric))
 
     def table_rows(self, result: Any, metric: str | None = None) -> list[dict[str, Any]]:
         """The rows `mpi-dp analyze --csv` writes."""
         from ..analysis import table
 
-        return table.summarize(result, metric=metric or self.default_metric)
+        return table.summarize(result, metric=self.metric_of(result, metric))
 
     def figures(self, result: Any, prefix: Path, metric: str | None = None) -> list[Path]:
         """Write this method's figures; returns the PNG paths."""
         from ..analysis import figures
 
-        return figures.plot_result(result, prefix, metric=metric or self.default_metric)
+        return figures.plot_result(result, prefix, metric=self.metric_of(result, metric))
 
 
 def rule_for(job: Job, configured: Configured) -> Rule:

@@ -16,7 +16,10 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import scipy.sparse as sp
 
+from .. import progress
 from ..algorithms.common import (
+    NO_REFERENCE,
+    NO_REFERENCE_NOTE,
     PREDICTION_RULE,
     EvalSet,
     LocalShard,
@@ -24,6 +27,7 @@ from ..algorithms.common import (
     cached_reference,
     is_classification,
 )
+from ..algorithms.reference_cache import DiskCache
 from ..data import ShardFile
 from ..data.bounds import row_norm_bound
 from ..errors import JobError
@@ -278,6 +282,35 @@ class StarMethod(Method[StarPreparedT, StarSettingsT]):
         shards = [LocalShard(i, *read[i]) if i < N else LocalShard(i, empty, np.zeros(0))
                   for i in ctx.star.local_agents]
         rk = ctx.job.section(ReferenceKeys)
+        if rk.solver == NO_REFERENCE and not prep.refs and ctx.star.is_learner:
+            progress.info(NO_REFERENCE_NOTE)
+        disk = prep.refs.get(_DISK)
+        if disk is None and rk.solver != NO_REFERENCE:
+            disk = prep.refs[_DISK] = ctx.agree(
+                lambda: DiskCache.for_shard(ctx.shard, ctx.star.is_learner))
         ref = cached_reference(prep.refs, ctx.star, shards, s.loss, s.lam, n, p, s.theta_max,
-                               rk.solver, prep.evalset, rk.isolated)
+                               rk.solver, prep.evalset, rk.isolated, disk)
         return shards, ref
+
+
+#: StarPrepared.refs' entry of the on-disk reference cache (the others are keyed by n vectors)
+_DISK = "disk cache"
+
+
+def add_reference_outputs(out: Outcome, ref: Reference, N: int | None = None,
+                          psi_isolated: np.ndarray | None = None) -> None:
+    """reference/* of a star configuration: theta*, f*, the isolated optima (owners 0..N-1) and
+    their psi (`psi_isolated` where the method recomputed it), the baselines and theta*'s
+    utility; with reference.solver = 'none' only the baselines, and the configuration's
+    attribute not_recorded says what was left out."""
+    if ref.has_optimum:
+        assert ref.theta_isolated is not None and ref.psi_isolated is not None  # with theta*
+        out.add("reference/theta_star", ref.theta_star, evaluation_only=True, solver=ref.solver)
+        out.add("reference/f_star", ref.f_star, evaluation_only=True)
+        out.add("reference/theta_isolated", ref.theta_isolated[:N], evaluation_only=True)
+        out.add("reference/psi_isolated",
+                ref.psi_isolated[:N] if psi_isolated is None else psi_isolated,
+                evaluation_only=True)
+    else:
+        out.attrs["not_recorded"] = NO_REFERENCE_NOTE
+    add_utility_reference(out, ref)

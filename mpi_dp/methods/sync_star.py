@@ -30,7 +30,7 @@ from .base import (
 from .star_common import (
     STAR_READS,
     StarMethod,
-    add_utility_reference,
+    add_reference_outputs,
     agreed_public_constants,
     evaluation_set,
     lap_scale_formula,
@@ -138,11 +138,7 @@ class SyncStar(StarMethod[Prepared, sync_star.Settings]):
         out = Outcome(res.ledgers, guarantee=star_guarantee(contract, "T answers"))
         out.add("models/final", res.final)
         out.add("models/final_iterate", res.final_iterate)
-        out.add("reference/theta_star", ref.theta_star, evaluation_only=True, solver=ref.solver)
-        out.add("reference/f_star", ref.f_star, evaluation_only=True)
-        out.add("reference/theta_isolated", ref.theta_isolated, evaluation_only=True)
-        out.add("reference/psi_isolated", ref.psi_isolated, evaluation_only=True)
-        add_utility_reference(out, ref)
+        add_reference_outputs(out, ref)
         out.add("privacy/lap_scale", np.array([_scale(contract, i, s.xi, n[i])
                                                for i in range(len(n))]),
                 formula=lap_scale_formula(contract, "T"))

@@ -151,6 +151,34 @@ def grad_sum(loss: str, X, y: np.ndarray, Theta: np.ndarray) -> np.ndarray:
     return total
 
 
+def loss_grad_sum(loss: str, X, y: np.ndarray, Theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(`loss_sum`, `grad_sum`) in one pass over the records: each chunk's margins are computed
+    once and feed both, with the same operations in the same order, so both are bit for bit
+    what the two calls give (the reference solvers' value-and-gradient callback)."""
+    if not on_host(X):
+        return loss_sum(loss, X, y, Theta), grad_sum(loss, X, y, Theta)
+    check_loss(loss)
+    T = as_runs(Theta)
+    _check_finite(T, "loss_sum")
+    y = _check_shapes(X, y, T)
+    f, g = np.zeros(T.shape[0]), np.zeros(T.shape)
+    for s in _chunks(X.shape[0], T.shape[0]):
+        Xc = X[s]
+        Zt = _margins_t(Xc, T)
+        f += _loss_t(loss, Zt, y[s]).sum(axis=1)
+        g += _back_t(Xc, _derivative_t(loss, Zt, y[s]))
+    return f, g
+
+
+def _loss_t(loss: str, Zt: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """`loss_sum`'s per-record losses (R, rows) of margins laid out (R, rows); Zt is kept."""
+    if loss == "squared":
+        L = Zt - y
+        L *= L
+        return L
+    return loss_values(loss, Zt.T, y).T
+
+
 @dataclasses.dataclass(frozen=True)
 class SquaredStats:
     """Per-shard constants that make the squared-loss clipped gradient cost ~ one pass for any R.
@@ -333,6 +361,35 @@ def loss_sum_stack(loss: str, Xs: np.ndarray, ys: np.ndarray, Theta: np.ndarray)
     total = np.zeros(Zt.shape[:2])
     total += Zt.sum(axis=2)
     return total
+
+
+def loss_grad_sum_stack(loss: str, Xs: np.ndarray, ys: np.ndarray, theta: np.ndarray
+                        ) -> np.ndarray:
+    """(G, 1 + p): each agent's `loss_sum_stack` and unclipped `clipped_grad_sum_stack` at one
+    model theta, from one product of margins (bit for bit the two calls: the same operations on
+    the same margins). Host arrays only (the evaluation-only passes stay on the host)."""
+    check_loss(loss)
+    T = as_runs(theta)
+    _check_finite(T, "loss_sum")
+    if T.shape[0] != 1:
+        raise ValueError("loss_grad_sum_stack takes one model")
+    Zt = T @ Xs.transpose(0, 2, 1)  # (G, 1, n)
+    y = ys[:, None, :]
+    if loss == "squared":
+        L = Zt - y
+        L *= L
+    elif loss == "hinge":
+        L = np.maximum(0.0, 1.0 - y * Zt)
+    else:
+        L = np.logaddexp(0.0, -y * Zt)
+    out = np.empty((Xs.shape[0], 1 + Xs.shape[2]))
+    total = np.zeros(L.shape[:2])
+    total += L.sum(axis=2)
+    out[:, :1] = total
+    grad = np.zeros((Xs.shape[0], 1, Xs.shape[2]))
+    grad += _back_stack(Xs, _derivative_t(loss, Zt, y))
+    out[:, 1:] = grad[:, 0]
+    return out
 
 
 def _margins_t(X, Theta: np.ndarray) -> np.ndarray:

@@ -64,8 +64,9 @@ def local_fun_and_grad(loss: str, X, y: np.ndarray, lam: float) -> FunAndGrad:
     n = X.shape[0]
 
     def fun_and_grad(theta: np.ndarray) -> tuple[float, np.ndarray]:
-        f = 0.5 * lam * float(theta @ theta) + float(linear.loss_sum(loss, X, y, theta)[0]) / n
-        g = lam * theta + linear.grad_sum(loss, X, y, theta)[0] / n
+        loss_sum, grad_sum = linear.loss_grad_sum(loss, X, y, theta)  # one pass over X
+        f = 0.5 * lam * float(theta @ theta) + float(loss_sum[0]) / n
+        g = lam * theta + grad_sum[0] / n
         return f, g
 
     return fun_and_grad

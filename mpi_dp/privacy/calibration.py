@@ -26,16 +26,17 @@ Gaussian whose composition is eps exactly (events.gaussian_noise_multiplier); th
 but positive, never an overflow, and what the ledger reports totals eps to rounding.
 
 Calibrations depend on the plan alone and are cached per distinct plan (owners with equal budgets
-and equal plans share one search; never one per owner per run). Sensitivities do not enter: the
-calibration fixes the noise multiplier (noise scale / sensitivity), and each release's noise is
-that multiplier times its own sensitivity.
+and equal plans share one search; never one per owner per run), and across jobs on disk
+(privacy.calibration_store: the next job with the same plan reads the same bits, no search).
+Sensitivities do not enter: the calibration fixes the noise multiplier (noise scale /
+sensitivity), and each release's noise is that multiplier times its own sensitivity.
 
 A search can be long (its compositions grow with the number of releases: privacy.
 calibration_cost), so it counts its accountant evaluations (`evaluations`, for progress lines)
 and one running in a thread stops before the next once cancelled (`cancel_thread`: Cancelled,
 nothing cached; privacy.calibration_run).
 
-Pure: no MPI. dp-accounting is imported on first use.
+Pure: no MPI. dp-accounting is imported on first use (a search; never for a stored plan).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from typing import overload
 
 import numpy as np
 
-from mpi_dp.privacy import accountants
+from mpi_dp.privacy import accountants, calibration_store
 from mpi_dp.privacy.events import (
     Event,
     GaussianEvent,
@@ -476,7 +477,7 @@ def calibrate(plan: Plan, rule: str) -> Calibration:
     plan cannot meet its target (e.g. fixed releases that spend it all)."""
     if rule not in ("pld", "basic"):
         raise ValueError(f"calibration rule must be 'pld' or 'basic' here, got {rule!r}")
-    hit = _CACHE.get((rule, plan))
+    hit = _CACHE.get((rule, plan)) or _stored(plan, rule)
     if hit is not None:
         return hit
     if math.isinf(plan.eps) or plan.releases == 0:  # nothing to calibrate: no noise
@@ -489,6 +490,7 @@ def calibrate(plan: Plan, rule: str) -> Calibration:
         _step()  # the planned totals: one more composition
         cal = Calibration(rule, plan, nm, planned=accountants.compose(planned_pairs(plan, nm),
                                                                       plan.delta))
+        _store(cal)
     _CACHE[(rule, plan)] = cal
     return cal
 
@@ -503,8 +505,48 @@ def paper(plan: Plan, name: str, noise_multiplier: float) -> Calibration:
 
 
 def cached(plan: Plan, rule: str) -> bool:
-    """Whether calibrate(plan, rule) is known in this process (costs nothing)."""
-    return (rule, plan) in _CACHE
+    """Whether calibrate(plan, rule) is known in this process or stored on disk by an earlier
+    job (privacy.calibration_store): it costs nothing then."""
+    return (rule, plan) in _CACHE or _stored(plan, rule) is not None
+
+
+def _store_parts(plan: Plan, rule: str) -> dict | None:
+    """The disk cache's key of (rule, plan), or None for a plan it cannot state exactly."""
+    try:
+        return {"rule": rule, "plan": calibration_store.encode(plan)}
+    except calibration_store.Uncachable:
+        return None
+
+
+_TOTALS = tuple(f.name for f in dataclasses.fields(accountants.Totals))
+
+
+def _stored(plan: Plan, rule: str) -> Calibration | None:
+    """A calibration with noise of (rule, plan) stored by an earlier job (the bits it found),
+    kept in this process's cache too; None when there is none (or the cache is off)."""
+    if rule not in ("pld", "basic") or math.isinf(plan.eps) or plan.releases == 0:
+        return None
+    parts = _store_parts(plan, rule)
+    value = None if parts is None else calibration_store.load(parts)
+    if value is None:
+        return None
+    nm = calibration_store.floats(value.get("noise_multiplier"), ("nm",))
+    planned = calibration_store.floats(value.get("planned"), _TOTALS)
+    if nm is None or planned is None or not nm["nm"] > 0:
+        return None
+    cal = Calibration(rule, plan, nm["nm"], planned=accountants.Totals(**planned))
+    _CACHE[(rule, plan)] = cal
+    return cal
+
+
+def _store(cal: Calibration) -> None:
+    """Store a calibration with noise for later jobs (nothing where the plan cannot be stated)."""
+    parts = _store_parts(cal.plan, cal.rule)
+    if parts is None or cal.planned is None:
+        return
+    calibration_store.save(parts, {
+        "noise_multiplier": calibration_store.hexes({"nm": cal.noise_multiplier}),
+        "planned": calibration_store.hexes(dataclasses.asdict(cal.planned))})
 
 
 def calibrate_all(plans: Sequence[Plan | None], rule: str) -> list[Calibration | None]:

@@ -84,8 +84,9 @@ def evaluation(pairs: Sequence[tuple[Event, int]]) -> Cost:
 
 
 def plan_cost(plan: Plan, rule: str) -> Cost:
-    """Calibrating `plan` under `rule` ('pld' or 'basic'; nothing when it is cached here): the
-    pld search's evaluation points (replayed with RDP) and the planned totals."""
+    """Calibrating `plan` under `rule` ('pld' or 'basic'; nothing when it is cached, in this
+    process or on disk by an earlier job: calibration.cached): the pld search's evaluation
+    points (replayed with RDP) and the planned totals."""
     if cached(plan, rule) or math.isinf(plan.eps) or plan.releases == 0:
         return Cost()
     try:
