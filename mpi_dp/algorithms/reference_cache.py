@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import platform
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +49,6 @@ FORMAT = "mpi_dp star reference cache v1"
 #: modules whose code computes the reference: their source is part of every key
 _CODE = ("models/reference.py", "models/linear.py", "algorithms/common.py",
          "algorithms/agent_block.py", "algorithms/reference_cache.py")
-_THREAD_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-               "BLIS_NUM_THREADS")
 #: entry names of the Reference fields (utility values are stored as "utility.<name>")
 _FIELDS = ("theta_star", "f_star", "theta_isolated", "psi_isolated", "solver")
 
@@ -77,24 +73,17 @@ def shard_digest(shard: ShardFile) -> str:
 
 
 def _code_digest(solver: str) -> str:
-    pkg = Path(__file__).resolve().parent.parent
-    d = store.Digest().text("format", FORMAT)
-    for rel in _CODE:
-        d.array(rel, np.frombuffer((pkg / rel).read_bytes(), dtype=np.uint8))
-    import scipy
-
-    d.text("numpy", np.__version__).text("scipy", scipy.__version__)
+    """The star reference's code and what may change its rounding (store.code_digest; the
+    petsc4py version where its solver runs)."""
+    extra = {}
     if solver == "petsc":
         try:
             import petsc4py
 
-            d.text("petsc4py", str(petsc4py.__version__))
+            extra["petsc4py"] = str(petsc4py.__version__)
         except ImportError:
-            d.text("petsc4py", "none")
-    d.text("python", sys.version).text("machine", platform.machine())
-    for k in _THREAD_ENV:
-        d.text(k, os.environ.get(k, ""))
-    return d.hexdigest()
+            extra["petsc4py"] = "none"
+    return store.code_digest(FORMAT, _CODE, extra)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -98,15 +98,21 @@ def peer_digest(X: Any, y: Any) -> bytes:
     return Digest().array("X", X).array("y", y).digest()
 
 
-def code_digest() -> str:
-    """The reference's code and what may change its rounding (see the module docstring)."""
+def code_digest(fmt: str = FORMAT, code: tuple[str, ...] = _CODE,
+                extra: dict[str, str] | None = None) -> str:
+    """The reference's code and what may change its rounding (see the module docstring):
+    entry format `fmt`, the source of the `code` modules (paths in the package), the numerical
+    libraries (and `extra` versions, e.g. petsc4py), Python, the machine, the BLAS threads.
+    Also the star methods' cache (algorithms.reference_cache) with its own format and code."""
     pkg = Path(__file__).resolve().parent.parent
-    d = Digest().text("format", FORMAT)
-    for rel in _CODE:
+    d = Digest().text("format", fmt)
+    for rel in code:
         d.array(rel, np.frombuffer((pkg / rel).read_bytes(), dtype=np.uint8))
     import scipy
 
     d.text("numpy", np.__version__).text("scipy", scipy.__version__)
+    for k, v in (extra or {}).items():
+        d.text(k, v)
     d.text("python", sys.version).text("machine", platform.machine())
     for k in _THREAD_ENV:
         d.text(k, os.environ.get(k, ""))
