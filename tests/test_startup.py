@@ -49,6 +49,12 @@ def _no_accountant(monkeypatch) -> None:
         monkeypatch.setattr(accountants, name, refuse)
 
 
+def _entries(folder: Path, rule: str) -> list[Path]:
+    """The disk cache's entries of `rule` ('pld', 'basic', or 'totals': accountants' totals)."""
+    return [e for e in sorted(folder.glob("*.json"))
+            if json.loads(e.read_text())["key"]["rule"] == rule]
+
+
 def _bits(cal: calibration.Calibration) -> tuple:
     assert cal.planned is not None
     return (cal.noise_multiplier.hex(),
@@ -65,7 +71,7 @@ PLANS = [Plan("laplace", 200, 1.0, 1e-4),
 @pytest.mark.parametrize("plan", PLANS, ids=["laplace", "fixed", "gaussian"])
 def test_a_later_job_reads_the_calibration_from_disk_bit_for_bit(disk, monkeypatch, plan, rule):
     fresh = calibration.calibrate(plan, rule)
-    assert len(list(disk.glob("*.json"))) == 1
+    assert len(_entries(disk, rule)) == 1
     _forget(monkeypatch)
     assert calibration.cached(plan, rule)  # the estimate sees it: it costs nothing
     _forget(monkeypatch)
@@ -77,6 +83,29 @@ def test_a_later_job_reads_the_calibration_from_disk_bit_for_bit(disk, monkeypat
     assert calibration.evaluations() == before
     assert again == fresh and _bits(again) == _bits(fresh)
     assert again.text() == fresh.text()
+
+
+def test_a_later_job_reads_a_compositions_totals_from_disk_bit_for_bit(disk, monkeypatch):
+    """accountants' totals of a composition that needs dp-accounting (a ledger's, at the end of
+    a configuration) are stored by their exact signature and read back without composing;
+    trivial and exact-regime ones are not stored; another delta or count misses."""
+    pairs = [(LaplaceEvent(0.5, 37.0), 120), (GaussianEvent(1.0, 9.0, 1e-7), 3)]
+    fresh = accountants.compose(pairs, 1e-5)
+    assert len(_entries(disk, "totals")) == 1
+    accountants.compose([(LaplaceEvent(1.0, 0.0), 5)], 1e-5)  # no noise: inf, nothing stored
+    accountants.compose([(LaplaceEvent(1.0, 1e-3), 5)], 1e-5)  # eps 1000 per release: exact
+    assert len(_entries(disk, "totals")) == 1
+    _forget(monkeypatch)
+    _no_accountant(monkeypatch)
+    monkeypatch.setattr(accountants, "compose", lambda p, d: accountants._totals(
+        *accountants._signature(p, d)))
+    again = accountants.compose(pairs, 1e-5)
+    assert [float(v).hex() for v in vars(again).values()] == \
+        [float(v).hex() for v in vars(fresh).values()]
+    for other in ([(LaplaceEvent(0.5, 37.0), 121), pairs[1]], pairs):
+        _forget(monkeypatch)
+        with pytest.raises(AssertionError, match="searched"):
+            accountants.compose(other, 1e-6 if other is pairs else 1e-5)
 
 
 def test_another_plan_rule_or_version_misses(disk, monkeypatch):
@@ -110,7 +139,7 @@ def test_another_plan_rule_or_version_misses(disk, monkeypatch):
 def test_a_damaged_entry_is_ignored_and_recomputed(disk, monkeypatch, damage):
     plan = PLANS[0]
     fresh = calibration.calibrate(plan, "pld")
-    [entry] = disk.glob("*.json")
+    [entry] = _entries(disk, "pld")
     text = entry.read_text()
     data = json.loads(text)
     if damage == "garbage":
@@ -181,15 +210,19 @@ from mpi_dp.privacy import calibration
 HEAVY = ("pandas", "pyarrow", "matplotlib", "dp_accounting", "mpi_dp.data.prepare_cli",
          "mpi_dp.data.fetch", "mpi_dp.analysis.forecast_cli")
 real = runner._run_one
+seen = {}
 def first(*a, **k):
-    if not os.path.exists(os.environ["PROBE_OUT"]):
-        with open(os.environ["PROBE_OUT"], "w") as f:
-            json.dump({"modules": [m for m in HEAVY if m in sys.modules],
-                       "evaluations": calibration.evaluations()}, f)
+    if not seen:
+        seen.update(modules=[m for m in HEAVY if m in sys.modules],
+                    evaluations=calibration.evaluations())
     return real(*a, **k)
 runner._run_one = first
 from mpi_dp.cli import main
-sys.exit(main(sys.argv[1:]))
+code = main(sys.argv[1:])
+seen["at_exit"] = [m for m in HEAVY if m in sys.modules]
+with open(os.environ["PROBE_OUT"], "w") as f:
+    json.dump(seen, f)
+sys.exit(code)
 """
 
 
@@ -232,7 +265,9 @@ def test_a_second_run_reads_its_calibration_and_imports_no_accountant(tmp_path, 
     fresh, _ = _run(tmp_path, job, tmp_path / "fresh.h5", "off")
     assert cold["evaluations"] > 0 and fresh["evaluations"] > 0
     assert "noise calibration about" in err_cold, err_cold
-    assert warm == {"modules": [], "evaluations": 0}, (warm, err_warm)
+    assert warm == {"modules": [], "evaluations": 0, "at_exit": []}, (warm, err_warm)
+    # the ledgers' PLD and RDP totals at the end come from the disk too (accountants._totals)
+    assert "dp_accounting" in cold["at_exit"] and "dp_accounting" in fresh["at_exit"], cold
     assert "noise calibration about" not in err_warm, err_warm  # the estimate knows it is cached
     assert "noise calibrated (pld) for 2 distinct release plan(s)" in err_warm, err_warm
     a, b, c = (_contents(tmp_path / f"{n}.h5") for n in ("cold", "warm", "fresh"))
@@ -245,7 +280,7 @@ def test_a_run_without_noise_imports_no_accountant_before_its_first_iteration(tm
                                                                                small_shards):
     job = write_job(tmp_path / "j.toml", small_shards, T=20, runs=2, eps=float("inf"))
     got, err = _run(tmp_path, job, tmp_path / "r.h5", "off")
-    assert got == {"modules": [], "evaluations": 0}, (got, err)
+    assert got == {"modules": [], "evaluations": 0, "at_exit": []}, (got, err)
 
 
 def test_the_cli_imports_a_commands_modules_only_for_it():

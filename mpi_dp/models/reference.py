@@ -20,7 +20,6 @@ from typing import cast
 
 import numpy as np
 import scipy.linalg
-import scipy.optimize
 import scipy.sparse as sp
 
 from mpi_dp import rng
@@ -97,6 +96,8 @@ def _scipy_lbfgsb(
     def fg(theta: np.ndarray) -> tuple[float, np.ndarray]:
         f, g = fun_and_grad(np.array(theta, dtype=np.float64))
         return float(f), np.asarray(g, dtype=np.float64)
+
+    import scipy.optimize  # on first solve: about 0.2 s that a cached reference never needs
 
     opts = {"maxiter": max_iter, "maxfun": 4 * max_iter, "ftol": 0.0, "gtol": tol, "maxcor": 30}
     x, f_best = x0, np.inf

@@ -256,13 +256,58 @@ def _signature(pairs: Sequence[tuple[Event, int]], delta: float
 
 
 def _totals(sig: tuple, canon: list[tuple[Event, int]]) -> Totals:
+    """The totals of a signature: known in this process, else stored on disk by an earlier job
+    (a composition that needs dp-accounting: `_stored_totals`), else composed here."""
     hit = _CACHE.get(sig)
     if hit is None:
-        delta = sig[1]
-        eps_b, delta_b = basic(canon)
-        hit = _CACHE[sig] = Totals(eps_b, delta_b, advanced(canon, delta), pld(canon, delta),
-                                   rdp(canon, delta), float(delta))
+        numerical = _trivial(canon) is None and not _negligible(canon)
+        hit = _stored_totals(sig) if numerical else None
+        if hit is None:
+            delta = sig[1]
+            eps_b, delta_b = basic(canon)
+            hit = Totals(eps_b, delta_b, advanced(canon, delta), pld(canon, delta),
+                         rdp(canon, delta), float(delta))
+            if numerical:
+                _store_totals(sig, hit)
+        _CACHE[sig] = hit
     return hit
+
+
+_TOTALS_FIELDS = tuple(f.name for f in dataclasses.fields(Totals))
+
+
+def _stored_totals(sig: tuple) -> Totals | None:
+    """The totals of `sig` that an earlier job composed (privacy.calibration_store: its key is
+    the canonical events, counts and delta stated exactly; its floats are the bits that job
+    found), or None. A job whose ledgers an earlier job composed then imports no dp-accounting
+    (about a second and a half) and composes no privacy loss distribution."""
+    from mpi_dp.privacy import calibration_store
+
+    parts = _totals_parts(sig)
+    value = None if parts is None else calibration_store.load(parts)
+    got = None if value is None else calibration_store.floats(value.get("totals"),
+                                                              _TOTALS_FIELDS)
+    return None if got is None else Totals(**got)
+
+
+def _store_totals(sig: tuple, totals: Totals) -> None:
+    """Store the totals of `sig` for later jobs (`_stored_totals`)."""
+    from mpi_dp.privacy import calibration_store
+
+    parts = _totals_parts(sig)
+    if parts is not None:
+        calibration_store.save(parts, {"totals": calibration_store.hexes(
+            dataclasses.asdict(totals))})
+
+
+def _totals_parts(sig: tuple) -> dict | None:
+    """The disk cache's key of a signature (None: one it cannot state exactly)."""
+    from mpi_dp.privacy import calibration_store
+
+    try:
+        return {"rule": "totals", "signature": calibration_store.encode(sig)}
+    except calibration_store.Uncachable:
+        return None
 
 
 def ledger_compositions(ledgers: Iterable[Ledger], delta: float) -> dict[tuple, list]:

@@ -1,4 +1,6 @@
-"""On-disk cache of noise calibrations across jobs (privacy.calibration's pld and basic rules).
+"""On-disk cache of noise calibrations across jobs (privacy.calibration's pld and basic rules),
+and of the accountants' totals of a composition that needs dp-accounting (accountants._totals:
+a ledger's PLD and RDP totals at the end of a configuration).
 
 A pld search composes privacy loss distributions about a dozen times (half a second at T = 200,
 minutes at T = 1e6) and first imports dp-accounting (about a second); the next job with the same
@@ -17,8 +19,9 @@ An entry is a JSON file holding that key in full and the calibration's floats by
 pickles); one that does not parse, or whose key is not the one asked for, is ignored and
 overwritten by the recomputed calibration. Entries are written atomically (a temporary file,
 then os.replace), so concurrent jobs sharing the folder never read half a file; a folder that
-cannot be written only costs the search next time. Only rank 0 calibrates (runner), so only it
-reads and writes here.
+cannot be written only costs the search next time. Only rank 0 calibrates (runner) and composes
+the ledgers of a multi-rank job (algorithms.common.gather_ledgers), so mostly only it reads and
+writes here; concurrent writers of one entry write the same bits.
 
 Where: $MPI_DP_CALIBRATION_CACHE: unset or 'auto': $MPI_DP_CACHE/calibration if MPI_DP_CACHE is
 set, else ~/.cache/mpi_dp/calibration (the base of p2p's reference cache); 'off': no disk cache;
