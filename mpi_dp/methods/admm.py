@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 from mpi4py import MPI
 
-from ..algorithms import admm
+from ..algorithms import admm, optimum_cache
 from ..comm.star import Star
 from ..data import ShardFile
 from ..data.bounds import row_norm_bound
@@ -141,7 +141,8 @@ class AdmmKeys(Section):
     reference_iters: int = key(
         (int,), 100, "iterations (full passes) of the L-BFGS-B that solves the non-private "
         "optimum w* beside test_error (evaluation-only; stops earlier at gradient 1e-8; attrs "
-        "w_star_iterations, w_star_gradient); 0: no w*", within=INDEX)
+        "w_star_iterations, w_star_gradient; cached across jobs as theta* is: "
+        "MPI_DP_REFERENCE_CACHE); 0: no w*", within=INDEX)
     budget_eps: float = key(
         _NUM, _d("budget_eps"), "privacy.calibration = 'paper' only: each agent's total over "
         "all iterations by basic composition: a release beyond it is refused and the run ends "
@@ -375,9 +376,16 @@ class Admm(Method[Prepared, _S]):
         iters = ctx.job.section(AdmmKeys).reference_iters
         if tap.evaluating() and iters > 0:
             optimum = (s.n, s.gamma, s.box)
-            if optimum not in prep.optima:
-                w, nit, grad = admm.reference_optimum(ctx.star, agents, s, iters)
-                prep.optima[optimum] = (w, admm.train_error(ctx.star, agents, s, w), nit, grad)
+            if optimum not in prep.optima:  # once per job, and across jobs by the disk cache
+                def solve() -> optimum_cache.Optimum:
+                    w, nit, grad = admm.reference_optimum(ctx.star, agents, s, iters)
+                    return w, admm.train_error(ctx.star, agents, s, w), nit, grad
+
+                key = ctx.agree(lambda: optimum_cache.admm_key(
+                    ctx.shard, n=s.n, J=s.J, K=s.K, gamma=s.gamma, w_bound=s.w_bound,
+                    iters=iters, backend=s.backend) if ctx.star.is_learner else None)
+                prep.optima[optimum] = optimum_cache.cached_optimum(ctx.star, key, (s.J, s.K),
+                                                                    solve)
             w_star, star_err, nit, grad = prep.optima[optimum]
         out = admm.run_config(ctx.star, agents, s, contract, prep.test, hooks=hooks,
                               ledger_delta=ledger_delta(ctx, rc))

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, cast
 import numpy as np
 import scipy.sparse as sp
 
-from ..algorithms import dola
+from ..algorithms import dola, optimum_cache
 from ..algorithms.common import gather_ledgers
 from ..comm import graph_exchange
 from ..comm import topology as tp
@@ -653,7 +653,8 @@ class Dola(Method[Prepared, DolaSettings]):
         if key not in prep.comparators:
             held = prep.consumed[s.groups, s.n_used]
             records: tuple[Any, np.ndarray] = held[0]  # (X, y) on rank 0, where on_root runs
-            w = on_root(ctx.comm, lambda: reference.svm_dual_cd(*records, lam))
+            w = on_root(ctx.comm, lambda: optimum_cache.svm_comparator(
+                *records, lam, lambda: reference.svm_dual_cd(*records, lam)))
             prep.comparators[key] = ctx.comm.bcast(w, root=0)
             held[1].discard(lam)
             if not held[1]:
