@@ -47,6 +47,7 @@ LAYER_OF = {
     "mpi_dp.p2p.reference_cache": "mpi_dp.algorithms",
     "mpi_dp.p2p.baselines": "mpi_dp.algorithms",
     "mpi_dp.p2p.objective": "mpi_dp.models",
+    "mpi_dp.p2p.grad_scratch": "mpi_dp.models",
     "mpi_dp.p2p.reference": "mpi_dp.models",
     "mpi_dp.p2p.report": "mpi_dp.analysis",
 }

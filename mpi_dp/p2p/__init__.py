@@ -18,6 +18,7 @@ algorithm (the algorithms layer):
     baselines           gossip ADMM and the local-DP baseline
 model math (the models layer; NumPy/SciPy, no MPI):
     objective           objective (2): Problem, local losses and gradients, the graph term
+    grad_scratch        objective's local gradient with reused scratch arrays (the same bits)
     reference           reference solutions: local models, Theta* and Q*, model propagation
                         (PETSc optional; its distributed KSP solve is the one use of MPI)
 analysis (the analysis layer):

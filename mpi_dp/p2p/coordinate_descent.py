@@ -41,6 +41,7 @@ from ..privacy.contract import Contract, Share
 from ..privacy.release import OwnerRelease
 from ..rng import stream
 from . import objective
+from .grad_scratch import GradScratch
 
 MODES = ("sound", "faithful")
 INITS = ("zero", "local", "private_ws")
@@ -311,6 +312,9 @@ class Block:
             and problem.X[i].shape[0] > 0 and i in self.xnorm}
         if self._dev:
             self._stacked = {i: False for i in self._stacked}
+        self._scratch = GradScratch()  # `_grad`'s reused arrays (the same numbers)
+        #: gradients computed ahead (`prepare`): agent -> (its version k, gradient, clipped)
+        self._ahead: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
 
     @property
     def ledgers(self) -> Mapping[int, Ledger]:
@@ -332,7 +336,8 @@ class Block:
         k = self.k[i]
         th = self.theta[i]
         clip = s.clip if (s.mode == "sound" and s.private) else math.inf
-        g, frac = self._grad(i, th, clip)
+        got = self._take(i)
+        g, frac = got if got is not None else self._grad(i, th, clip)
         # the release: the ledger charged, the noise taken (none at eps = inf), the tap shown
         g, _ = self.release[i].add_reserved(g, self.sens[i],
                                             self.scales[i][k] if s.private else 0.0)
@@ -396,10 +401,48 @@ class Block:
             self.k[i] = ks[pos] + 1
         return new
 
+    def prepare(self, i: int) -> None:
+        """Compute agent i's next gradient now, at its current state (`wake` takes it while the
+        state is unchanged): the gradient reads only the agent's own state and records, so a
+        replay computes it while this rank waits for the others. Nothing is released."""
+        got = self._ahead.get(i)
+        if got is not None and got[0] == self.k[i]:
+            return
+        s = self.s
+        clip = s.clip if (s.mode == "sound" and s.private) else math.inf
+        g, frac = self._grad(i, self.theta[i], clip)
+        self._ahead[i] = (self.k[i], g, frac)
+
+    def _take(self, i: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Agent i's gradient computed ahead at its current state (removed), or None."""
+        got = self._ahead.pop(i, None) if self._ahead else None
+        if got is None or got[0] != self.k[i]:
+            return None
+        return got[1], got[2]
+
     def _grads(self, ids: list[int], th: list[np.ndarray], clip: float
                ) -> tuple[np.ndarray, np.ndarray]:
         """(A, R, p) gradients and (A, R) clipped fractions of `ids` at th, each `local_grad`'s:
-        the stackable agents in one objective.local_grads, the others one at a time."""
+        those computed ahead (`prepare`) as they are, the other stackable agents in one
+        objective.local_grads, the rest one at a time."""
+        ahead = [self._take(i) for i in ids] if self._ahead else []
+        if any(x is not None for x in ahead):
+            g = np.empty((len(ids), self.s.R, self.P.p))
+            frac = np.empty((len(ids), self.s.R))
+            rest = [pos for pos, x in enumerate(ahead) if x is None]
+            for pos, x in enumerate(ahead):
+                if x is not None:
+                    g[pos], frac[pos] = x
+            if rest:
+                g[rest], frac[rest] = self._grads_now([ids[pos] for pos in rest],
+                                                      [th[pos] for pos in rest], clip)
+            return g, frac
+        return self._grads_now(ids, th, clip)
+
+    def _grads_now(self, ids: list[int], th: list[np.ndarray], clip: float
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """`_grads` computed here: the stackable agents in one objective.local_grads, the
+        others one at a time."""
         P = self.P
         one = [pos for pos, i in enumerate(ids) if not self._stacked[i]]
         if not one:
@@ -422,8 +465,11 @@ class Block:
     def _grad(self, i: int, th: np.ndarray, clip: float) -> tuple[np.ndarray, np.ndarray]:
         """Agent i's `local_grad` at th alone: on the device where its records are there."""
         P = self.P
-        X, y, xn = self._dev.get(i) or (P.X[i], P.y[i], self.xnorm.get(i))
-        return objective.local_grad(P.loss, X, y, float(P.lam[i]), th, clip, xn)
+        dev = self._dev.get(i)
+        if dev is not None:
+            return objective.local_grad(P.loss, *dev[:2], float(P.lam[i]), th, clip, dev[2])
+        return self._scratch.local_grad(P.loss, P.X[i], P.y[i], float(P.lam[i]), th, clip,
+                                        self.xnorm.get(i))
 
     def _mix(self, ids: list[int], nbr_models: np.ndarray) -> np.ndarray:
         """sum_j W_ij / D_ii Theta_j (A, R, p) of `ids` from their neighbours' rows, each agent's
@@ -483,6 +529,7 @@ class Block:
 
     def restore(self, states: dict[int, dict[str, Any]]) -> None:
         """Continue the hosted agents from `state()` of any layout (keyed by agent id)."""
+        self._ahead.clear()
         for i in self.agents.tolist():
             st = states[i]
             self.theta[i], self.k[i] = np.array(st["theta"], dtype=np.float64), int(st["k"])
@@ -551,14 +598,22 @@ def current(block: Block, n: int) -> np.ndarray:
 def replay(block: Block, net: Any, rounds: Rounds, barrier: Callable[[], None],
            on_record: Callable[[int], None] | None = None,
            progress: Callable[[int], object] | None = None,
-           checkpoint: Callable[[int], None] | None = None, start: int = 0) -> int:
+           checkpoint: Callable[[int], None] | None = None, start: int = 0,
+           ibarrier: Callable[[], Any] | None = None) -> int:
     """The schedule in conflict-free rounds: the hosted agents of a round read (all of them
     first), update as one batch (`Block.wake_many`) and post, then every rank waits at the
     barrier; records where the rounds say, each followed by `checkpoint(r)`. Runs rounds
-    `start`.. (a resumed replay: the round after its checkpoint's). Returns wake-ups run."""
+    `start`.. (a resumed replay: the round after its checkpoint's). Returns wake-ups run.
+
+    `ibarrier` (a nonblocking barrier: returns a request with Test and Wait, e.g. comm.Ibarrier)
+    instead of `barrier`: while it is pending, the rank computes the next gradient of its
+    agents (`Block.prepare`, the soonest next wake-up first), which reads only the agent's own
+    state; so a rank waiting for the others does its agents' next work (a complete graph has
+    one wake-up per round: the ranks would otherwise take turns). The numbers are the same."""
     mine = np.zeros(block.P.n, dtype=bool)
     mine[block.agents] = True
     deg = np.diff(block.P.graph.W.indptr)
+    ahead = _Ahead(block, rounds, mine, start) if ibarrier is not None else None
     done = 0
     for r in range(start, rounds.count):
         lo, hi = int(rounds.starts[r]), int(rounds.starts[r + 1])
@@ -581,7 +636,12 @@ def replay(block: Block, net: Any, rounds: Rounds, barrier: Callable[[], None],
             for pos, i in enumerate(ids):
                 net.post(i, float(block.k[i]), new[pos])  # stamped with its new version
             done += len(ids)
-        barrier()
+            if ahead is not None:
+                ahead.woke(ids)
+        if ahead is not None and ibarrier is not None:
+            ahead.wait(ibarrier(), r)
+        else:
+            barrier()
         if rounds.record_at[r] >= 0:
             if on_record is not None:
                 on_record(int(rounds.record_at[r]))
@@ -590,6 +650,49 @@ def replay(block: Block, net: Any, rounds: Rounds, barrier: Callable[[], None],
         if progress is not None:
             progress(hi)
     return done
+
+
+class _Ahead:
+    """`replay`'s gradients computed ahead: every hosted agent's wake-up rounds, and a heap of
+    (next wake-up round, agent) of the agents whose next gradient is not computed yet."""
+
+    def __init__(self, block: Block, rounds: Rounds, mine: np.ndarray, start: int) -> None:
+        self.block = block
+        pos = np.flatnonzero(mine[rounds.agents])
+        rnd = np.searchsorted(rounds.starts, pos, side="right") - 1
+        ag = rounds.agents[pos]
+        order = np.argsort(ag, kind="stable")  # per agent: its rounds ascending
+        cuts = np.searchsorted(ag[order], block.agents)
+        cuts = np.r_[cuts, len(order)]
+        self.rounds: dict[int, list[int]] = {}
+        self.next: dict[int, int] = {}
+        self.heap: list[tuple[int, int]] = []
+        for a, i in enumerate(block.agents.tolist()):
+            mine_r = rnd[order[cuts[a]:cuts[a + 1]]].tolist()
+            self.rounds[i] = mine_r
+            k = int(np.searchsorted(mine_r, start))  # the first wake-up at or after `start`
+            self.next[i] = k
+            if k < len(mine_r):
+                self.heap.append((mine_r[k], i))
+        heapq.heapify(self.heap)
+
+    def woke(self, ids: Sequence[int]) -> None:
+        """Agents `ids` woke (in the current round): queue their next wake-up."""
+        for i in ids:
+            k = self.next[i] = self.next[i] + 1
+            if k < len(self.rounds[i]):
+                heapq.heappush(self.heap, (self.rounds[i][k], i))
+
+    def wait(self, req: Any, r: int) -> None:
+        """Until `req` completes (round r's barrier), compute queued gradients."""
+        heap = self.heap
+        while not req.Test():
+            if not heap:
+                req.Wait()
+                return
+            nr, i = heapq.heappop(heap)
+            if nr > r:  # a later round's wake-up (always: the agent woke before it)
+                self.block.prepare(i)
 
 
 def clock_times(seed: int, agent: int, count: int, tau: float) -> np.ndarray:

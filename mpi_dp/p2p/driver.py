@@ -399,7 +399,7 @@ def run_cd(comm: MPI.Comm, P: objective.Problem, d: Data, a: coordinate_descent.
         start = 0 if saved is None else saved["round"] + 1
         with epoch:  # the rounds exclude readers from writers: no locks needed
             coordinate_descent.replay(block, boxes, rounds, comm.Barrier, record, bar.update, checkpoint,
-                                      start)
+                                      start, comm.Ibarrier if size > 1 else None)
     else:
         log = coordinate_descent.live(block, boxes, tau, wall_budget, boxes.poll, bar.update)
         req = comm.Ibarrier()  # idle ranks sleep instead of spinning in a barrier
