@@ -85,6 +85,20 @@ def assert_rank_invariant(job: Path, out_dir: Path, ranks=(1, 2, 4)) -> list[dic
     return results
 
 
+def count_calls(monkeypatch, owner, name: str) -> list:
+    """Replace `owner.name` (a module's function or a class's method) by a wrapper that calls it
+    and appends 1 to the returned list at every call (the test counts, e.g., solves)."""
+    calls: list = []
+    real = getattr(owner, name)
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
 def read_datasets(path: Path) -> dict:
     """Every dataset of an HDF5 file as {path: array}."""
     import h5py

@@ -9,7 +9,7 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
-from helpers import mpi_run, write_job
+from helpers import count_calls, mpi_run, write_job
 
 from mpi_dp.algorithms import admm
 from mpi_dp.data.synth import write_synth
@@ -34,15 +34,7 @@ def shards(tmp_path_factory):
 @pytest.fixture
 def solves(monkeypatch):
     """Counts w* solves (admm.reference_optimum calls) of the jobs run in the test."""
-    calls = []
-    real = admm.reference_optimum
-
-    def counted(*a, **k):
-        calls.append(1)
-        return real(*a, **k)
-
-    monkeypatch.setattr(admm, "reference_optimum", counted)
-    return calls
+    return count_calls(monkeypatch, admm, "reference_optimum")
 
 
 def _job(tmp_path, shard, name, admm_keys=None, **keys):
@@ -144,15 +136,7 @@ def online(tmp_path_factory):
 @pytest.fixture
 def svm_solves(monkeypatch):
     """Counts dola's comparator solves (reference.svm_dual_cd calls)."""
-    calls = []
-    real = reference.svm_dual_cd
-
-    def counted(*a, **k):
-        calls.append(1)
-        return real(*a, **k)
-
-    monkeypatch.setattr(reference, "svm_dual_cd", counted)
-    return calls
+    return count_calls(monkeypatch, reference, "svm_dual_cd")
 
 
 def _dola(tmp_path, shard, name, **keys):

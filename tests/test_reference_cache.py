@@ -15,7 +15,7 @@ import logging
 import h5py
 import numpy as np
 import pytest
-from helpers import write_job
+from helpers import count_calls, write_job
 
 from mpi_dp.algorithms import common
 from mpi_dp.analysis.load import open_result
@@ -42,15 +42,7 @@ def binary_shards(tmp_path_factory):
 @pytest.fixture
 def solves(monkeypatch):
     """Counts theta* solves (Oracle.theta_star calls) of the jobs run in the test."""
-    calls = []
-    real = common.Oracle.theta_star
-
-    def counted(self, *a, **k):
-        calls.append(1)
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(common.Oracle, "theta_star", counted)
-    return calls
+    return count_calls(monkeypatch, common.Oracle, "theta_star")
 
 
 def _job(tmp_path, shards, name, **keys):

@@ -56,9 +56,7 @@ def admm_key(shard: ShardFile, *, n: tuple[int, ...], J: int, K: int, gamma: flo
     what = {"shard": reference_cache.shard_digest(shard), "task": str(shard.task),
             "J": str(J), "K": str(K), "gamma": float(gamma).hex(),
             "w_bound": float(w_bound).hex(), "iters": str(int(iters)), "backend": backend}
-    d = store.Digest().text("code", store.code_digest(FORMAT, ADMM_CODE))
-    for k in sorted(what):
-        d.text("what:" + k, what[k])
+    d = store.key_start(store.code_digest(FORMAT, ADMM_CODE), what)
     return d.array("n", np.asarray(n, dtype=np.int64)).hexdigest()
 
 
@@ -94,8 +92,8 @@ def svm_comparator(X: Any, y: np.ndarray, lam: float, solve: Callable[[], np.nda
     folder = reference_cache.folder()
     if folder is None:
         return solve()
-    d = store.Digest().text("code", store.code_digest(FORMAT, SVM_CODE))
-    d.text("what", "dola svm comparator").text("lam", float(lam).hex()).array("y", y)
+    d = store.key_start(store.code_digest(FORMAT, SVM_CODE),
+                        {"of": "dola svm comparator", "lam": float(lam).hex()}).array("y", y)
     if sp.issparse(X):
         csr = sp.csr_matrix(X)
         d.text("X", f"csr {csr.shape}").array("data", csr.data).array("indices", csr.indices)

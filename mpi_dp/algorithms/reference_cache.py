@@ -109,9 +109,7 @@ class DiskCache:
                 "isolated": "all" if isolated is None else str(int(isolated)),
                 "n_agents": str(n_agents), "p": str(p), "evaluating": str(bool(evaluating)),
                 "evalset": f"{evalset.kind}:{evalset.n}"}
-        d = store.Digest().text("code", _code_digest(solver))
-        for k in sorted(what):
-            d.text("what:" + k, what[k])
+        d = store.key_start(_code_digest(solver), what)
         return d.array("n", np.asarray(n, dtype=np.int64)).hexdigest()
 
     def load(self, key: str, n_agents: int, p: int) -> dict[str, Any] | None:

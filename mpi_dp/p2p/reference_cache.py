@@ -119,13 +119,20 @@ def code_digest(fmt: str = FORMAT, code: tuple[str, ...] = _CODE,
     return d.hexdigest()
 
 
+def key_start(code: str, what: dict[str, str]) -> Digest:
+    """The start of every reference cache's key: the code digest (`code_digest`), then the
+    `what` fields (strings) by name; the caller adds its arrays."""
+    d = Digest().text("code", code)
+    for k in sorted(what):
+        d.text("what:" + k, what[k])
+    return d
+
+
 def make_key(what: dict[str, str], arrays: Iterable[tuple[str, Any]],
              peers: Iterable[bytes], full_peers: Iterable[bytes] | None) -> str:
     """The key (hex) of a reference: `what` (strings: the solver, the loss, ...), the public
     arrays, the peers' digests in peer order, and those of rank 0's full copy (None: unused)."""
-    d = Digest().text("code", code_digest())
-    for k in sorted(what):
-        d.text("what:" + k, what[k])
+    d = key_start(code_digest(), what)
     for tag, a in arrays:
         d.array("arr:" + tag, a)
     peers = list(peers)

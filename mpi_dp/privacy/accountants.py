@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from mpi_dp.privacy import calibration_store
 from mpi_dp.privacy.events import (
     Event,
     GaussianEvent,
@@ -257,53 +258,36 @@ def _signature(pairs: Sequence[tuple[Event, int]], delta: float
 
 def _totals(sig: tuple, canon: list[tuple[Event, int]]) -> Totals:
     """The totals of a signature: known in this process, else stored on disk by an earlier job
-    (a composition that needs dp-accounting: `_stored_totals`), else composed here."""
+    (a composition that needs dp-accounting: `_stored_key`), else composed here (and stored)."""
     hit = _CACHE.get(sig)
     if hit is None:
-        numerical = _trivial(canon) is None and not _negligible(canon)
-        hit = _stored_totals(sig) if numerical else None
-        if hit is None:
+        key = _stored_key(sig) if _trivial(canon) is None and not _negligible(canon) else None
+        value = None if key is None else calibration_store.load(key)
+        got = None if value is None else calibration_store.floats(value.get("totals"),
+                                                                  TOTALS_FIELDS)
+        if got is not None:
+            hit = Totals(**got)
+        else:
             delta = sig[1]
             eps_b, delta_b = basic(canon)
             hit = Totals(eps_b, delta_b, advanced(canon, delta), pld(canon, delta),
                          rdp(canon, delta), float(delta))
-            if numerical:
-                _store_totals(sig, hit)
+            if key is not None:
+                calibration_store.save(key, {"totals": calibration_store.hexes(
+                    dataclasses.asdict(hit))})
         _CACHE[sig] = hit
     return hit
 
 
-_TOTALS_FIELDS = tuple(f.name for f in dataclasses.fields(Totals))
+#: the Totals fields, as the calibration cache stores them (by float.hex)
+TOTALS_FIELDS = tuple(f.name for f in dataclasses.fields(Totals))
 
 
-def _stored_totals(sig: tuple) -> Totals | None:
-    """The totals of `sig` that an earlier job composed (privacy.calibration_store: its key is
-    the canonical events, counts and delta stated exactly; its floats are the bits that job
-    found), or None. A job whose ledgers an earlier job composed then imports no dp-accounting
-    (about a second and a half) and composes no privacy loss distribution."""
-    from mpi_dp.privacy import calibration_store
-
-    parts = _totals_parts(sig)
-    value = None if parts is None else calibration_store.load(parts)
-    got = None if value is None else calibration_store.floats(value.get("totals"),
-                                                              _TOTALS_FIELDS)
-    return None if got is None else Totals(**got)
-
-
-def _store_totals(sig: tuple, totals: Totals) -> None:
-    """Store the totals of `sig` for later jobs (`_stored_totals`)."""
-    from mpi_dp.privacy import calibration_store
-
-    parts = _totals_parts(sig)
-    if parts is not None:
-        calibration_store.save(parts, {"totals": calibration_store.hexes(
-            dataclasses.asdict(totals))})
-
-
-def _totals_parts(sig: tuple) -> dict | None:
-    """The disk cache's key of a signature (None: one it cannot state exactly)."""
-    from mpi_dp.privacy import calibration_store
-
+def _stored_key(sig: tuple) -> dict | None:
+    """The calibration cache's key of a signature (privacy.calibration_store: the canonical
+    events, counts and delta stated exactly; None where it cannot state them). A job whose
+    ledgers an earlier job composed reads their totals there, the bits that job found, and
+    imports no dp-accounting (about a second and a half)."""
     try:
         return {"rule": "totals", "signature": calibration_store.encode(sig)}
     except calibration_store.Uncachable:

@@ -518,9 +518,6 @@ def _store_parts(plan: Plan, rule: str) -> dict | None:
         return None
 
 
-_TOTALS = tuple(f.name for f in dataclasses.fields(accountants.Totals))
-
-
 def _stored(plan: Plan, rule: str) -> Calibration | None:
     """A calibration with noise of (rule, plan) stored by an earlier job (the bits it found),
     kept in this process's cache too; None when there is none (or the cache is off)."""
@@ -531,7 +528,7 @@ def _stored(plan: Plan, rule: str) -> Calibration | None:
     if value is None:
         return None
     nm = calibration_store.floats(value.get("noise_multiplier"), ("nm",))
-    planned = calibration_store.floats(value.get("planned"), _TOTALS)
+    planned = calibration_store.floats(value.get("planned"), accountants.TOTALS_FIELDS)
     if nm is None or planned is None or not nm["nm"] > 0:
         return None
     cal = Calibration(rule, plan, nm["nm"], planned=accountants.Totals(**planned))
